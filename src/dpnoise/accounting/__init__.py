@@ -1,0 +1,52 @@
+"""Privacy accounting: pure NumPy/SciPy, never imports torch.
+
+* :mod:`~dpnoise.accounting.events` -- declarative DP events (what happened);
+* :mod:`~dpnoise.accounting.rdp` -- Renyi-DP bounds, one module per mechanism;
+* :class:`RdpAccountant` -- ``step`` / ``compose`` / ``get_epsilon`` / ``state_dict``;
+* :data:`ACCOUNTANTS` -- named accountants (``gaussian``, ``laplace-l1``, ``lap2``, ``lap2-paper``,
+  ``dirichlet``, ...); non-sound ones warn whenever they produce a number;
+* calibrators for sigma, Lap2's (C, b) (seed 1 Algorithm 1) and the Dirichlet r*.
+"""
+
+from dpnoise.accounting.accountant import RdpAccountant, UnsoundAccountantWarning, get_accountant
+from dpnoise.accounting.calibration import (
+    CalibrationResult,
+    UnreachableTargetError,
+    calibrate_dirichlet_r,
+    calibrate_gaussian_sigma,
+    calibrate_lap2,
+    calibrate_noise,
+    clip_from_gradient_norms,
+    steps_from_epochs,
+)
+from dpnoise.accounting.registry import (
+    ACCOUNTANTS,
+    MECHANISMS,
+    OUTPUT_PRIVACY_SCOPE,
+    AccountantSpec,
+    accountants_for_mechanism,
+)
+from dpnoise.accounting.validation import InvalidParameterError
+
+PrivacyAccountant = RdpAccountant
+
+__all__ = [
+    "ACCOUNTANTS",
+    "MECHANISMS",
+    "OUTPUT_PRIVACY_SCOPE",
+    "AccountantSpec",
+    "CalibrationResult",
+    "InvalidParameterError",
+    "PrivacyAccountant",
+    "RdpAccountant",
+    "UnreachableTargetError",
+    "UnsoundAccountantWarning",
+    "accountants_for_mechanism",
+    "calibrate_dirichlet_r",
+    "calibrate_gaussian_sigma",
+    "calibrate_lap2",
+    "calibrate_noise",
+    "clip_from_gradient_norms",
+    "get_accountant",
+    "steps_from_epochs",
+]

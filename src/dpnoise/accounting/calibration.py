@@ -1,0 +1,245 @@
+"""Calibrating a noise parameter to a target (epsilon, delta).
+
+Every calibrator returns a value whose epsilon is checked, after solving, to be <= the target
+(never overshoots), and raises :class:`UnreachableTargetError` naming the floor when no value
+of the parameter reaches the target.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+from scipy.optimize import brentq
+
+from dpnoise.accounting.accountant import RdpAccountant, UnsoundAccountantWarning
+from dpnoise.accounting.registry import accountants_for_mechanism, get_spec
+from dpnoise.accounting.validation import (
+    InvalidParameterError,
+    check_count,
+    check_delta,
+    check_positive,
+    check_sample_rate,
+)
+
+_LARGE = 1e12  # stands for +inf inside the root finder
+
+
+class UnreachableTargetError(InvalidParameterError):
+    """No value of the calibrated parameter reaches the target epsilon."""
+
+
+def steps_from_epochs(epochs: float, sample_rate: float) -> int:
+    """T = ceil(epochs / q): the number of Poisson-sampled steps covering ``epochs`` (rounded up)."""
+    epochs = check_positive("epochs", epochs)
+    q = check_sample_rate("sample_rate", sample_rate)
+    return int(math.ceil(epochs / q - 1e-9))
+
+
+def solve_smallest(
+    epsilon_of: Callable[[float], float],
+    target: float,
+    *,
+    initial: float = 1.0,
+    lower: float = 1e-8,
+    upper: float = 1e8,
+    name: str = "noise",
+) -> float:
+    """Smallest x in [lower, upper] with epsilon_of(x) <= target, for epsilon_of non-increasing in x.
+
+    Brackets by doubling/halving from ``initial``, then Brent's method on log x; the answer is
+    checked afterwards and nudged upwards until epsilon_of(x) <= target (never overshoots).
+    """
+    target = check_positive("target epsilon", target)
+
+    def f(log_x: float) -> float:
+        return min(epsilon_of(math.exp(log_x)), _LARGE) - target
+
+    hi = min(max(initial, lower), upper)
+    while f(math.log(hi)) > 0:
+        if hi >= upper:
+            floor = epsilon_of(upper)
+            raise UnreachableTargetError(
+                f"epsilon={target:g} is unreachable: even {name}={upper:g} gives epsilon={floor:.4g} "
+                f"(the floor for these sampling/step/delta settings); raise epsilon or delta, or "
+                f"lower the number of steps or the sample rate"
+            )
+        hi = min(hi * 4.0, upper)
+    lo = hi
+    while f(math.log(lo)) <= 0:
+        if lo <= lower:
+            return lower
+        lo = max(lo / 4.0, lower)
+    x = math.exp(brentq(f, math.log(lo), math.log(hi), xtol=1e-12, rtol=1e-12))
+    nudge = 1e-12
+    while epsilon_of(x) > target:  # Brent's answer may sit a hair on the wrong side
+        x = min(x * (1.0 + nudge), hi)
+        nudge *= 4.0
+    return x
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    """A calibrated parameter and the epsilon it achieves under each applicable accountant."""
+
+    mechanism: str
+    accountant: str
+    noise: float
+    epsilon: float
+    delta: float
+    sample_rate: float
+    steps: int
+    clip: float = 1.0
+    params: Optional[int] = None
+    alpha: Optional[float] = None
+    epsilon_by_accountant: dict[str, float] = field(default_factory=dict)
+    initial_guess: Optional[float] = None
+
+
+def _epsilon(name: str, noise: float, q: float, steps: int, delta: float, **kw: object) -> float:
+    acc = RdpAccountant(name)
+    acc.step(noise, q, steps=steps, **kw)  # type: ignore[arg-type]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnsoundAccountantWarning)
+        return acc.get_epsilon(delta)
+
+
+def _validate(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> tuple[float, float, float, int]:
+    return (
+        check_positive("epsilon", target_epsilon),
+        check_delta("delta", delta),
+        check_sample_rate("sample_rate", sample_rate),
+        check_count("steps", steps, 1),
+    )
+
+
+def gaussian_initial_noise(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """Closed-form starting point sigma* = 2 q sqrt(T log(1/delta)) / eps.
+
+    From the small-q sampled-Gaussian RDP D_a ~ a q^2 / sigma^2 and eps ~ min_a [T a q^2 / sigma^2
+    + log(1/delta) / (a - 1)], minimised at a ~ sigma sqrt(log(1/delta) / T) / q.  By Gaussian
+    domination (spec lap2.md §4 (b)) it is also the starting ratio b*/C for Lap2: the seed's
+    garbled b* ~ (2 q / eps) T log(1/delta) C with the square root restored.
+    """
+    return 2.0 * sample_rate * math.sqrt(steps * math.log(1.0 / delta)) / target_epsilon
+
+
+def calibrate_noise(
+    accountant: str,
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    *,
+    clip: float = 1.0,
+    params: Optional[int] = None,
+) -> CalibrationResult:
+    """Smallest noise (sigma for Gaussian mechanisms, absolute b for Laplace ones) reaching the target."""
+    eps_t, delta, q, steps = _validate(target_epsilon, delta, sample_rate, steps)
+    spec = get_spec(accountant)
+    if spec.mechanism == "dirichlet":
+        raise ValueError("use calibrate_dirichlet_r for the Dirichlet mechanism")
+    if not spec.sound:
+        warnings.warn(spec.warning or "", UnsoundAccountantWarning, stacklevel=2)
+    clip = check_positive("clip", clip)
+    # Laplace accountants depend on b / C only: solve for the ratio, then scale by C.
+    scale = clip if spec.mechanism in ("lap2", "laplace-l1") else 1.0
+    guess = gaussian_initial_noise(eps_t, delta, q, steps)
+
+    def eps_of(ratio: float) -> float:
+        return _epsilon(accountant, ratio * scale, q, steps, delta, clip=clip, params=params)
+
+    ratio = solve_smallest(eps_of, eps_t, initial=max(guess, 1e-3))
+    noise = ratio * scale
+    by_acc = {
+        name: _epsilon(name, noise, q, steps, delta, clip=clip, params=params)
+        for name in accountants_for_mechanism(spec.mechanism)
+    }
+    by_acc[accountant] = eps_of(ratio)
+    return CalibrationResult(
+        spec.mechanism, accountant, noise, by_acc[accountant], delta, q, steps, clip, params,
+        epsilon_by_accountant=by_acc, initial_guess=guess * scale,
+    )
+
+
+def calibrate_gaussian_sigma(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> CalibrationResult:
+    """Smallest noise multiplier sigma of DP-SGD reaching (target_epsilon, delta)."""
+    return calibrate_noise("gaussian", target_epsilon, delta, sample_rate, steps)
+
+
+def clip_from_gradient_norms(norms: np.ndarray, percentile: float = 50.0) -> float:
+    """C as a percentile of per-example gradient norms (seed 1 Sec. IV-B).
+
+    Compute ``norms`` on PUBLIC or held-out data: a percentile of the private data's norms is
+    itself a release that this library does not account for.
+    """
+    norms = np.asarray(norms, dtype=float)
+    if norms.size == 0 or not np.all(np.isfinite(norms)) or np.any(norms < 0):
+        raise InvalidParameterError("norms must be a non-empty array of finite non-negative numbers")
+    return check_positive("clip (percentile of norms)", float(np.percentile(norms, percentile)))
+
+
+def calibrate_lap2(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    params: int,
+    clip: float = 1.0,
+    accountant: str = "lap2",
+) -> CalibrationResult:
+    """Seed 1 Algorithm 1: (C, b) for a target epsilon.
+
+    Every Lap2 accountant depends on C and b through b / C only, so for any clipping norm C the
+    smallest admissible b is C times one root (Brent on a log scale).  C itself is a utility choice
+    (e.g. :func:`clip_from_gradient_norms` on public data).  The result holds the epsilon under
+    every Lap2 accountant (sound ``lap2`` and the published ``lap2-paper``) side by side.
+    """
+    if get_spec(accountant).mechanism != "lap2":
+        raise ValueError(f"accountant {accountant!r} is not a Lap2 accountant")
+    return calibrate_noise(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params)
+
+
+def calibrate_dirichlet_r(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    alpha: float = 1.0,
+    accountant: str = "dirichlet",
+) -> CalibrationResult:
+    """Largest r in (0, alpha) with h(r) <= target (spec dirichlet.md §3), by Brent on log(1/r).
+
+    h is non-decreasing in r with near-jumps at r = alpha/(a-1); the answer is checked and stepped
+    left if needed.  A target below the floor lim_{r->0} h(r) (spec §2.3) raises
+    :class:`UnreachableTargetError` stating the floor.
+    """
+    eps_t, delta, q, steps = _validate(target_epsilon, delta, sample_rate, steps)
+    alpha = check_positive("alpha", alpha)
+    spec = get_spec(accountant)
+    if spec.mechanism != "dirichlet":
+        raise ValueError(f"accountant {accountant!r} is not a Dirichlet accountant")
+
+    def eps_of_inverse(inv_r: float) -> float:
+        return _epsilon(accountant, 1.0 / inv_r, q, steps, delta, alpha=alpha)
+
+    # h(r) is non-decreasing in r, i.e. non-increasing in 1/r; r < alpha keeps order 2 admissible.
+    try:
+        inv_r = solve_smallest(eps_of_inverse, eps_t, initial=2.0 / alpha, lower=1.0 / alpha, upper=1e9 / alpha, name="1/r")
+    except UnreachableTargetError as err:
+        floor = eps_of_inverse(1e9 / alpha)
+        raise UnreachableTargetError(
+            f"epsilon={eps_t:g} is unreachable for the Dirichlet mechanism: as r -> 0 the "
+            f"subsampled bound keeps a floor of epsilon={floor:.4g} (q={q:g}, steps={steps}, "
+            f"delta={delta:g}; spec dirichlet.md §2.3). Raise epsilon, or use fewer steps or a "
+            f"smaller sample rate."
+        ) from err
+    r = 1.0 / inv_r
+    eps = eps_of_inverse(inv_r)
+    return CalibrationResult(
+        "dirichlet", accountant, r, eps, delta, q, steps, alpha=alpha,
+        epsilon_by_accountant={accountant: eps},
+    )

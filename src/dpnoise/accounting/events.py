@@ -1,0 +1,171 @@
+"""Declarative DP events: *what happened*, separate from *how it is accounted*.
+
+Modelled on dp_accounting's ``dp_event`` module; :func:`to_dp_accounting` converts the events that
+exist there too (Gaussian, Laplace, Poisson sampling, composition) for cross-checks.
+All noise parameters are normalised by the sensitivity (clipping norm).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Union
+
+from dpnoise.accounting.validation import (
+    check_count,
+    check_positive,
+    check_sample_rate,
+)
+
+
+@dataclass(frozen=True)
+class GaussianEvent:
+    """Gaussian noise of std ``noise_multiplier * C`` on a sum with L2 sensitivity C."""
+
+    noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        check_positive("noise_multiplier", self.noise_multiplier)
+
+
+@dataclass(frozen=True)
+class LaplaceEvent:
+    """i.i.d. Laplace(b) noise on a sum with L1 sensitivity C; ``noise_multiplier = b / C``."""
+
+    noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        check_positive("noise_multiplier", self.noise_multiplier)
+
+
+@dataclass(frozen=True)
+class Lap2Event:
+    """i.i.d. Laplace(b) noise on each of ``num_params`` coordinates of a sum with L2 sensitivity C."""
+
+    noise_multiplier: float
+    num_params: int
+
+    def __post_init__(self) -> None:
+        check_positive("noise_multiplier", self.noise_multiplier)
+        object.__setattr__(self, "num_params", check_count("num_params", self.num_params, 1))
+
+
+@dataclass(frozen=True)
+class DirichletEvent:
+    """One release of p~ ~ Dir(r s + alpha) per selected example (inputs private, labels public)."""
+
+    r: float
+    alpha: float
+
+    def __post_init__(self) -> None:
+        check_positive("r", self.r)
+        check_positive("alpha", self.alpha)
+
+
+@dataclass(frozen=True)
+class PoissonSampledEvent:
+    """``event`` applied to a Poisson subsample with inclusion probability ``sampling_probability``."""
+
+    sampling_probability: float
+    event: "DpEvent"
+
+    def __post_init__(self) -> None:
+        check_sample_rate("sampling_probability", self.sampling_probability)
+
+
+@dataclass(frozen=True)
+class SelfComposedEvent:
+    """``event`` repeated ``count`` times (adaptive composition)."""
+
+    event: "DpEvent"
+    count: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "count", check_count("count", self.count, 0))
+
+
+@dataclass(frozen=True)
+class ComposedEvent:
+    """Several events composed."""
+
+    events: tuple["DpEvent", ...]
+
+
+MechanismEvent = Union[GaussianEvent, LaplaceEvent, Lap2Event, DirichletEvent]
+DpEvent = Union[MechanismEvent, PoissonSampledEvent, SelfComposedEvent, ComposedEvent]
+
+_EVENT_TYPES = {
+    cls.__name__: cls
+    for cls in (
+        GaussianEvent,
+        LaplaceEvent,
+        Lap2Event,
+        DirichletEvent,
+        PoissonSampledEvent,
+        SelfComposedEvent,
+        ComposedEvent,
+    )
+}
+
+
+def event_to_dict(event: DpEvent) -> dict[str, Any]:
+    """A JSON-able description of ``event`` (``{"type": ..., fields...}``)."""
+    out: dict[str, Any] = {"type": type(event).__name__}
+    for f in fields(event):
+        value = getattr(event, f.name)
+        if f.name == "event":
+            value = event_to_dict(value)
+        elif f.name == "events":
+            value = [event_to_dict(e) for e in value]
+        out[f.name] = value
+    return out
+
+
+def event_from_dict(data: dict[str, Any]) -> DpEvent:
+    """Inverse of :func:`event_to_dict`."""
+    data = dict(data)
+    kind = data.pop("type", None)
+    if kind not in _EVENT_TYPES:
+        raise ValueError(f"unknown DP event type {kind!r}")
+    if "event" in data:
+        data["event"] = event_from_dict(data["event"])
+    if "events" in data:
+        data["events"] = tuple(event_from_dict(e) for e in data["events"])
+    return _EVENT_TYPES[kind](**data)
+
+
+def to_dp_accounting(event: DpEvent) -> Any:
+    """The equivalent ``dp_accounting`` event (Gaussian, Laplace, sampling and composition only).
+
+    Raises ``NotImplementedError`` for Lap2 and Dirichlet, which dp_accounting does not model.
+    Requires the ``dp-accounting`` package.
+    """
+    import dp_accounting  # noqa: PLC0415  (optional dependency)
+
+    if isinstance(event, GaussianEvent):
+        return dp_accounting.GaussianDpEvent(event.noise_multiplier)
+    if isinstance(event, LaplaceEvent):
+        return dp_accounting.LaplaceDpEvent(event.noise_multiplier)
+    if isinstance(event, PoissonSampledEvent):
+        return dp_accounting.PoissonSampledDpEvent(
+            event.sampling_probability, to_dp_accounting(event.event)
+        )
+    if isinstance(event, SelfComposedEvent):
+        return dp_accounting.SelfComposedDpEvent(to_dp_accounting(event.event), event.count)
+    if isinstance(event, ComposedEvent):
+        return dp_accounting.ComposedDpEvent([to_dp_accounting(e) for e in event.events])
+    raise NotImplementedError(f"dp_accounting has no equivalent of {type(event).__name__}")
+
+
+__all__ = [
+    "GaussianEvent",
+    "LaplaceEvent",
+    "Lap2Event",
+    "DirichletEvent",
+    "PoissonSampledEvent",
+    "SelfComposedEvent",
+    "ComposedEvent",
+    "DpEvent",
+    "event_to_dict",
+    "event_from_dict",
+    "to_dp_accounting",
+]

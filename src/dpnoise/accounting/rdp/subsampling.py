@@ -1,0 +1,101 @@
+"""Privacy amplification by Poisson subsampling, in log-moment form.
+
+All functions take ``base_log_moments``: an array ``R`` with ``R[eta] >= sup log E_Q[(P/Q)^eta]``
+for eta = 0..max(orders) (so R[0] = R[1] = 0), i.e. ``R[eta] = (eta - 1) * eps_base(eta)``, and
+return the log-moment ``M(a) = (a - 1) * D_a`` of the subsampled mechanism at integer orders ``a``.
+``+inf`` entries (orders where the base mechanism has no finite RDP) propagate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import gammaln, logsumexp
+
+from dpnoise.accounting.rdp.logmath import log_binomial_weights, log_expm1
+
+_LOG3 = float(np.log(3.0))
+
+
+def _mixture(q: float, orders: np.ndarray, log_terms: np.ndarray) -> np.ndarray:
+    """log1p(sum_{eta >= 2, eta <= a} exp(log w[a, eta] + log_terms[eta]))."""
+    log_w = log_binomial_weights(q, orders)
+    eta = np.arange(log_w.shape[1])
+    valid = (eta[None, :] >= 2) & (eta[None, :] <= np.asarray(orders)[:, None])
+    with np.errstate(invalid="ignore"):
+        summands = np.where(valid, log_w + log_terms[None, : log_w.shape[1]], -np.inf)
+    return np.logaddexp(0.0, logsumexp(summands, axis=1))
+
+
+def _unsampled(orders: np.ndarray, base_log_moments: np.ndarray) -> np.ndarray:
+    return np.asarray(base_log_moments, dtype=float)[np.asarray(orders, dtype=int)]
+
+
+def log_moment_add_direction(
+    q: float, orders: np.ndarray, base_log_moments: np.ndarray
+) -> np.ndarray:
+    """Exact binomial expansion E_Q[((1-q) + q P/Q)^a] = sum_eta C(a,eta)(1-q)^(a-eta) q^eta E_Q[(P/Q)^eta].
+
+    Mironov, Talwar, Zhang (2019), Sec. 3.3, Eq. (3); seed 1 Thm III.2.  This is the add direction
+    D_a((1-q)Q + qP || Q).  It is also Zhu & Wang (2019)'s *tight* form (their Thm 6 under its
+    extra condition, met by Gaussian and Laplace), since sum_eta w_eta = 1.
+    """
+    if q == 1.0:
+        return _unsampled(orders, base_log_moments)
+    return _mixture(q, orders, log_expm1(np.asarray(base_log_moments, dtype=float)))
+
+
+def log_moment_zhu_wang_general(
+    q: float, orders: np.ndarray, base_log_moments: np.ndarray
+) -> np.ndarray:
+    """Zhu & Wang (2019), "Poisson subsampled Renyi DP", Thm 9 (general upper bound, any mechanism).
+
+    (a-1) eps(a) <= log{ (1-q)^(a-1)(aq - q + 1) + C(a,2) q^2 (1-q)^(a-2) e^{eps(2)}
+                         + 3 sum_{l=3}^{a} C(a,l)(1-q)^(a-l) q^l e^{(l-1) eps(l)} }
+    (spec dirichlet.md §2.1), rewritten as log1p of non-negative terms:
+    w_2 (e^{R_2} - 1) + sum_{l>=3} w_l (3 e^{R_l} - 1).
+    """
+    R = np.asarray(base_log_moments, dtype=float)
+    if q == 1.0:
+        return _unsampled(orders, R)
+    with np.errstate(over="ignore"):
+        log_three_e_r_minus_one = _LOG3 + R + np.log1p(-np.exp(-R) / 3.0)
+    eta = np.arange(R.shape[0])
+    log_terms = np.where(eta >= 3, log_three_e_r_minus_one, log_expm1(R))
+    return _mixture(q, orders, log_terms)
+
+
+def log_negative_binomial_excess(q: float, lam: np.ndarray) -> np.ndarray:
+    """log c_lam, c_lam = (1-q)^(-lam) - 1 - lam q  (spec lap2.md §4, remove direction).
+
+    Direct formula when lam q > 0.01; otherwise the positive series
+    c_lam = sum_{k>=2} C(lam+k-1, k) q^k (negative binomial expansion), which avoids cancellation.
+    """
+    lam = np.asarray(lam, dtype=float)
+    with np.errstate(over="ignore", divide="ignore"):
+        big_l = -lam * np.log1p(-q)
+        direct = np.where(
+            big_l < 50,
+            np.log(np.maximum(np.expm1(np.minimum(big_l, 50)) - lam * q, 1e-300)),
+            big_l + np.log1p(-(1 + lam * q) * np.exp(-np.maximum(big_l, 50))),
+        )
+    k = np.arange(2, 40, dtype=float)[None, :]
+    lam_col = np.maximum(lam, 1e-300)[:, None]
+    series = logsumexp(
+        gammaln(lam_col + k) - gammaln(k + 1) - gammaln(lam_col) + k * np.log(q), axis=1
+    )
+    return np.where(lam * q > 0.01, direct, series)
+
+
+def log_moment_remove_direction_bound(
+    q: float, orders: np.ndarray, log_second_moment: float
+) -> np.ndarray:
+    """Remove direction, elementary lemma (spec lap2.md §4):
+
+    E_mu[(Q/mu)^a] = E_Q[(1-q+qX)^-(a-1)] <= 1 + c_{a-1} (E_Q X^2 - 1),  X = P/Q, mu = (1-q)Q + qP,
+    with ``log_second_moment >= log E_Q X^2``.  Infinite at q = 1 (the lemma needs q < 1).
+    """
+    orders = np.asarray(orders, dtype=float)
+    if q == 1.0:
+        return np.full(orders.shape, np.inf)
+    log_c = log_negative_binomial_excess(q, orders - 1.0)
+    return np.logaddexp(0.0, log_c + log_expm1(np.asarray(log_second_moment, dtype=float)))
