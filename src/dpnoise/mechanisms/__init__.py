@@ -12,11 +12,10 @@ from dpnoise.mechanisms.dirichlet import (
     kappa,
 )
 from dpnoise.mechanisms.noise import gaussian_noise, laplace_noise
-from dpnoise.mechanisms.penultimate import ACCOUNTING_NOISE_FACTOR, PenultimateGaussian
+from dpnoise.mechanisms.penultimate import PenultimateGaussian
 from dpnoise.mechanisms.registry import MECHANISMS, Mechanism, get_mechanism, register_mechanism
 
 __all__ = [
-    "ACCOUNTING_NOISE_FACTOR",
     "MECHANISMS",
     "DirichletOutput",
     "Mechanism",

@@ -6,8 +6,8 @@ example to L2 norm C and receives N(0, sigma^2 C^2) noise per example and coordi
 
 Accounting: labels are public and an example's input may be REPLACED, so the clipped activations of
 one example move by at most 2C; the release is a Gaussian mechanism with L2 sensitivity 2C and noise
-std sigma C, i.e. a Gaussian with noise multiplier sigma / 2 (:data:`ACCOUNTING_NOISE_FACTOR`),
-Poisson-subsampled.  This is a conservative reading; like the Dirichlet mechanism it covers the
+std sigma C, i.e. a Gaussian with noise multiplier sigma / 2, Poisson-subsampled (the
+``penultimate-gaussian`` accountant of :mod:`dpnoise.accounting` takes sigma and does the halving).  This is a conservative reading; like the Dirichlet mechanism it covers the
 released noisy activations, not the trained parameters (spec §5).
 """
 
@@ -19,10 +19,6 @@ import torch
 from torch import nn
 
 from dpnoise.mechanisms.clipping import clip_factors
-
-
-#: Gaussian noise multiplier for the accountant per unit of sigma: sensitivity 2C under replacement.
-ACCOUNTING_NOISE_FACTOR = 0.5
 
 
 def output_layer(module: nn.Module) -> tuple[str, nn.Linear]:

@@ -3,6 +3,8 @@
 A mechanism either privatises the SUM of clipped per-example gradients (``releases="gradients"``:
 per-sample gradients are needed) or privatises each example's model output
 (``releases="outputs"``: a plain module wrapped by ``wrap_module``, no per-sample gradients).
+What an output mechanism's epsilon covers is stated by its accountant's ``scope``
+(:data:`dpnoise.accounting.ACCOUNTANTS`): the released outputs, not the trained parameters.
 New mechanisms plug in with :func:`register_mechanism`.
 """
 
@@ -16,19 +18,12 @@ from torch import nn
 
 from dpnoise.mechanisms.dirichlet import DirichletOutput
 from dpnoise.mechanisms.noise import gaussian_noise, laplace_noise
-from dpnoise.mechanisms.penultimate import ACCOUNTING_NOISE_FACTOR, PenultimateGaussian
+from dpnoise.mechanisms.penultimate import PenultimateGaussian
 
 #: (reference tensor, noise, clip, generator) -> noise tensor shaped like the reference.
 NoiseSampler = Callable[[torch.Tensor, float, float, Optional[torch.Generator]], torch.Tensor]
 #: (module, noise=, clip=, alpha=, generator=) -> wrapped module.
 ModuleWrapper = Callable[..., nn.Module]
-
-OUTPUT_SCOPE = (
-    "This epsilon bounds what the released per-example outputs (the mechanism's noisy samples) "
-    "reveal about each training input. It is NOT a guarantee for the trained parameters: the "
-    "parameter update also depends on the private input through d(output)/d(theta) (spec "
-    "dirichlet.md §5). Labels are treated as public."
-)
 
 
 @dataclass(frozen=True)
@@ -39,7 +34,8 @@ class Mechanism:
     description: str
     noise_unit: str
     releases: Literal["gradients", "outputs"]
-    #: accounting mechanism name passed to ``accountants_for_mechanism`` and ``acc.step``.
+    #: accounting mechanism name passed to ``accountants_for_mechanism`` and ``acc.step`` (the
+    #: accountant takes ``noise`` in the mechanism's own units).
     accounted_as: str
     #: per-example gradient clipping norm (2 or 1); ``None`` for output mechanisms.
     clip_norm_ord: Optional[int] = None
@@ -47,10 +43,6 @@ class Mechanism:
     sample_noise: Optional[NoiseSampler] = None
     #: wraps the model so its training-mode forward applies the mechanism (output mechanisms).
     wrap_module: Optional[ModuleWrapper] = None
-    #: the accountant's ``noise`` is the mechanism's noise parameter times this factor.
-    accounting_noise_factor: float = 1.0
-    #: what the epsilon covers, printed with it; ``None`` when it covers the trained parameters.
-    scope: Optional[str] = None
 
     @property
     def needs_per_sample_gradients(self) -> bool:
@@ -124,15 +116,12 @@ register_mechanism(Mechanism(
     releases="outputs",
     accounted_as="dirichlet",
     wrap_module=_wrap_dirichlet,
-    scope=OUTPUT_SCOPE,
 ))
 register_mechanism(Mechanism(
     name="penultimate-gaussian",
     description="Penultimate-layer Gaussian (Monir & Ghinita, reconstructed): clip activations to C, add N(0, sigma^2 C^2)",
     noise_unit="noise multiplier sigma on the activations (accounted as a Gaussian with sigma/2: sensitivity 2C)",
     releases="outputs",
-    accounted_as="gaussian",
+    accounted_as="penultimate-gaussian",
     wrap_module=_wrap_penultimate,
-    accounting_noise_factor=ACCOUNTING_NOISE_FACTOR,
-    scope=OUTPUT_SCOPE,
 ))

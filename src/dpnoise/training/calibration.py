@@ -1,0 +1,71 @@
+"""Noise calibration and step budgets for training, on top of :mod:`dpnoise.accounting`."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional
+
+from dpnoise.accounting import (
+    ACCOUNTANTS,
+    CalibrationResult,
+    UnsoundAccountantWarning,
+    calibrate_dirichlet_r,
+    calibrate_noise,
+    get_accountant,
+)
+
+#: Upper end of the step search in :func:`steps_within_budget` (a budget never reached).
+MAX_BUDGET_STEPS = 2**40
+
+
+def calibrate_training_noise(
+    accountant: str,
+    *,
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    clip: float,
+    params: int,
+    alpha: Optional[float],
+) -> CalibrationResult:
+    """Smallest noise meeting (target_epsilon, delta) after ``steps`` steps, in the mechanism's units.
+
+    Gaussian mechanisms: sigma; Laplace ones: absolute b for clipping norm ``clip`` (seed 1
+    Algorithm 1 for ``lap2``); Dirichlet: the largest admissible r.  Raises
+    ``dpnoise.accounting.UnreachableTargetError`` when the target is below the reachable floor.
+    """
+    if ACCOUNTANTS[accountant].mechanism == "dirichlet":
+        return calibrate_dirichlet_r(target_epsilon, delta, sample_rate, steps, alpha=alpha, accountant=accountant)
+    return calibrate_noise(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params)
+
+
+def epsilon_after(accountant: str, step_arguments: dict[str, Any], steps: int, delta: float) -> float:
+    """Epsilon of a fresh ``accountant`` after ``steps`` identical steps (no warnings)."""
+    acc = get_accountant(accountant)
+    acc.step(**step_arguments, steps=steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnsoundAccountantWarning)
+        return acc.get_epsilon(delta)
+
+
+def steps_within_budget(accountant: str, step_arguments: dict[str, Any], target_epsilon: float, delta: float) -> int:
+    """Largest T with epsilon(T steps) <= target_epsilon (0 if one step already exceeds it).
+
+    Epsilon is non-decreasing in T, so this brackets by doubling and then bisects.
+    """
+    def fits(steps: int) -> bool:
+        return epsilon_after(accountant, step_arguments, steps, delta) <= target_epsilon
+
+    if not fits(1):
+        return 0
+    low = 1
+    while low < MAX_BUDGET_STEPS and fits(2 * low):
+        low *= 2
+    if low >= MAX_BUDGET_STEPS:
+        return MAX_BUDGET_STEPS
+    high = 2 * low  # fits(low) and not fits(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low

@@ -1,0 +1,344 @@
+"""The privacy engine: wraps model, optimizer and data loader, and owns the accounting.
+
+Accounting is coupled to sampling: the engine builds the Poisson data loader, reads the real
+sample rate from it, and composes exactly one step into every applicable accountant per optimizer
+step (the optimizer calls :meth:`PrivacyEngine.record_step`).  Before each step it checks the
+budget of the primary accountant (:meth:`PrivacyEngine.admit_step`).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Optional
+
+import torch
+from opacus import GradSampleModule
+from opacus.data_loader import DPDataLoader
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+
+from dpnoise.accounting import ACCOUNTANTS, CalibrationResult, accountants_for_mechanism, get_accountant, steps_from_epochs
+from dpnoise.mechanisms.registry import Mechanism, get_mechanism
+from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
+from dpnoise.training.errors import CheckpointMismatchError, PrivacyBudgetExceededError
+from dpnoise.training.optimizers import NoisyGradientOptimizer, OutputPrivateOptimizer
+from dpnoise.training.validation import check_supported_layers
+
+logger = logging.getLogger(__name__)
+
+BudgetPolicy = Literal["raise", "stop"]
+
+
+@dataclass(frozen=True)
+class PrivacySetup:
+    """Everything the accountants are told at each step, fixed at ``make_private``."""
+
+    mechanism: str
+    noise: float
+    clip: float
+    sample_rate: float
+    params: int
+    alpha: Optional[float]
+    delta: float
+    target_epsilon: Optional[float]
+    accountant: str
+    accountants: tuple[str, ...]
+
+
+def count_trainable_parameters(module: nn.Module) -> int:
+    """Number of trainable scalars (the dimension n of the gradient noise)."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded with ``seed``."""
+    return torch.Generator().manual_seed(seed)
+
+
+class PrivacyEngine:
+    """Makes a model, optimizer and data loader private and tracks the privacy spent.
+
+    Randomness: the engine owns two generators derived from ``seed`` — one for the Poisson
+    sampler, one for the mechanism's noise — so that a run is reproducible and its state can be
+    checkpointed.  They are ordinary (not cryptographically secure) generators.
+    """
+
+    def __init__(self, seed: Optional[int] = None):
+        self.seed = int(torch.seed() if seed is None else seed)
+        self.noise_generator = seeded_generator(self.seed)
+        self.sampling_generator = seeded_generator(self.seed + 1)
+        self.setup: Optional[PrivacySetup] = None
+        self.mechanism: Optional[Mechanism] = None
+        self.accountants: dict[str, Any] = {}
+        self.steps = 0
+        self.max_steps: Optional[int] = None
+        self.planned_steps: Optional[int] = None
+        self.budget_policy: BudgetPolicy = "raise"
+        self.budget_exhausted = False
+        self.calibration: Optional[CalibrationResult] = None
+
+    # ----------------------------------------------------------------------------- wrapping
+    def make_private(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer,
+        data_loader: DataLoader,
+        *,
+        mechanism: str,
+        delta: float,
+        noise: Optional[float] = None,
+        target_epsilon: Optional[float] = None,
+        epochs: Optional[float] = None,
+        max_grad_norm: float = 1.0,
+        alpha: Optional[float] = None,
+        accountant: Optional[str] = None,
+        calibrate_with: Optional[str] = None,
+        poisson_sampling: bool = True,
+        on_budget_exhausted: BudgetPolicy = "raise",
+    ) -> tuple[nn.Module, Optimizer, DataLoader]:
+        """Return the private (module, optimizer, data loader).
+
+        Args:
+            module: the model (in training mode). Batch normalisation is refused.
+            optimizer: a torch optimizer over ``module``'s parameters.
+            data_loader: its dataset and ``batch_size`` (the expected batch size) are used.
+            mechanism: a name from :data:`dpnoise.mechanisms.MECHANISMS`.
+            delta: the target delta.
+            noise: the mechanism's noise in its own units (Gaussian: multiplier sigma of C;
+                Laplace: absolute scale b; Dirichlet: scale r; penultimate: sigma of C).
+                Omit it to calibrate from ``target_epsilon`` and ``epochs``.
+            target_epsilon: the budget. Steps past it are refused (``on_budget_exhausted``).
+            epochs: planned epochs (needed to calibrate ``noise``); ``planned_steps`` becomes
+                ceil(epochs / sample_rate), the step count the calibration assumed.
+            max_grad_norm: clipping norm C (L2; L1 for ``laplace-l1``; activations for
+                ``penultimate-gaussian``; unused by ``dirichlet``).
+            alpha: Dirichlet offset (``dirichlet`` only; default 1.0).
+            accountant: the primary accountant (budget and ``get_epsilon``); default: the first
+                of ``accountants_for_mechanism``. All applicable accountants are recorded.
+            calibrate_with: accountant used to calibrate ``noise`` (default: the primary).
+            poisson_sampling: True (default) builds Opacus's Poisson ``DPDataLoader``; False keeps
+                shuffled fixed-size batches, which the accountants do NOT cover (warned).
+            on_budget_exhausted: ``"raise"`` (:class:`PrivacyBudgetExceededError`) or ``"stop"``
+                (the step is skipped, ``budget_exhausted`` becomes True).
+        """
+        if self.setup is not None:
+            raise RuntimeError("this PrivacyEngine already made a model private; create a new one")
+        if on_budget_exhausted not in ("raise", "stop"):
+            raise ValueError(f"on_budget_exhausted must be 'raise' or 'stop', got {on_budget_exhausted!r}")
+        if noise is None and (target_epsilon is None or epochs is None):
+            raise ValueError("give either noise=, or target_epsilon= and epochs= to calibrate it")
+        mech = get_mechanism(mechanism)
+        if mech.name == "dirichlet":
+            alpha = 1.0 if alpha is None else alpha
+        elif alpha is not None:
+            raise ValueError(f"alpha is a Dirichlet parameter; mechanism {mech.name!r} does not take it")
+        check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
+        primary, accountant_names = self._choose_accountants(mech, accountant, calibrate_with)
+
+        private_loader = self._private_loader(data_loader, poisson_sampling)
+        sample_rate = self._sample_rate(private_loader, data_loader)
+        params = count_trainable_parameters(module)
+        if epochs is not None:
+            self.planned_steps = steps_from_epochs(epochs, sample_rate)
+        if noise is None:
+            self.calibration = calibrate_training_noise(
+                calibrate_with or primary,
+                target_epsilon=target_epsilon,
+                delta=delta,
+                sample_rate=sample_rate,
+                steps=self.planned_steps,
+                clip=max_grad_norm,
+                params=params,
+                alpha=alpha,
+            )
+            noise = self.calibration.noise
+        self.mechanism = mech
+        self.setup = PrivacySetup(
+            mechanism=mech.name,
+            noise=float(noise),
+            clip=float(max_grad_norm),
+            sample_rate=float(sample_rate),
+            params=params,
+            alpha=alpha,
+            delta=float(delta),
+            target_epsilon=target_epsilon,
+            accountant=primary,
+            accountants=accountant_names,
+        )
+        self.accountants = {name: get_accountant(name) for name in accountant_names}
+        self.budget_policy = on_budget_exhausted
+        if target_epsilon is not None:
+            self.max_steps = steps_within_budget(primary, self.accounting_step_arguments(), target_epsilon, delta)
+            if self.max_steps == 0:
+                raise PrivacyBudgetExceededError(
+                    f"epsilon {target_epsilon} is below what even one step costs with noise {noise} "
+                    f"(accountant {primary}, delta {delta}); increase the budget or the noise"
+                )
+        private_module, private_optimizer = self._wrap(module, optimizer, expected_batch_size=sample_rate * len(data_loader.dataset))
+        return private_module, private_optimizer, private_loader
+
+    @staticmethod
+    def _choose_accountants(
+        mech: Mechanism, accountant: Optional[str], calibrate_with: Optional[str]
+    ) -> tuple[str, tuple[str, ...]]:
+        """(primary accountant, all recorded accountants); warns about unsound choices."""
+        recorded = accountants_for_mechanism(mech.accounted_as)
+        applicable = accountants_for_mechanism(mech.accounted_as, include_options=True)
+        for name in (accountant, calibrate_with):
+            if name is not None and name not in applicable:
+                raise ValueError(
+                    f"accountant {name!r} does not apply to mechanism {mech.name!r}; "
+                    f"choose from {', '.join(applicable)}"
+                )
+            if name is not None and not ACCOUNTANTS[name].sound:
+                warnings.warn(ACCOUNTANTS[name].warning, stacklevel=3)
+        primary = accountant or recorded[0]
+        return primary, tuple(dict.fromkeys([primary, *recorded]))
+
+    def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool) -> DataLoader:
+        """Poisson loader with the engine's sampling generator (or shuffled batches, warned)."""
+        if data_loader.batch_size is None:
+            raise ValueError("the data loader needs a batch_size (the expected batch size)")
+        dataset = data_loader.dataset
+        common = dict(collate_fn=data_loader.collate_fn, num_workers=data_loader.num_workers)
+        if not poisson_sampling:
+            warnings.warn(
+                "poisson_sampling=False: batches are shuffled fixed-size batches, but the "
+                "accountants assume Poisson sampling; the reported epsilon does not cover this run",
+                stacklevel=3,
+            )
+            return DataLoader(dataset, batch_size=data_loader.batch_size, shuffle=True,
+                              generator=self.sampling_generator, **common)
+        loader = DPDataLoader(
+            dataset,
+            sample_rate=data_loader.batch_size / len(dataset),
+            generator=self.sampling_generator,
+            **common,
+        )
+        # DataLoader draws a worker base seed from ``loader.generator`` at every new iterator; give
+        # it its own generator so that the sampler's draws do not depend on epoch boundaries
+        # (this is what makes a resumed run identical to an uninterrupted one).
+        loader.generator = seeded_generator(self.seed + 2)
+        return loader
+
+    @staticmethod
+    def _sample_rate(private_loader: DataLoader, data_loader: DataLoader) -> float:
+        """The Poisson rate the loader really uses (batch_size / N for fixed batches)."""
+        if isinstance(private_loader, DPDataLoader):
+            return private_loader.sample_rate
+        return data_loader.batch_size / len(data_loader.dataset)
+
+    def _wrap(self, module: nn.Module, optimizer: Optimizer, expected_batch_size: float) -> tuple[nn.Module, Optimizer]:
+        mech, setup = self.mechanism, self.setup
+        if mech.needs_per_sample_gradients:
+            private_module = GradSampleModule(module, loss_reduction="mean")
+            private_optimizer = NoisyGradientOptimizer(
+                optimizer,
+                mechanism=mech,
+                noise=setup.noise,
+                max_grad_norm=setup.clip,
+                expected_batch_size=expected_batch_size,
+                gate=self,
+                generator=self.noise_generator,
+            )
+            return private_module, private_optimizer
+        private_module = mech.wrap_module(
+            module, noise=setup.noise, clip=setup.clip, alpha=setup.alpha, generator=self.noise_generator
+        )
+        return private_module, OutputPrivateOptimizer(optimizer, gate=self)
+
+    # ----------------------------------------------------------------------------- accounting
+    def accounting_step_arguments(self) -> dict[str, Any]:
+        """Keyword arguments of ``acc.step`` for one training step."""
+        setup = self.setup
+        arguments = dict(
+            mechanism=self.mechanism.accounted_as,
+            noise=setup.noise,
+            sample_rate=setup.sample_rate,
+            clip=setup.clip,
+            params=setup.params,
+        )
+        if setup.alpha is not None:
+            arguments["alpha"] = setup.alpha
+        return arguments
+
+    def admit_step(self) -> bool:
+        """True if one more step fits the target budget; otherwise stop (False) or raise."""
+        if self.max_steps is None or self.steps < self.max_steps:
+            return True
+        self.budget_exhausted = True
+        if self.budget_policy == "stop":
+            return False
+        raise PrivacyBudgetExceededError(
+            f"step {self.steps + 1} would exceed the privacy budget epsilon={self.setup.target_epsilon} "
+            f"(delta={self.setup.delta}, accountant {self.setup.accountant}): at most {self.max_steps} steps"
+        )
+
+    def record_step(self) -> None:
+        """Compose one optimizer step into every applicable accountant."""
+        arguments = self.accounting_step_arguments()
+        for acc in self.accountants.values():
+            acc.step(**arguments)
+        self.steps += 1
+
+    @property
+    def accountant(self) -> Any:
+        """The primary accountant (budget enforcement and :meth:`get_epsilon`)."""
+        return self.accountants[self.setup.accountant]
+
+    def get_epsilon(self, delta: Optional[float] = None) -> float:
+        """Epsilon so far under the primary accountant (at ``delta``, default the target delta)."""
+        return float(self.accountant.get_epsilon(self.setup.delta if delta is None else delta))
+
+    def epsilon_by_accountant(self, delta: Optional[float] = None) -> dict[str, float]:
+        """Epsilon so far under every applicable accountant, e.g. ``{"lap2": .., "lap2-paper": ..}``."""
+        delta = self.setup.delta if delta is None else delta
+        return {name: float(acc.get_epsilon(delta)) for name, acc in self.accountants.items()}
+
+    @property
+    def scope_statement(self) -> Optional[str]:
+        """What the epsilon covers when it is not the trained parameters (output mechanisms)."""
+        return ACCOUNTANTS[self.setup.accountant].scope
+
+    # ----------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Accountant states, step count, budget flag and generator states (for checkpoints)."""
+        return {
+            "setup": asdict(self.setup),
+            "steps": self.steps,
+            "budget_exhausted": self.budget_exhausted,
+            "accountants": {name: acc.state_dict() for name, acc in self.accountants.items()},
+            "noise_generator": self.noise_generator.get_state(),
+            "sampling_generator": self.sampling_generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state saved under the same privacy setup (else :class:`CheckpointMismatchError`)."""
+        saved = PrivacySetup(**{**state["setup"], "accountants": tuple(state["setup"]["accountants"])})
+        if saved != self.setup:
+            raise CheckpointMismatchError(
+                f"checkpoint was saved with {saved}, but this engine runs {self.setup}"
+            )
+        self.steps = int(state["steps"])
+        self.budget_exhausted = bool(state["budget_exhausted"])
+        for name, acc_state in state["accountants"].items():
+            self.accountants[name].load_state_dict(acc_state)
+        self.noise_generator.set_state(state["noise_generator"])
+        self.sampling_generator.set_state(state["sampling_generator"])
+
+
+def make_private(
+    module: nn.Module, optimizer: Optimizer, data_loader: DataLoader, *, seed: Optional[int] = None, **options: Any
+) -> tuple[nn.Module, Optimizer, DataLoader]:
+    """One-call form of :meth:`PrivacyEngine.make_private` (same options, plus ``seed``).
+
+    The engine is reachable as ``optimizer.privacy_engine`` (``get_epsilon``,
+    ``epsilon_by_accountant``, ``state_dict``).
+    """
+    engine = PrivacyEngine(seed=seed)
+    private_module, private_optimizer, private_loader = engine.make_private(module, optimizer, data_loader, **options)
+    private_optimizer.privacy_engine = engine
+    return private_module, private_optimizer, private_loader

@@ -1,0 +1,82 @@
+"""A minimal private training loop (used by ``dpnoise train``, the tests and the benchmark)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+
+from dpnoise.training.engine import PrivacyEngine
+
+LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """What one optimizer step saw (``step`` counts from 1, across resumes)."""
+
+    step: int
+    loss: float
+    batch_accuracy: float
+    batch_size: int
+
+
+def endless_batches(loader: DataLoader) -> Iterator:
+    """The loader's batches, epoch after epoch (Poisson batches are i.i.d. across steps)."""
+    while True:
+        yield from loader
+
+
+def train_step(
+    module: nn.Module, optimizer: Optimizer, batch: tuple[torch.Tensor, torch.Tensor], loss_fn: LossFunction
+) -> tuple[float, float, int]:
+    """One forward/backward/step on ``batch``; returns (loss, batch accuracy, batch size)."""
+    inputs, targets = batch
+    module.train()
+    optimizer.zero_grad()
+    outputs = module(inputs)
+    # An empty Poisson batch still takes a (pure-noise) step: zero loss, zero gradient signal.
+    loss = loss_fn(outputs, targets) if len(targets) else outputs.sum() * 0.0
+    loss.backward()
+    optimizer.step()
+    accuracy = (outputs.argmax(dim=-1) == targets).float().mean().item() if len(targets) else 0.0
+    return loss.item(), accuracy, len(targets)
+
+
+def train_steps(
+    module: nn.Module,
+    optimizer: Optimizer,
+    batches: Iterator,
+    engine: PrivacyEngine,
+    num_steps: int,
+    *,
+    loss_fn: LossFunction = F.cross_entropy,
+    on_step: Optional[Callable[[StepMetrics], None]] = None,
+) -> list[StepMetrics]:
+    """Take up to ``num_steps`` optimizer steps; stop early if the engine's budget is exhausted."""
+    history = []
+    for _ in range(num_steps):
+        loss, accuracy, batch_size = train_step(module, optimizer, next(batches), loss_fn)
+        if engine.budget_exhausted:
+            break
+        metrics = StepMetrics(step=engine.steps, loss=loss, batch_accuracy=accuracy, batch_size=batch_size)
+        history.append(metrics)
+        if on_step is not None:
+            on_step(metrics)
+    return history
+
+
+@torch.no_grad()
+def evaluate_accuracy(module: nn.Module, batches: Iterable) -> float:
+    """Top-1 accuracy of ``module`` (in eval mode) over ``batches`` of (inputs, targets)."""
+    module.eval()
+    correct = total = 0
+    for inputs, targets in batches:
+        correct += (module(inputs).argmax(dim=-1) == targets).sum().item()
+        total += len(targets)
+    return correct / total
