@@ -1,0 +1,73 @@
+"""``dpnoise account``: epsilon of a training run from its noise, sampling and length."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+
+from dpnoise.accounting import (
+    ACCOUNTANTS,
+    UnsoundAccountantWarning,
+    accountants_for_mechanism,
+    get_accountant,
+)
+from dpnoise.cli.common import add_setting_options, emit, resolve_setting
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "account",
+        help="compute epsilon(delta) for given noise, sampling rate and number of steps",
+        description="Compute epsilon(delta) of a Poisson-sampled training run. For lap2 and "
+        "lap2-paper both Lap2 accountants are shown side by side (epsilon_by_accountant).",
+    )
+    p.add_argument("--noise", type=float, required=True,
+                   help="noise parameter: absolute Laplace scale b (lap2, lap2-paper, laplace-l1), "
+                   "noise multiplier sigma with std sigma*C (gaussian, penultimate-gaussian), or "
+                   "the Dirichlet scale r (dirichlet)")
+    add_setting_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    mechanism, accountant, q, steps, kwargs = resolve_setting(args)
+    acc = get_accountant(accountant)
+    acc.step(args.noise, q, steps=steps, **kwargs)
+    epsilon, order = acc.get_epsilon_and_order(args.delta)
+    by_acc = {}
+    for name in accountants_for_mechanism(mechanism):
+        other = get_accountant(name).step(args.noise, q, steps=steps, **kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnsoundAccountantWarning)
+            by_acc[name] = other.get_epsilon(args.delta)
+    spec = ACCOUNTANTS[accountant]
+    payload = {
+        "mechanism": mechanism,
+        "accountant": accountant,
+        "epsilon": epsilon,
+        "delta": args.delta,
+        "order": order,
+        "steps": steps,
+        "sample_rate": q,
+        "noise": args.noise,
+        "clip": kwargs["clip"],
+        "params": kwargs["params"],
+        "sound": spec.sound,
+        "epsilon_by_accountant": by_acc,
+        "sound_by_accountant": {name: ACCOUNTANTS[name].sound for name in by_acc},
+        "warning": spec.warning,
+        "scope": spec.scope,
+    }
+    lines = [
+        f"mechanism {mechanism}, accountant {accountant}: epsilon = {epsilon:.4f} at delta = {args.delta:g} "
+        f"(Renyi order {order:g}; {steps} steps at q = {q:.6g})"
+    ]
+    if len(by_acc) > 1:
+        lines += [
+            f"  {name:<12} epsilon = {value:.4f}  ({'sound' if ACCOUNTANTS[name].sound else 'NOT a valid bound in general'})"
+            for name, value in by_acc.items()
+        ]
+    if spec.scope:
+        lines.append(spec.scope)
+    emit(payload, args.json, lines)
+    return 0

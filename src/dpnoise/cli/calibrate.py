@@ -1,0 +1,53 @@
+"""``dpnoise calibrate``: the noise (and Lap2 clip) that reaches a target epsilon."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from dpnoise.accounting import ACCOUNTANTS, calibrate_dirichlet_r, calibrate_lap2, calibrate_noise
+from dpnoise.accounting.validation import check_positive
+from dpnoise.cli.common import add_setting_options, emit, resolve_setting
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="find the smallest noise (largest Dirichlet r) reaching a target epsilon",
+        description="Calibrate the noise to a target (epsilon, delta); the result never overshoots "
+        "the target. Lap2 runs the seed's Algorithm 1 (b for the given C, with the epsilon under "
+        "every Lap2 accountant); dirichlet finds r* by Brent's method and reports an unreachable "
+        "floor.",
+    )
+    p.add_argument("--epsilon", type=float, required=True, help="target epsilon > 0")
+    add_setting_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    mechanism, accountant, q, steps, kwargs = resolve_setting(args)
+    target = check_positive("--epsilon", args.epsilon)
+    if mechanism == "dirichlet":
+        result = calibrate_dirichlet_r(target, args.delta, q, steps, alpha=kwargs["alpha"], accountant=accountant)
+    elif mechanism == "lap2":
+        result = calibrate_lap2(target, args.delta, q, steps, kwargs["params"], clip=kwargs["clip"], accountant=accountant)
+    else:
+        result = calibrate_noise(accountant, target, args.delta, q, steps, clip=kwargs["clip"])
+    spec = ACCOUNTANTS[accountant]
+    payload = dataclasses.asdict(result) | {"sound": spec.sound, "warning": spec.warning, "scope": spec.scope}
+    if mechanism == "dirichlet":
+        payload["r"] = result.noise
+        lines = [f"dirichlet (alpha = {result.alpha:g}): r* = {result.noise:.6g}, epsilon = {result.epsilon:.4f}"]
+    else:
+        unit = "b (absolute Laplace scale)" if mechanism in ("lap2", "laplace-l1") else "sigma (noise multiplier)"
+        lines = [f"{accountant}: noise {unit} = {result.noise:.6g} with clip C = {result.clip:g}, epsilon = {result.epsilon:.4f}"]
+    lines[0] += f" at delta = {result.delta:g} ({steps} steps at q = {q:.6g})"
+    if len(result.epsilon_by_accountant) > 1:
+        lines += [
+            f"  {name:<12} epsilon = {value:.4f}  ({'sound' if ACCOUNTANTS[name].sound else 'NOT a valid bound in general'})"
+            for name, value in result.epsilon_by_accountant.items()
+        ]
+    if spec.scope:
+        lines.append(spec.scope)
+    emit(payload, args.json, lines)
+    return 0

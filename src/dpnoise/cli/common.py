@@ -1,0 +1,80 @@
+"""Options shared by the accounting subcommands (``account``, ``calibrate``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from dpnoise.accounting import MECHANISMS, steps_from_epochs
+from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
+
+MECHANISM_CHOICES = ["gaussian", "laplace-l1", "lap2", "lap2-paper", "dirichlet", "penultimate-gaussian"]
+
+
+def add_setting_options(p: argparse.ArgumentParser) -> None:
+    """--mechanism, sampling, steps, delta, clip, params, alpha, json."""
+    p.add_argument("--mechanism", required=True, choices=MECHANISM_CHOICES,
+                   help="mechanism and accountant: gaussian (sampled Gaussian DP-SGD), laplace-l1 "
+                   "(Laplace noise, L1 clipping), lap2 (L2-clipped Laplace, sound accountant), "
+                   "lap2-paper (L2-clipped Laplace, the seed's published accountant: NOT a valid "
+                   "bound in general), dirichlet (Dirichlet output mechanism), penultimate-gaussian "
+                   "(Gaussian noise on clipped penultimate activations)")
+    p.add_argument("--clip", type=float, default=1.0,
+                   help="clipping norm C (L2 for lap2/gaussian, L1 for laplace-l1); default 1. "
+                   "Laplace accountants depend on noise/clip only")
+    rate = p.add_mutually_exclusive_group(required=True)
+    rate.add_argument("--sample-rate", type=float, help="Poisson sampling rate q in (0, 1]")
+    rate.add_argument("--batch-size", type=int, help="expected batch size B (with --dataset-size: q = B/N)")
+    p.add_argument("--dataset-size", type=int, help="dataset size N (with --batch-size)")
+    length = p.add_mutually_exclusive_group(required=True)
+    length.add_argument("--steps", type=float, help="number of training steps T")
+    length.add_argument("--epochs", type=float, help="epochs E: T = ceil(E / q)")
+    p.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
+    p.add_argument("--params", type=float,
+                   help="number of trained parameters n (required for lap2 and lap2-paper; up to 1e12)")
+    p.add_argument("--alpha", type=float, default=1.0, help="Dirichlet offset alpha > 0 (dirichlet only; default 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dict[str, Any]]:
+    """(mechanism, accountant, q, steps, step kwargs) from parsed options; errors name the option."""
+    accountant = args.mechanism
+    mechanism = "lap2" if accountant == "lap2-paper" else accountant
+    if args.sample_rate is not None:
+        q = check_sample_rate("--sample-rate", args.sample_rate)
+    else:
+        if args.dataset_size is None:
+            raise InvalidParameterError("--dataset-size is required with --batch-size")
+        b = check_count("--batch-size", args.batch_size, 1)
+        n = check_count("--dataset-size", args.dataset_size, 1)
+        q = check_sample_rate("--batch-size / --dataset-size", b / n)
+    if args.steps is not None:
+        steps = check_count("--steps", args.steps, 1)
+    else:
+        steps = steps_from_epochs(args.epochs, q)
+    params = None
+    if mechanism == "lap2":
+        if args.params is None:
+            raise InvalidParameterError("--params (number of trained parameters n >= 1) is required for lap2")
+        params = check_count("--params", args.params, 1)
+    kwargs: dict[str, Any] = {"clip": args.clip, "params": params}
+    if mechanism == "dirichlet":
+        kwargs["alpha"] = args.alpha
+    assert mechanism in MECHANISMS
+    return mechanism, accountant, q, steps, kwargs
+
+
+def emit(payload: dict[str, Any], as_json: bool, lines: list[str]) -> None:
+    """Print ``payload`` as JSON or ``lines`` as text."""
+    if as_json:
+        print(json.dumps(payload, indent=None, allow_nan=True, default=_jsonable))
+    else:
+        print("\n".join(lines))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return str(value)
