@@ -20,7 +20,14 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from dpnoise.accounting import ACCOUNTANTS, CalibrationResult, accountants_for_mechanism, get_accountant, steps_from_epochs
+from dpnoise.accounting import (
+    ACCOUNTANTS,
+    CalibrationResult,
+    UnsoundAccountantWarning,
+    accountants_for_mechanism,
+    get_accountant,
+    steps_from_epochs,
+)
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
 from dpnoise.training.errors import CheckpointMismatchError, PrivacyBudgetExceededError
@@ -194,7 +201,7 @@ class PrivacyEngine:
                     f"choose from {', '.join(applicable)}"
                 )
             if name is not None and not ACCOUNTANTS[name].sound:
-                warnings.warn(ACCOUNTANTS[name].warning, stacklevel=3)
+                warnings.warn(ACCOUNTANTS[name].warning, UnsoundAccountantWarning, stacklevel=3)
         primary = accountant or recorded[0]
         return primary, tuple(dict.fromkeys([primary, *recorded]))
 
