@@ -41,7 +41,8 @@ def _log_a_fractional(q: float, sigma: float, order: float) -> float:
         if start > order and max(t0.max(), t1.max()) < -40:
             break
     value, sign = logsumexp(np.concatenate(logs), b=np.concatenate(signs), return_sign=True)
-    return float(value) if sign > 0 else 0.0
+    # A_a >= 1 exactly; rounding can leave it a hair below when the RDP is ~1e-16: clamp up.
+    return max(float(value), 0.0) if sign > 0 else 0.0
 
 
 def sampled_gaussian_rdp(q: float, noise_multiplier: float, orders: np.ndarray) -> np.ndarray:

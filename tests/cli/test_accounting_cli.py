@@ -1,0 +1,78 @@
+"""``dpnoise account`` / ``calibrate`` / ``walls`` through the real entry point."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dpnoise.accounting import UnsoundAccountantWarning
+from dpnoise.cli.main import main
+
+SEED = ["--sample-rate", "0.0043", "--steps", "5860", "--params", "26010", "--delta", "1e-5"]
+
+
+def run_json(capsys, argv):
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_account_lap2_json_has_both_accountants(capsys):
+    out = run_json(capsys, ["account", "--mechanism", "lap2", "--noise", "0.799", *SEED])
+    for key in ("mechanism", "epsilon", "delta", "order", "steps", "sample_rate", "sound", "epsilon_by_accountant"):
+        assert key in out
+    assert out["sound"] is True and out["steps"] == 5860
+    assert out["epsilon_by_accountant"]["lap2-paper"] == pytest.approx(3.42, abs=0.005)
+    assert out["epsilon"] == out["epsilon_by_accountant"]["lap2"]
+
+
+def test_account_lap2_paper_is_flagged_unsound(capsys):
+    with pytest.warns(UnsoundAccountantWarning, match="NOT a valid privacy bound"):
+        out = run_json(capsys, ["account", "--mechanism", "lap2-paper", "--noise", "0.4", *SEED])
+    assert out["sound"] is False and out["epsilon"] == pytest.approx(7.94, abs=0.005)
+    assert "NOT a valid privacy bound" in out["warning"]
+
+
+def test_account_batch_size_and_epochs(capsys):
+    out = run_json(capsys, ["account", "--mechanism", "dirichlet", "--noise", "0.248", "--batch-size", "256",
+                            "--dataset-size", "50000", "--epochs", "30", "--delta", "1e-5"])
+    assert out["steps"] == 5860 and out["sample_rate"] == pytest.approx(256 / 50000)
+    assert out["epsilon"] < 4 and "NOT a guarantee for the trained model" in out["scope"]
+
+
+def test_calibrate_lap2_and_dirichlet(capsys):
+    lap2 = run_json(capsys, ["calibrate", "--mechanism", "lap2", "--epsilon", "1", "--clip", "0.5", *SEED])
+    assert lap2["clip"] == 0.5 and lap2["epsilon"] <= 1 and set(lap2["epsilon_by_accountant"]) == {"lap2", "lap2-paper"}
+    dirichlet = run_json(capsys, ["calibrate", "--mechanism", "dirichlet", "--epsilon", "4", "--batch-size", "256",
+                                  "--dataset-size", "50000", "--epochs", "30", "--delta", "1e-5"])
+    assert dirichlet["r"] == pytest.approx(0.248, abs=6e-4)
+
+
+@pytest.mark.parametrize(
+    "argv,param",
+    [
+        (["account", "--mechanism", "gaussian", "--noise", "1", "--sample-rate", "1.5", "--steps", "5", "--delta", "1e-5"], "--sample-rate"),
+        (["account", "--mechanism", "gaussian", "--noise", "-1", "--sample-rate", "0.1", "--steps", "5", "--delta", "1e-5"], "noise"),
+        (["account", "--mechanism", "gaussian", "--noise", "nan", "--sample-rate", "0.1", "--steps", "5", "--delta", "1e-5"], "noise"),
+        (["account", "--mechanism", "gaussian", "--noise", "1", "--sample-rate", "0.1", "--steps", "5", "--delta", "1"], "delta"),
+        (["account", "--mechanism", "lap2", "--noise", "1", "--sample-rate", "0.1", "--steps", "5", "--delta", "1e-5", "--params", "0"], "--params"),
+        (["account", "--mechanism", "lap2", "--noise", "1", "--sample-rate", "0.1", "--steps", "5", "--delta", "1e-5"], "--params"),
+        (["calibrate", "--mechanism", "dirichlet", "--epsilon", "1", "--sample-rate", "0.02048", "--epochs", "100", "--delta", "1e-5"], "unreachable"),
+    ],
+)
+def test_invalid_input_exits_2_with_one_line(capsys, argv, param):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and param in err[0]
+
+
+def test_walls_writes_png(tmp_path):
+    out = tmp_path / "walls.png"
+    assert main(["walls", "--out", str(out), "--sample-rates", "0.1", "--params", "1000"]) == 0
+    assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_module_entry_point_help_lists_subcommands():
+    proc = subprocess.run([sys.executable, "-m", "dpnoise", "--help"], capture_output=True, text=True, check=True)
+    for cmd in ("account", "calibrate", "walls"):
+        assert cmd in proc.stdout
