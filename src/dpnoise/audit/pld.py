@@ -371,7 +371,7 @@ def default_k_grid(params: int, points: int = 12) -> list[int]:
 def lower_bound(
     mechanism: str, noise: float, sample_rate: float, steps: int, delta: float,
     clip: float = 1.0, params: int | None = None, ks: Sequence[int] | None = None,
-    alpha: float | None = None, grid: int = 1 << 20, loss_step: float | None = None,
+    alpha: float | None = None, grid: int = 1 << 21, loss_step: float | None = None,
     max_grid: int = 1 << 23,
 ) -> BoundResult:
     """Best exact lower bound on eps(delta) over the feasible pairs of ``mechanism``.
@@ -389,10 +389,17 @@ def lower_bound(
             raise ValueError(f"k = {max(ks)} exceeds the number of parameters {params}")
     else:
         ks = [1]
+    step = loss_step if loss_step is not None else min(1e-3, 0.02 / steps)
+    coarse = len(ks) > 1  # scan all k coarsely (still valid lower bounds), refine the worst one
     scan = []
     for k in ks:
-        laws = shift_laws(mechanism, noise, clip, k, alpha, grid)
-        eps = epsilon_lower_bound(laws, sample_rate, steps, delta, loss_step, max_grid)
-        scan.extend({"k": int(k), "direction": d, "epsilon": e} for d, e in eps.items())
+        laws = shift_laws(mechanism, noise, clip, k, alpha, grid // 8 if coarse else grid)
+        eps = epsilon_lower_bound(laws, sample_rate, steps, delta, 4 * step if coarse else step, max_grid)
+        scan.extend({"k": int(k), "direction": d, "epsilon": e, "coarse": coarse} for d, e in eps.items())
+    if coarse:
+        worst = max(scan, key=lambda row: row["epsilon"])["k"]
+        laws = shift_laws(mechanism, noise, clip, worst, alpha, grid)
+        eps = epsilon_lower_bound(laws, sample_rate, steps, delta, step, max_grid)
+        scan.extend({"k": worst, "direction": d, "epsilon": e, "coarse": False} for d, e in eps.items())
     best = max(scan, key=lambda row: row["epsilon"])
     return BoundResult(mechanism, best["epsilon"], best["direction"], best["k"], scan)
