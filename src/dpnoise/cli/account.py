@@ -11,7 +11,7 @@ from dpnoise.accounting import (
     accountants_for_mechanism,
     get_accountant,
 )
-from dpnoise.cli.common import add_setting_options, emit, resolve_setting
+from dpnoise.cli.common import accountant_lines, add_setting_options, emit, resolve_setting
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         "clip": kwargs["clip"],
         "params": kwargs["params"],
         "sound": spec.sound,
+        "bound": spec.description,
         "epsilon_by_accountant": by_acc,
         "sound_by_accountant": {name: ACCOUNTANTS[name].sound for name in by_acc},
         "warning": spec.warning,
@@ -62,11 +63,7 @@ def run(args: argparse.Namespace) -> int:
         f"mechanism {mechanism}, accountant {accountant}: epsilon = {epsilon:.4f} at delta = {args.delta:g} "
         f"(Renyi order {order:g}; {steps} steps at q = {q:.6g})"
     ]
-    if len(by_acc) > 1:
-        lines += [
-            f"  {name:<12} epsilon = {value:.4f}  ({'sound' if ACCOUNTANTS[name].sound else 'NOT a valid bound in general'})"
-            for name, value in by_acc.items()
-        ]
+    lines += accountant_lines(by_acc)
     if spec.scope:
         lines.append(spec.scope)
     emit(payload, args.json, lines)

@@ -7,7 +7,7 @@ import dataclasses
 
 from dpnoise.accounting import ACCOUNTANTS, calibrate_dirichlet_r, calibrate_lap2, calibrate_noise
 from dpnoise.accounting.validation import check_positive
-from dpnoise.cli.common import add_setting_options, emit, resolve_setting
+from dpnoise.cli.common import accountant_lines, add_setting_options, emit, resolve_setting
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,11 +42,7 @@ def run(args: argparse.Namespace) -> int:
         unit = "b (absolute Laplace scale)" if mechanism in ("lap2", "laplace-l1") else "sigma (noise multiplier)"
         lines = [f"{accountant}: noise {unit} = {result.noise:.6g} with clip C = {result.clip:g}, epsilon = {result.epsilon:.4f}"]
     lines[0] += f" at delta = {result.delta:g} ({steps} steps at q = {q:.6g})"
-    if len(result.epsilon_by_accountant) > 1:
-        lines += [
-            f"  {name:<12} epsilon = {value:.4f}  ({'sound' if ACCOUNTANTS[name].sound else 'NOT a valid bound in general'})"
-            for name, value in result.epsilon_by_accountant.items()
-        ]
+    lines += accountant_lines(result.epsilon_by_accountant)
     if spec.scope:
         lines.append(spec.scope)
     emit(payload, args.json, lines)

@@ -66,6 +66,19 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
     return mechanism, accountant, q, steps, kwargs
 
 
+def accountant_lines(epsilon_by_accountant: dict[str, float]) -> list[str]:
+    """One line per accountant when several apply (e.g. lap2 and lap2-paper side by side)."""
+    from dpnoise.accounting import ACCOUNTANTS
+
+    if len(epsilon_by_accountant) < 2:
+        return []
+    return [
+        f"  {name:<12} epsilon = {value:.4f}  "
+        f"({'sound' if ACCOUNTANTS[name].sound else 'NOT a valid bound in general'})"
+        for name, value in epsilon_by_accountant.items()
+    ]
+
+
 def emit(payload: dict[str, Any], as_json: bool, lines: list[str]) -> None:
     """Print ``payload`` as JSON or ``lines`` as text."""
     if as_json:
