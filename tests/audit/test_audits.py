@@ -1,0 +1,62 @@
+"""Every sound accountant survives its audits; the published Lap2 accountant is caught (spec lap2 §3)."""
+
+import json
+
+import pytest
+
+from dpnoise.accounting import ACCOUNTANTS
+from dpnoise.audit import audit_bound
+from dpnoise.cli.main import main
+
+FAST = {"grid": 1 << 15}
+SOUND = [name for name, spec in ACCOUNTANTS.items() if spec.sound]
+MNIST = {"sample_rate": 0.0043, "steps": 5860, "delta": 1e-5, "params": 26010}
+
+
+@pytest.mark.parametrize("accountant", SOUND)
+@pytest.mark.parametrize("noise,q,steps", [(0.5, 0.05, 20), (1.0, 0.02, 100), (2.0, 0.2, 30)])
+def test_sound_accountants_are_consistent(accountant, noise, q, steps):
+    kwargs = {"params": 200, "ks": [1, 10, 200]} if ACCOUNTANTS[accountant].mechanism == "lap2" else {}
+    r = audit_bound(accountant, noise, q, steps, 1e-5, **kwargs, **FAST)
+    assert r["consistent"], r
+    if ACCOUNTANTS[accountant].mechanism != "dirichlet":  # Dirichlet's general bound is loose
+        assert r["lower_bound_epsilon"] > 0.3 * r["claimed_epsilon"]  # the audit is not vacuous
+
+
+@pytest.mark.parametrize("b", [0.4, 0.6])
+def test_lap2_paper_is_caught_in_the_mnist_setting(b):
+    r = audit_bound("lap2-paper", b, **MNIST, ks=[10322], grid=1 << 17, loss_step=1e-5)
+    assert not r["consistent"]
+    if b == 0.4:  # spec lap2 §3: paper 7.94, exact lower bound about 31.7
+        assert r["claimed_epsilon"] == pytest.approx(7.94, abs=0.01)
+        assert r["lower_bound_epsilon"] > 30.0  # 31.7 at full resolution (docs/AUDITS.md)
+
+
+def test_lap2_paper_is_not_flagged_where_it_is_conservative():
+    r = audit_bound("lap2-paper", 0.8, **MNIST, ks=[10322], grid=1 << 17, loss_step=1e-5)
+    assert r["consistent"] and r["lower_bound_epsilon"] > 2.6
+
+
+def test_sound_lap2_survives_the_mnist_setting():
+    r = audit_bound("lap2", 0.4, **MNIST, ks=[10322], grid=1 << 17, loss_step=1e-5)
+    assert r["consistent"] and r["lower_bound_epsilon"] > 0.45 * r["claimed_epsilon"]
+
+
+def test_cli_bound_reports_inconsistency(capsys):
+    argv = ["audit", "bound", "--mechanism", "lap2-paper", "--noise", "0.4", "--clip", "1",
+            "--sample-rate", "0.0043", "--steps", "5860", "--params", "26010", "--delta", "1e-5",
+            "--k", "10322", "--grid", "131072", "--loss-step", "1e-5", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["consistent"] is False
+    assert out["lower_bound_epsilon"] > out["claimed_epsilon"]
+    for key in ("claimed_epsilon", "lower_bound_epsilon", "consistent"):
+        assert key in out
+
+
+@pytest.mark.parametrize("sub", ["bound", "sampler", "training", "dirichlet-leakage"])
+def test_cli_help(sub, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["audit", sub, "--help"])
+    assert exit_.value.code == 0
+    assert "--json" in capsys.readouterr().out
