@@ -1,0 +1,13 @@
+"""Errors raised by the model zoo."""
+
+from __future__ import annotations
+
+
+class ModelNotAvailableError(FileNotFoundError):
+    """Pretrained weights are not installed; ``install`` is the exact command that installs them."""
+
+    def __init__(self, model: str, missing: str, install: str) -> None:
+        self.model = model
+        self.missing = missing
+        self.install = install
+        super().__init__(f"model {model!r} is not available: {missing} not found. To install it: {install}")

@@ -1,0 +1,72 @@
+"""Named models: :func:`build_model` and :func:`count_trainable_parameters`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from dpnoise.models.cnn import SeedCNN
+from dpnoise.models.efficientnet_lite import FrozenFeatureClassifier, pretrained_efficientnet_lite0
+from dpnoise.models.minilm import build_minilm
+from dpnoise.models.resnet_gn import ResNetGN
+
+
+def _cnn(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
+    return SeedCNN(num_classes, in_channels or 1, input_size or 28, **options)
+
+
+def _resnet_gn(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
+    return ResNetGN(num_classes, in_channels or 3, **options)
+
+
+def _minilm(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
+    return build_minilm(num_classes, **options)
+
+
+def _efficientnet(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
+    if in_channels not in (None, 3):
+        raise ValueError(f"efficientnet-lite0-features needs RGB images, got in_channels={in_channels}")
+    return FrozenFeatureClassifier(pretrained_efficientnet_lite0(), num_classes, **options)
+
+
+# name -> (builder, default number of classes)
+_BUILDERS: dict[str, tuple[Callable[..., nn.Module], int]] = {
+    "cnn": (_cnn, 10),
+    "resnet-gn": (_resnet_gn, 10),
+    "minilm": (_minilm, 2),
+    "efficientnet-lite0-features": (_efficientnet, 10),
+}
+MODELS = tuple(_BUILDERS)
+
+
+def build_model(
+    name: str,
+    num_classes: int | None = None,
+    in_channels: int | None = None,
+    input_size: int | None = None,
+    **options: Any,
+) -> nn.Module:
+    """Build a model by name; every model is ready for Opacus (no BatchNorm among trainable layers).
+
+    Args:
+        name: ``cnn`` (seed CNN; ``input_size`` < 16 selects the small-input variant), ``resnet-gn``
+            (GroupNorm ResNet), ``minilm`` (MiniLM-L6 on token ids; option ``trainable_blocks``),
+            ``efficientnet-lite0-features`` (frozen ImageNet backbone + linear head; option
+            ``resolution``: the side images are resized to, default ``DEFAULT_RESOLUTION``).
+        num_classes: output classes (default 10, or 2 for ``minilm``).
+        in_channels: image channels (``cnn``: default 1; ``resnet-gn``: default 3).
+        input_size: image side in pixels (``cnn``: default 28; the other models do not need it).
+        options: passed to the model's constructor.
+    """
+    try:
+        builder, default_classes = _BUILDERS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; choose from {list(MODELS)}") from None
+    return builder(num_classes or default_classes, in_channels, input_size, **options)
+
+
+def count_trainable_parameters(model: nn.Module) -> int:
+    """Number of scalar parameters with ``requires_grad``."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
