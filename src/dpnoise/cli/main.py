@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 from dpnoise.accounting.validation import InvalidParameterError
 
 #: Subcommand modules (``dpnoise.cli.<name>``), in --help order.
-SUBCOMMANDS = ["account", "calibrate", "walls", "audit"]
+SUBCOMMANDS = ["account", "calibrate", "walls", "audit", "train"]
 
 
 def build_parser() -> argparse.ArgumentParser:

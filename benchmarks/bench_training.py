@@ -1,0 +1,128 @@
+"""Step time of every training mechanism on the seed CNN, Fashion-MNIST, batch 256, in ONE run.
+
+Prints (median over interleaved rounds of paired ratios):
+  * each mechanism's step time / non-private step time  (target: dirichlet <= 1.2x)
+  * dpnoise lap2 step time / plain Opacus Gaussian DP-SGD step time  (target: <= 1.05x)
+
+Fairness on a shared, noisy machine: every configuration runs on the same pre-drawn batches of
+exactly 256 examples (data loading is excluded), and the configurations are interleaved in a
+shuffled order in every round, so slow phases of the machine hit all of them alike.  A "step" is
+zero_grad + forward + loss + backward + optimizer.step (clipping, noise and accounting included).
+
+    .venv/bin/python benchmarks/bench_training.py [--rounds 7] [--steps 10] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+import warnings
+from typing import Callable
+
+import torch
+from opacus import PrivacyEngine as OpacusPrivacyEngine
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader
+
+from dpnoise.data import load_dataset
+from dpnoise.models.cnn import SeedCNN
+from dpnoise.training import make_private
+
+BATCH_SIZE = 256
+#: noise of each dpnoise mechanism in its own units (the value does not change the step time)
+DPNOISE_MECHANISMS = {"gaussian": 1.0, "lap2": 1.0, "laplace-l1": 1.0, "dirichlet": 0.25, "penultimate-gaussian": 2.0}
+
+Step = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+def plain_step(module: nn.Module, optimizer: torch.optim.Optimizer) -> Step:
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        module.train()
+        optimizer.zero_grad()
+        F.cross_entropy(module(x), y).backward()
+        optimizer.step()
+
+    return step
+
+
+def non_private(loader: DataLoader) -> Step:
+    model = SeedCNN()
+    return plain_step(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+
+
+def opacus_gaussian(loader: DataLoader) -> Step:
+    model = SeedCNN()
+    module, optimizer, _ = OpacusPrivacyEngine().make_private(
+        module=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-3), data_loader=loader,
+        noise_multiplier=1.0, max_grad_norm=1.0,
+    )
+    return plain_step(module, optimizer)
+
+
+def dpnoise_mechanism(mechanism: str) -> Callable[[DataLoader], Step]:
+    def build(loader: DataLoader) -> Step:
+        model = SeedCNN()
+        module, optimizer, _ = make_private(
+            model, torch.optim.Adam(model.parameters(), lr=1e-3), loader, mechanism=mechanism,
+            noise=DPNOISE_MECHANISMS[mechanism], max_grad_norm=1.0, delta=1e-5, seed=0,
+        )
+        return plain_step(module, optimizer)
+
+    return build
+
+
+def time_steps(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Mean seconds per step over ``batches``."""
+    started = time.perf_counter()
+    for x, y in batches:
+        step(x, y)
+    return (time.perf_counter() - started) / len(batches)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement rounds (default 7)")
+    parser.add_argument("--steps", type=int, default=10, help="steps per configuration per round (default 10)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+
+    dataset = load_dataset("fashion-mnist", "train")
+    loader = DataLoader(dataset, batch_size=BATCH_SIZE)
+    indices = torch.randperm(len(dataset))[: BATCH_SIZE * args.steps].view(args.steps, BATCH_SIZE)
+    batches = [dataset[i.tolist()] for i in indices]
+    builders = {"non-private": non_private, "opacus-gaussian": opacus_gaussian}
+    builders.update({f"dpnoise-{m}": dpnoise_mechanism(m) for m in DPNOISE_MECHANISMS})
+    steps = {name: build(loader) for name, build in builders.items()}
+    for step in steps.values():  # warm-up
+        time_steps(step, batches[:2])
+
+    per_round: list[dict[str, float]] = []
+    order = list(steps)
+    for _ in range(args.rounds):
+        random.shuffle(order)
+        per_round.append({name: time_steps(steps[name], batches) for name in order})
+
+    def median_ratio(numerator: str, denominator: str) -> float:
+        return statistics.median(r[numerator] / r[denominator] for r in per_round)
+
+    print(f"seed CNN (26,010 params), Fashion-MNIST, batch {BATCH_SIZE}, {args.threads} thread(s), "
+          f"{args.rounds} rounds x {args.steps} steps, interleaved")
+    print(f"{'configuration':<30}{'ms/step (median)':>18}{'/ non-private':>15}")
+    for name in builders:
+        ms = 1000 * statistics.median(r[name] for r in per_round)
+        print(f"{name:<30}{ms:>18.1f}{median_ratio(name, 'non-private'):>14.2f}x")
+    lap2_vs_opacus = median_ratio("dpnoise-lap2", "opacus-gaussian")
+    dirichlet_vs_plain = median_ratio("dpnoise-dirichlet", "non-private")
+    print(f"lap2 / Opacus Gaussian DP-SGD: {lap2_vs_opacus:.3f}x (target <= 1.05)")
+    print(f"dirichlet / non-private:      {dirichlet_vs_plain:.3f}x (target <= 1.2)")
+    print(f"dpnoise gaussian / Opacus Gaussian: {median_ratio('dpnoise-gaussian', 'opacus-gaussian'):.3f}x")
+
+
+if __name__ == "__main__":
+    main()
