@@ -50,3 +50,9 @@ def test_inconsistent_options(digits_train):
         make(digits_train, mechanism="lap2", noise=1.0, alpha=1.0)
     with pytest.raises(ValueError, match="does not apply to mechanism 'lap2'"):
         make(digits_train, mechanism="lap2", noise=1.0, accountant="gaussian")
+
+
+def test_fixed_size_batches_are_warned_as_not_covered(digits_train):
+    with pytest.warns(UserWarning, match="accountants assume Poisson sampling"):
+        _, _, loader = make(digits_train, mechanism="lap2", noise=1.0, poisson_sampling=False)
+    assert len(next(iter(loader))[1]) == 64

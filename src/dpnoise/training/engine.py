@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from dpnoise.accounting import (
     ACCOUNTANTS,
     CalibrationResult,
+    RdpAccountant,
     UnsoundAccountantWarning,
     accountants_for_mechanism,
     get_accountant,
@@ -79,7 +80,7 @@ class PrivacyEngine:
         self.sampling_generator = seeded_generator(self.seed + 1)
         self.setup: Optional[PrivacySetup] = None
         self.mechanism: Optional[Mechanism] = None
-        self.accountants: dict[str, Any] = {}
+        self.accountants: dict[str, RdpAccountant] = {}
         self.steps = 0
         self.max_steps: Optional[int] = None
         self.planned_steps: Optional[int] = None
@@ -292,7 +293,7 @@ class PrivacyEngine:
         self.steps += 1
 
     @property
-    def accountant(self) -> Any:
+    def accountant(self) -> RdpAccountant:
         """The primary accountant (budget enforcement and :meth:`get_epsilon`)."""
         return self.accountants[self.setup.accountant]
 
