@@ -52,6 +52,7 @@ __all__ = [
     "epsilon_lower_bound",
     "lower_bound",
     "default_k_grid",
+    "shift_laws",
     "MECHANISMS",
 ]
 
