@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 from dpnoise.accounting.validation import InvalidParameterError
 
 #: Subcommand modules (``dpnoise.cli.<name>``), in --help order.
-SUBCOMMANDS = ["account", "calibrate", "walls", "audit", "train"]
+SUBCOMMANDS = ["account", "calibrate", "walls", "audit", "train", "reproduce"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,115 @@
+"""``dpnoise reproduce``: run the seeds' experiments into results/ and draw tables/figures into docs/results/."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Optional, Sequence
+
+from dpnoise.experiments import plans, reports
+from dpnoise.experiments.records import RunSpec
+from dpnoise.experiments.runner import DEFAULT_THREADS, run_specs
+
+DEFAULT_SEEDS = (0, 1, 2)
+EXAMPLES = """examples:
+  # seed 1 Table II on Fashion-MNIST, one seed, two epsilons (T = 5860 steps per run)
+  dpnoise reproduce --experiment table2 --dataset fashion-mnist --quick
+  # the full table: both datasets, 5 epsilons, seeds 0 1 2, 4 columns
+  dpnoise reproduce --experiment table2
+  # seed 2: Dirichlet vs DP-SGD vs penultimate Gaussian, and the alpha / effective-lr grid
+  dpnoise reproduce --experiment dirichlet --dataset mnist --seeds 0
+  # redraw every table and figure from the records (no training)
+  dpnoise reproduce --experiment figures
+Records: <results>/<experiment>/<run>.json, one per finished run (existing ones are skipped, so a
+killed batch resumes); each states the exact `dpnoise train` command, the steps and the git commit.
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "reproduce",
+        help="reproduce the seeds' experiments (table2, finetune, dirichlet) and figures",
+        description="Run the seeds' experiments, one `dpnoise train` run at a time, writing one JSON "
+        "record per finished run into --results-dir, then regenerate that experiment's aggregate "
+        "(mean/std over seeds), markdown table and figures in --figures-dir. 'figures' only redraws "
+        "everything from existing records, plus the accounting figures (privacy walls, noise vs eps).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--experiment", required=True, choices=plans.EXPERIMENTS)
+    p.add_argument("--dataset", nargs="+",
+                   help="datasets (default: table2 fashion-mnist mnist; dirichlet mnist fashion-mnist; "
+                   "finetune cifar10-jpeg sst2)")
+    p.add_argument("--quick", action="store_true", help="one seed and two epsilons per table")
+    p.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2; --quick: 0)")
+    p.add_argument("--epsilons", type=float, nargs="+", help="target epsilons (default: the experiment's)")
+    p.add_argument("--columns", nargs="+",
+                   help="only these columns, named by their calibrating accountant (table2: gaussian "
+                   "laplace-l1 lap2-paper lap2; dirichlet: dirichlet gaussian penultimate-gaussian)")
+    p.add_argument("--steps", type=int,
+                   help="override the planned steps T of every run (the records state it; default: the "
+                   "experiment's, e.g. 5860 for table2)")
+    p.add_argument("--study", choices=("comparison", "alpha-grid", "both"), default="both",
+                   help="dirichlet only: the mechanism comparison, the alpha x effective-lr grid, or both")
+    p.add_argument("--results-dir", type=Path, default=Path("results"), help="records (default results/)")
+    p.add_argument("--figures-dir", type=Path, default=Path("docs/results"), help="tables/figures (default docs/results/)")
+    p.add_argument("--work-dir", type=Path, default=Path("results/logs/runs"),
+                   help="per-run training outputs and checkpoints (default results/logs/runs, git-ignored)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch threads per run (default 1)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs (and whether they are done), train nothing")
+    p.set_defaults(func=run)
+
+
+def choose(given: Optional[Sequence], default: Sequence, quick: bool = False) -> list:
+    """``given`` if set, else ``default`` (under ``quick``: its first and last items)."""
+    if given:
+        return list(given)
+    return [default[0], default[-1]] if quick and len(default) > 1 else list(default)
+
+
+def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
+    """The runs of ``args.experiment`` in execution order."""
+    quick = args.quick
+    seeds = args.seeds or (DEFAULT_SEEDS[:1] if quick else DEFAULT_SEEDS)
+    if args.experiment == "table2":
+        specs = plans.table2_specs(choose(args.dataset, plans.TABLE2_DATASETS),
+                                   choose(args.epsilons, plans.TABLE2_EPSILONS, quick), seeds, args.steps)
+    elif args.experiment == "dirichlet":
+        datasets = choose(args.dataset, plans.DIRICHLET_DATASETS)
+        specs = []
+        if args.study in ("comparison", "both"):
+            specs += plans.dirichlet_specs(datasets, choose(args.epsilons, plans.DIRICHLET_EPSILONS, quick),
+                                           seeds, args.steps)
+        if args.study in ("alpha-grid", "both"):
+            specs += plans.alpha_grid_specs(datasets[0], seeds, args.steps)
+    else:
+        specs = plans.finetune_specs(choose(args.dataset, tuple(plans.FINETUNE_TASKS)), args.epsilons, seeds,
+                                     args.steps, quick)
+    if args.columns:
+        specs = [s for s in specs if s.calibrated_with in args.columns]
+    return specs
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args.figures_dir.mkdir(parents=True, exist_ok=True)
+    if args.experiment == "figures":
+        written = reports.write_aggregates(args.results_dir) if args.results_dir.exists() else []
+        written += reports.accounting_figures(args.figures_dir)
+        for report in reports.REPORTS.values():
+            written += report(args.results_dir, args.figures_dir)
+        print("wrote " + ", ".join(map(str, written)))
+        return 0
+    specs = planned_specs(args)
+    if args.dry_run:
+        from dpnoise.experiments.records import record_path
+
+        for spec in specs:
+            print(f"{'done' if record_path(args.results_dir, spec).exists() else 'todo'}  {spec.name}")
+        return 0
+    run_specs(specs, args.results_dir, args.work_dir, threads=args.threads)
+    written = reports.write_aggregates(args.results_dir) + reports.REPORTS[args.experiment](args.results_dir,
+                                                                                            args.figures_dir)
+    print("wrote " + ", ".join(map(str, written)))
+    return 0

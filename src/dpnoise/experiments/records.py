@@ -1,0 +1,153 @@
+"""What one experiment run is (:class:`RunSpec`), where its record lives, and how records aggregate.
+
+One finished run = one JSON record ``<results>/<experiment>/<name>.json`` (one per seed); the
+aggregation groups records that differ only in the seed and reports mean / std of the accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+#: Record keys that identify a configuration (everything but the seed).
+GROUP_KEYS = (
+    "experiment", "dataset", "model", "mechanism", "calibrated_with", "target_epsilon",
+    "steps_planned", "optimizer", "alpha", "effective_lr",
+)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of an experiment, fully specified (the noise is calibrated, not given).
+
+    ``steps`` is the planned number of Poisson-sampled steps T: the noise is calibrated so that
+    ``target_epsilon`` is reached after T steps under ``calibrated_with``, which is also the
+    accountant that enforces the budget.  ``lr`` is ignored when ``effective_lr`` is set
+    (Dirichlet only: lr = effective_lr / kappa(0.9; r, alpha), spec dirichlet.md §4).
+    ``train_limit`` trains on a deterministic class-balanced subset (it changes q = batch / N).
+    """
+
+    experiment: str
+    dataset: str
+    model: str
+    mechanism: str
+    calibrated_with: str
+    target_epsilon: float
+    seed: int
+    steps: int
+    batch_size: int
+    delta: float = 1e-5
+    clip: float = 1.0
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.0
+    alpha: Optional[float] = None
+    effective_lr: Optional[float] = None
+    train_limit: Optional[int] = None
+    test_limit: Optional[int] = None
+
+    @property
+    def name(self) -> str:
+        """File stem of the record: unique within the experiment for every differing field."""
+        parts = [self.dataset, self.model, self.mechanism, f"cal-{self.calibrated_with}",
+                 f"eps{self.target_epsilon:g}", f"T{self.steps}", f"B{self.batch_size}", self.optimizer]
+        parts.append(f"elr{self.effective_lr:g}" if self.effective_lr is not None else f"lr{self.lr:g}")
+        if self.alpha is not None:
+            parts.append(f"alpha{self.alpha:g}")
+        if self.train_limit is not None:
+            parts.append(f"N{self.train_limit}")
+        parts.append(f"seed{self.seed}")
+        return "_".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def record_path(results_dir: Path, spec: RunSpec) -> Path:
+    """Where the record of ``spec`` is (or will be) written."""
+    return Path(results_dir) / spec.experiment / f"{spec.name}.json"
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` atomically (a killed batch never leaves a half-written record)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    partial.replace(path)
+
+
+def load_records(results_dir: Path, experiment: str) -> list[dict[str, Any]]:
+    """Every per-run record of ``experiment`` (aggregate files excluded), sorted by name."""
+    folder = Path(results_dir) / experiment
+    paths = sorted(p for p in folder.glob("*.json") if not p.name.startswith("aggregate"))
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def mean_std(values: list[float]) -> tuple[float, Optional[float]]:
+    """Mean and sample standard deviation (None for a single value)."""
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def aggregate(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per configuration (records equal on :data:`GROUP_KEYS`): accuracy mean/std over seeds.
+
+    Runs whose target was unreachable are kept as rows with ``status = "unreachable"`` and no
+    accuracy.  Epsilons and noise are deterministic given the configuration, so the first
+    record's values are reported.
+    """
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for record in records:
+        groups.setdefault(tuple(record.get(k) for k in GROUP_KEYS), []).append(record)
+    rows = []
+    for members in groups.values():
+        first = members[0]
+        row = {k: first.get(k) for k in GROUP_KEYS}
+        row.update(status=first["status"], seeds=sorted(m["seed"] for m in members), n_seeds=len(members))
+        if first["status"] == "ok":
+            accuracies = [m["accuracy"] for m in sorted(members, key=lambda m: m["seed"])]
+            row["accuracy_mean"], row["accuracy_std"] = mean_std(accuracies)
+            row.update(
+                accuracies=accuracies,
+                noise=first["noise"],
+                noise_unit=first["noise_unit"],
+                lr=first["lr"],
+                epsilon_by_accountant=first["epsilon_by_accountant"],
+                steps=sorted({m["steps"] for m in members}),
+                wall_time_s_mean=statistics.fmean(m["wall_time_s"] for m in members),
+                scope=first.get("scope"),
+            )
+        else:
+            row["reason"] = first["reason"]
+        rows.append(row)
+    return sorted(rows, key=_row_order)
+
+
+def _row_order(row: dict[str, Any]) -> tuple:
+    return tuple("" if row.get(k) is None else str(row[k]) if isinstance(row[k], str) else f"{row[k]:020.6f}"
+                 for k in GROUP_KEYS)
+
+
+def write_aggregate(results_dir: Path, experiment: str) -> Path:
+    """Aggregate ``experiment``'s records into ``<results>/<experiment>/aggregate.json``."""
+    rows = aggregate(load_records(results_dir, experiment))
+    path = Path(results_dir) / experiment / "aggregate.json"
+    write_record(path, {"experiment": experiment, "rows": rows})
+    return path
+
+
+def format_accuracy(row: Optional[dict[str, Any]]) -> str:
+    """``97.12 ± 0.10 (n=3)`` in percent, ``unreachable`` or ``—`` (not run)."""
+    if row is None:
+        return "—"
+    if row["status"] != "ok":
+        return row["status"]
+    mean, std = 100 * row["accuracy_mean"], row["accuracy_std"]
+    if std is None or math.isnan(std):
+        return f"{mean:.2f} (n=1)"
+    return f"{mean:.2f} ± {100 * std:.2f} (n={row['n_seeds']})"

@@ -1,0 +1,170 @@
+"""Run one :class:`RunSpec` through ``dpnoise train`` and write its JSON record.
+
+Every run is exactly a ``dpnoise train`` command line (recorded in the record, so any number can be
+reproduced by hand); it runs in this process with one torch thread and its outputs (metrics.json,
+CSVs, curves, checkpoint) go to a work folder.  A run whose record exists is skipped, so a killed
+batch resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import logging
+import platform
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from dpnoise.accounting import UnreachableTargetError
+from dpnoise.data import dataset_info
+from dpnoise.experiments.records import RunSpec, record_path, write_record
+
+logger = logging.getLogger(__name__)
+
+#: Torch threads per training process (the reproduction machine has 2 shared cores).
+DEFAULT_THREADS = 1
+
+
+def train_size(spec: RunSpec) -> int:
+    """Number of training examples the run samples from."""
+    return spec.train_limit or dataset_info(spec.dataset).train_size
+
+
+def epochs_for_steps(spec: RunSpec) -> float:
+    """Epochs E with ceil(E / q) = ``spec.steps`` for q = batch / N (what ``dpnoise train`` plans)."""
+    return spec.steps * spec.batch_size / train_size(spec)
+
+
+def train_argv(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> list[str]:
+    """The ``dpnoise train`` arguments (after ``train``) that run ``spec``."""
+    argv = [
+        "--dataset", spec.dataset, "--model", spec.model, "--mechanism", spec.mechanism,
+        "--epsilon", f"{spec.target_epsilon:g}", "--delta", f"{spec.delta:g}",
+        "--accountant", spec.calibrated_with, "--calibrate-with", spec.calibrated_with,
+        "--epochs", repr(epochs_for_steps(spec)), "--batch-size", str(spec.batch_size),
+        "--clip", f"{spec.clip:g}", "--optimizer", spec.optimizer,
+        "--weight-decay", f"{spec.weight_decay:g}", "--label-smoothing", f"{spec.label_smoothing:g}",
+        "--seed", str(spec.seed), "--threads", str(threads), "--out", str(out_dir), "--json", "--no-progress",
+    ]
+    argv += ["--effective-lr", f"{spec.effective_lr:g}"] if spec.effective_lr is not None else ["--lr", f"{spec.lr:g}"]
+    if spec.alpha is not None:
+        argv += ["--alpha", f"{spec.alpha:g}"]
+    if spec.train_limit is not None:
+        argv += ["--limit", str(spec.train_limit)]
+    if spec.test_limit is not None:
+        argv += ["--test-limit", str(spec.test_limit)]
+    return argv
+
+
+def train_parser() -> argparse.ArgumentParser:
+    """A parser holding only the ``train`` subcommand of the ``dpnoise`` CLI."""
+    from dpnoise.cli import train as train_cli
+
+    parser = argparse.ArgumentParser(prog="dpnoise")
+    train_cli.register(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def git_state(repo: Path) -> dict[str, Any]:
+    """Commit of ``repo`` and whether its ``src/`` differs from it (None outside a checkout)."""
+    def git(*args: str) -> Optional[str]:
+        try:
+            return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    return {"git_commit": git("rev-parse", "HEAD"), "git_src_dirty": bool(git("status", "--porcelain", "--", "src"))}
+
+
+def run_training(spec: RunSpec, out_dir: Path, threads: int) -> dict[str, Any]:
+    """Run ``dpnoise train`` for ``spec`` in this process; return its ``metrics.json`` content."""
+    from dpnoise.cli import train as train_cli
+
+    args = train_parser().parse_args(["train", *train_argv(spec, out_dir, threads)])
+    with contextlib.redirect_stdout(io.StringIO()):
+        train_cli.train(args)
+    return json.loads((out_dir / "metrics.json").read_text())
+
+
+def build_record(spec: RunSpec, metrics: Optional[dict[str, Any]], reason: Optional[str],
+                 command: str, wall_time: float, threads: int, repo: Path) -> dict[str, Any]:
+    """The JSON record of a finished run (``metrics`` None: the target was unreachable)."""
+    record: dict[str, Any] = {
+        **spec.to_dict(),
+        "name": spec.name,
+        "steps_planned": spec.steps,
+        "status": "ok" if metrics is not None else "unreachable",
+        "command": command,
+        "wall_time_s": wall_time,
+        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "torch_threads": threads,
+        **git_state(repo),
+    }
+    if metrics is None:
+        record["reason"] = reason
+        return record
+    summary = metrics["summary"]
+    if summary["planned_steps"] != spec.steps:
+        raise RuntimeError(f"{spec.name}: dpnoise train planned {summary['planned_steps']} steps, not {spec.steps}")
+    record.update(
+        accuracy=summary["test_accuracy"],
+        noise=summary["noise"],
+        noise_unit=summary["noise_unit"],
+        clip=summary["clip"],
+        sample_rate=summary["sample_rate"],
+        params=summary["params"],
+        steps=summary["steps"],
+        budget_exhausted=summary["budget_exhausted"],
+        epsilon=summary["epsilon"],
+        epsilon_by_accountant=summary["epsilon_by_accountant"],
+        sound_by_accountant=summary["sound_by_accountant"],
+        lr=summary["lr"],
+        kappa_at_0_9=summary.get("kappa_at_0.9"),
+        scope=summary["scope"],
+        train_wall_time_s=summary["wall_time_s"],
+        curve=[{"step": e["step"], "test_accuracy": e["test_accuracy"]} for e in metrics["epochs"]],
+    )
+    return record
+
+
+def run_spec(spec: RunSpec, results_dir: Path, work_dir: Path, *, threads: int = DEFAULT_THREADS,
+             repo: Path = Path(".")) -> Optional[Path]:
+    """Run ``spec`` unless its record exists; return the record path (None when skipped).
+
+    A target below what the calibrator can reach (e.g. under the Dirichlet floor) is recorded
+    with ``status = "unreachable"`` and the calibrator's message; it is never silently changed.
+    """
+    path = record_path(results_dir, spec)
+    if path.exists():
+        logger.info("skip %s (record exists)", spec.name)
+        return None
+    out_dir = Path(work_dir) / spec.experiment / spec.name
+    command = shlex.join(["dpnoise", "train", *train_argv(spec, out_dir, threads)])
+    logger.info("run %s: %s", spec.name, command)
+    started = time.perf_counter()
+    try:
+        metrics, reason = run_training(spec, out_dir, threads), None
+    except UnreachableTargetError as err:
+        metrics, reason = None, str(err)
+    write_record(path, build_record(spec, metrics, reason, command, time.perf_counter() - started, threads, repo))
+    logger.info("wrote %s", path)
+    return path
+
+
+def run_specs(specs: Iterable[RunSpec], results_dir: Path, work_dir: Path, *,
+              threads: int = DEFAULT_THREADS, repo: Path = Path(".")) -> list[Path]:
+    """Run every spec in order (skipping finished ones); return the records written now."""
+    written = []
+    for spec in specs:
+        path = run_spec(spec, results_dir, work_dir, threads=threads, repo=repo)
+        if path is not None:
+            written.append(path)
+    return written

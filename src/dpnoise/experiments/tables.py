@@ -1,0 +1,130 @@
+"""Markdown tables of aggregated results, next to the numbers the seeds publish."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from dpnoise.experiments.plans import (
+    ALPHA_GRID_ALPHAS,
+    DIRICHLET_COLUMNS,
+    DIRICHLET_PUBLISHED,
+    FINETUNE_COLUMNS,
+    FINETUNE_PUBLISHED,
+    TABLE2_COLUMNS,
+    TABLE2_EPSILONS,
+    TABLE2_PUBLISHED,
+    Column,
+)
+from dpnoise.experiments.records import format_accuracy
+
+Row = dict[str, Any]
+
+
+def find_row(rows: Sequence[Row], **match: Any) -> Optional[Row]:
+    """The first aggregated row whose fields equal ``match`` (None: not run)."""
+    for row in rows:
+        if all(row.get(k) == v for k, v in match.items()):
+            return row
+    return None
+
+
+def format_epsilons(row: Optional[Row]) -> str:
+    """``lap2 0.88, lap2-paper* 1.51`` (* marks an accountant that is not a valid bound)."""
+    if row is None or row["status"] != "ok":
+        return "—"
+    from dpnoise.accounting import ACCOUNTANTS
+
+    return ", ".join(f"{name}{'' if ACCOUNTANTS[name].sound else '*'} {eps:.3g}"
+                     for name, eps in row["epsilon_by_accountant"].items())
+
+
+def format_noise(row: Optional[Row]) -> str:
+    if row is None or row["status"] != "ok":
+        return "—"
+    return f"{row['noise']:.4g}"
+
+
+def format_steps(row: Optional[Row]) -> str:
+    if row is None or row["status"] != "ok":
+        return "—"
+    return "/".join(str(s) for s in row["steps"]) + f" of {row['steps_planned']}"
+
+
+def markdown(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    """A GitHub-flavoured markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(lines)
+
+
+def long_table(rows: Sequence[Row], dataset: str, epsilons: Sequence[float], columns: Sequence[Column],
+               published: dict[float, dict[str, float]]) -> str:
+    """One line per (epsilon, column): noise, steps, epsilon under every accountant, ours vs published.
+
+    ``published[eps][calibrated_with]`` is the seed's accuracy in percent for that column.
+    """
+    body = []
+    for eps in epsilons:
+        for column in columns:
+            row = find_row(rows, dataset=dataset, target_epsilon=eps, mechanism=column.mechanism,
+                           calibrated_with=column.calibrated_with)
+            if row is None:
+                continue
+            paper = published.get(eps, {}).get(column.calibrated_with)
+            body.append([f"{eps:g}", column.label, format_noise(row), format_steps(row), format_epsilons(row),
+                         format_accuracy(row), "—" if paper is None else f"{paper:.2f}"])
+    header = ["target ε", "column", "noise", "steps", "ε by accountant (δ=1e-5)", "ours: accuracy %", "seed's %"]
+    return markdown(header, body) if body else "(no runs yet)"
+
+
+def table2_published(dataset: str) -> dict[float, dict[str, float]]:
+    """Seed 1 Table II for ``dataset`` as {eps: {calibrated_with: accuracy}}."""
+    columns = TABLE2_PUBLISHED[dataset]
+    return {eps: {name: values[i] for name, values in columns.items()} for i, eps in enumerate(TABLE2_EPSILONS)}
+
+
+def table2_markdown(rows: Sequence[Row], datasets: Sequence[str]) -> str:
+    """Seed 1 Table II, ours next to the published numbers, one table per dataset."""
+    parts = []
+    for dataset in datasets:
+        parts += [f"### {dataset}", "", long_table(rows, dataset, TABLE2_EPSILONS, TABLE2_COLUMNS,
+                                                   table2_published(dataset)), ""]
+    return "\n".join(parts)
+
+
+def dirichlet_markdown(rows: Sequence[Row], datasets: Sequence[str], epsilons: Sequence[float]) -> str:
+    """Seed 2 comparison; unreachable targets are listed with the calibrator's reason."""
+    parts = []
+    for dataset in datasets:
+        parts += [f"### {dataset}", "", long_table(rows, dataset, epsilons, DIRICHLET_COLUMNS, {}), ""]
+    unreachable = [r for r in rows if r["status"] == "unreachable"]
+    parts += [f"- unreachable: {r['dataset']} {r['mechanism']} ε={r['target_epsilon']:g}: {r['reason']}"
+              for r in unreachable]
+    cifar = DIRICHLET_PUBLISHED["cifar10"]
+    parts.append(f"\nSeed 2 publishes CIFAR10 only: {cifar[4.0]}% at ε=4 and {cifar[1.0]}% at ε=1 "
+                 f"(Monir & Ghinita at ε=4: {DIRICHLET_PUBLISHED['monir-ghinita-cifar10-eps4']}%).")
+    return "\n".join(parts)
+
+
+def alpha_grid_markdown(rows: Sequence[Row]) -> str:
+    """Seed 2 Fig. 2 (reduced): accuracy per alpha (rows) and effective learning rate (columns)."""
+    lrs = sorted({r["effective_lr"] for r in rows})
+    body = []
+    for alpha in ALPHA_GRID_ALPHAS:
+        row_r = find_row(rows, alpha=alpha)
+        if row_r is None:
+            continue
+        cells = [format_accuracy(find_row(rows, alpha=alpha, effective_lr=lr)) for lr in lrs]
+        body.append([f"{alpha:g}", format_noise(row_r), *cells])
+    header = ["alpha", "r* (ε=1)", *[f"γ_eff={lr:g}" for lr in lrs]]
+    return markdown(header, body) if body else "(no runs yet)"
+
+
+def finetune_markdown(rows: Sequence[Row], datasets: Sequence[str]) -> str:
+    """Fine-tuning stand-ins next to the seed's ViT / RoBERTa numbers (different models!)."""
+    parts = []
+    for dataset in datasets:
+        published = FINETUNE_PUBLISHED[dataset]
+        epsilons = sorted({r["target_epsilon"] for r in rows if r["dataset"] == dataset}, reverse=True)
+        parts += [f"### {dataset}", "", long_table(rows, dataset, epsilons, FINETUNE_COLUMNS, published), ""]
+    return "\n".join(parts)

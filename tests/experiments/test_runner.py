@@ -1,0 +1,100 @@
+"""The reproduction runner on a tiny configuration (digits, a few steps): records, skipping, aggregation."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from dpnoise.accounting import OUTPUT_PRIVACY_SCOPE
+from dpnoise.cli.main import main
+from dpnoise.experiments import RunSpec, aggregate, load_records, record_path, run_spec, train_argv
+from dpnoise.experiments.tables import table2_markdown
+
+pytestmark = pytest.mark.filterwarnings("ignore::dpnoise.accounting.UnsoundAccountantWarning")
+
+TINY = dict(experiment="tiny", dataset="digits", model="cnn", target_epsilon=2.0, steps=12, batch_size=64)
+
+
+def lap2_paper_spec(seed: int) -> RunSpec:
+    return RunSpec(mechanism="lap2", calibrated_with="lap2-paper", seed=seed, **TINY)
+
+
+@pytest.fixture(scope="module")
+def lap2_records(tmp_path_factory):
+    """Two seeds of a Lap2 run calibrated by the paper's accountant."""
+    root = tmp_path_factory.mktemp("experiments")
+    paths = [run_spec(lap2_paper_spec(seed), root / "results", root / "work") for seed in (0, 1)]
+    return root, [json.loads(p.read_text()) for p in paths]
+
+
+def test_record_has_every_required_field(lap2_records):
+    _, (record, _) = lap2_records
+    for key in ("dataset", "model", "mechanism", "calibrated_with", "target_epsilon", "noise", "clip",
+                "epsilon_by_accountant", "accuracy", "steps", "wall_time_s", "optimizer", "command", "git_commit"):
+        assert key in record, key
+    assert record["status"] == "ok" and record["steps"] == record["steps_planned"] == 12
+    assert 0.0 <= record["accuracy"] <= 1.0
+    assert record["curve"][-1]["step"] == 12
+
+
+def test_paper_calibrated_lap2_also_reports_the_sound_epsilon(lap2_records):
+    _, (record, _) = lap2_records
+    eps = record["epsilon_by_accountant"]
+    assert set(eps) == {"lap2", "lap2-paper"}
+    assert eps["lap2-paper"] <= record["target_epsilon"] + 1e-9
+    assert record["sound_by_accountant"] == {"lap2": True, "lap2-paper": False}
+
+
+def test_recorded_command_is_the_train_invocation(lap2_records):
+    root, (record, _) = lap2_records
+    words = shlex.split(record["command"])
+    assert words[:2] == ["dpnoise", "train"]
+    assert words[2:] == train_argv(lap2_paper_spec(0), root / "work" / "tiny" / lap2_paper_spec(0).name)
+    assert words[words.index("--calibrate-with") + 1] == "lap2-paper"
+
+
+def test_existing_record_is_skipped(lap2_records):
+    root, _ = lap2_records
+    path = record_path(root / "results", lap2_paper_spec(0))
+    before = path.read_text()
+    assert run_spec(lap2_paper_spec(0), root / "results", root / "work") is None
+    assert path.read_text() == before
+
+
+def test_aggregate_mean_and_std_over_seeds(lap2_records):
+    root, records = lap2_records
+    (row,) = aggregate(load_records(root / "results", "tiny"))
+    accuracies = [r["accuracy"] for r in records]
+    assert row["n_seeds"] == 2 and row["seeds"] == [0, 1]
+    assert row["accuracy_mean"] == pytest.approx(sum(accuracies) / 2)
+    assert row["accuracy_std"] == pytest.approx(abs(accuracies[0] - accuracies[1]) / 2 ** 0.5)
+
+
+def test_markdown_table_shows_ours_next_to_the_seed(lap2_records):
+    root, _ = lap2_records
+    rows = [dict(r, target_epsilon=3.42, dataset="mnist") for r in aggregate(load_records(root / "results", "tiny"))]
+    table = table2_markdown(rows, ["mnist"])
+    assert "| 3.42 | Lap2 (b from lap2-paper) |" in table and "96.82" in table and "lap2-paper*" in table
+
+
+def test_dirichlet_run_carries_the_scope_and_unreachable_target_is_recorded(tmp_path):
+    spec = RunSpec(mechanism="dirichlet", calibrated_with="dirichlet", seed=0, alpha=1.0,
+                   **{**TINY, "experiment": "tiny-dirichlet"})
+    record = json.loads(run_spec(spec, tmp_path, tmp_path / "work").read_text())
+    assert record["scope"] == OUTPUT_PRIVACY_SCOPE
+    below_floor = RunSpec(**{**spec.to_dict(), "target_epsilon": 0.01})
+    record = json.loads(run_spec(below_floor, tmp_path, tmp_path / "work").read_text())
+    assert record["status"] == "unreachable" and "floor" in record["reason"]
+    assert record["target_epsilon"] == 0.01
+    (unreachable,) = [r for r in aggregate(load_records(tmp_path, "tiny-dirichlet")) if r["status"] != "ok"]
+    assert "accuracy_mean" not in unreachable
+
+
+def test_reproduce_dry_run_lists_quick_plan(capsys):
+    assert main(["reproduce", "--experiment", "table2", "--dataset", "mnist", "--quick", "--dry-run",
+                 "--results-dir", "/nonexistent"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 8  # 2 epsilons x 4 columns, one seed
+    assert all(line.startswith("todo") and "_T5860_" in line and line.endswith("seed0") for line in lines)
