@@ -62,9 +62,9 @@ DIRICHLET_EPSILONS = (1.0, 2.0, 4.0, 8.0)
 DIRICHLET_DATASETS = ("mnist", "fashion-mnist")
 DIRICHLET_ALPHA = 1.0
 DIRICHLET_COLUMNS = (
-    Column("Dirichlet (alpha=1)", "dirichlet", "dirichlet"),
+    Column("Dirichlet (alpha=1) †", "dirichlet", "dirichlet"),
     Column("DP-SGD (Gaussian)", "gaussian", "gaussian"),
-    Column("Penultimate Gaussian (reconstr.)", "penultimate-gaussian", "penultimate-gaussian"),
+    Column("Penultimate Gaussian (reconstr.) †", "penultimate-gaussian", "penultimate-gaussian"),
 )
 
 #: Seed 2 Fig. 2, reduced: SGD, eps = 1, alpha x effective learning rate on MNIST.

@@ -17,6 +17,8 @@ def datasets_of(rows: list[dict]) -> list[str]:
 
 def table2_report(results_dir: Path, figures_dir: Path) -> list[Path]:
     records = load_records(results_dir, "table2")
+    if not records:
+        return []
     rows = aggregate(records)
     datasets = datasets_of(rows)
     published = {d: tables.table2_published(d) for d in plans.TABLE2_PUBLISHED}
@@ -30,7 +32,14 @@ def table2_report(results_dir: Path, figures_dir: Path) -> list[Path]:
 
 
 def dirichlet_report(results_dir: Path, figures_dir: Path) -> list[Path]:
+    """The mechanism comparison and the alpha x effective-lr grid (each drawn if it has records)."""
+    return dirichlet_comparison_report(results_dir, figures_dir) + alpha_grid_report(results_dir, figures_dir)
+
+
+def dirichlet_comparison_report(results_dir: Path, figures_dir: Path) -> list[Path]:
     records = load_records(results_dir, "dirichlet")
+    if not records:
+        return []
     rows = aggregate(records)
     datasets = datasets_of(rows)
     epsilons = sorted({r["target_epsilon"] for r in rows})
@@ -40,18 +49,23 @@ def dirichlet_report(results_dir: Path, figures_dir: Path) -> list[Path]:
                                        figures_dir / "dirichlet_accuracy_vs_epsilon.png",
                                        "Seed 2 comparison: accuracy vs epsilon (Dirichlet / penultimate: "
                                        "epsilon of the released outputs only)")]
-    out += [figures.convergence(records, d, plans.DIRICHLET_COLUMNS, figures_dir / f"dirichlet_convergence_{d}.png",
-                                f"Convergence on {d}") for d in datasets]
-    grid_rows = aggregate(load_records(results_dir, "dirichlet-alpha"))
-    if grid_rows:
-        out.append(write_markdown(figures_dir / "dirichlet_alpha.md", "Seed 2 Fig. 2 (reduced): alpha x effective lr",
-                                  tables.alpha_grid_markdown(grid_rows)))
-        out.append(figures.alpha_grid_figure(grid_rows, figures_dir / "dirichlet_alpha_grid.png"))
-    return out
+    return out + [figures.convergence(records, d, plans.DIRICHLET_COLUMNS, figures_dir / f"dirichlet_convergence_{d}.png",
+                                      f"Convergence on {d}") for d in datasets]
+
+
+def alpha_grid_report(results_dir: Path, figures_dir: Path) -> list[Path]:
+    rows = aggregate(load_records(results_dir, "dirichlet-alpha"))
+    if not rows:
+        return []
+    return [write_markdown(figures_dir / "dirichlet_alpha.md", "Seed 2 Fig. 2 (reduced): alpha x effective lr",
+                           tables.alpha_grid_markdown(rows)),
+            figures.alpha_grid_figure(rows, figures_dir / "dirichlet_alpha_grid.png")]
 
 
 def finetune_report(results_dir: Path, figures_dir: Path) -> list[Path]:
     rows = aggregate(load_records(results_dir, "finetune"))
+    if not rows:
+        return []
     return [write_markdown(figures_dir / "finetune.md", "Seed 1 fine-tuning stand-ins",
                            tables.finetune_markdown(rows, datasets_of(rows)))]
 

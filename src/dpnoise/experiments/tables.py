@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from dpnoise.accounting import ACCOUNTANTS, OUTPUT_PRIVACY_SCOPE
 from dpnoise.experiments.plans import (
     ALPHA_GRID_ALPHAS,
     DIRICHLET_COLUMNS,
@@ -32,8 +33,6 @@ def format_epsilons(row: Optional[Row]) -> str:
     """``lap2 0.88, lap2-paper* 1.51`` (* marks an accountant that is not a valid bound)."""
     if row is None or row["status"] != "ok":
         return "—"
-    from dpnoise.accounting import ACCOUNTANTS
-
     return ", ".join(f"{name}{'' if ACCOUNTANTS[name].sound else '*'} {eps:.3g}"
                      for name, eps in row["epsilon_by_accountant"].items())
 
@@ -100,6 +99,7 @@ def dirichlet_markdown(rows: Sequence[Row], datasets: Sequence[str], epsilons: S
     unreachable = [r for r in rows if r["status"] == "unreachable"]
     parts += [f"- unreachable: {r['dataset']} {r['mechanism']} ε={r['target_epsilon']:g}: {r['reason']}"
               for r in unreachable]
+    parts.append(f"\n† Dirichlet and penultimate-Gaussian rows. {OUTPUT_PRIVACY_SCOPE}")
     cifar = DIRICHLET_PUBLISHED["cifar10"]
     parts.append(f"\nSeed 2 publishes CIFAR10 only: {cifar[4.0]}% at ε=4 and {cifar[1.0]}% at ε=1 "
                  f"(Monir & Ghinita at ε=4: {DIRICHLET_PUBLISHED['monir-ghinita-cifar10-eps4']}%).")
@@ -117,7 +117,7 @@ def alpha_grid_markdown(rows: Sequence[Row]) -> str:
         cells = [format_accuracy(find_row(rows, alpha=alpha, effective_lr=lr)) for lr in lrs]
         body.append([f"{alpha:g}", format_noise(row_r), *cells])
     header = ["alpha", "r* (ε=1)", *[f"γ_eff={lr:g}" for lr in lrs]]
-    return markdown(header, body) if body else "(no runs yet)"
+    return (markdown(header, body) + f"\n\nEvery row: {OUTPUT_PRIVACY_SCOPE}") if body else "(no runs yet)"
 
 
 def finetune_markdown(rows: Sequence[Row], datasets: Sequence[str]) -> str:
