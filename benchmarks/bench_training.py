@@ -5,8 +5,9 @@ Prints (median over interleaved rounds of paired ratios):
   * dpnoise lap2 step time / plain Opacus Gaussian DP-SGD step time  (target: <= 1.05x)
 
 Fairness on a shared, noisy machine: every configuration runs on the same pre-drawn batches of
-exactly 256 examples (data loading is excluded), and the configurations are interleaved in a
-shuffled order in every round, so slow phases of the machine hit all of them alike.  A "step" is
+exactly 256 examples (data loading is excluded), and the configurations are interleaved step by
+step, in a fresh shuffled order for every batch, so slow phases of the machine hit all of them
+alike; ratios are taken per round (paired) and their median is reported.  A "step" is
 zero_grad + forward + loss + backward + optimizer.step (clipping, noise and accounting included).
 
     .venv/bin/python benchmarks/bench_training.py [--rounds 7] [--steps 10] [--threads 1]
@@ -74,12 +75,22 @@ def dpnoise_mechanism(mechanism: str) -> Callable[[DataLoader], Step]:
     return build
 
 
-def time_steps(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """Mean seconds per step over ``batches``."""
+def time_step(step: Step, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+    """Seconds taken by one step on ``batch``."""
     started = time.perf_counter()
-    for x, y in batches:
-        step(x, y)
-    return (time.perf_counter() - started) / len(batches)
+    step(*batch)
+    return time.perf_counter() - started
+
+
+def interleaved_round(steps: dict[str, Step], batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """Mean seconds per step of every configuration, one batch at a time in shuffled order."""
+    totals = dict.fromkeys(steps, 0.0)
+    order = list(steps)
+    for batch in batches:
+        random.shuffle(order)
+        for name in order:
+            totals[name] += time_step(steps[name], batch)
+    return {name: total / len(batches) for name, total in totals.items()}
 
 
 def main() -> None:
@@ -99,14 +110,8 @@ def main() -> None:
     builders = {"non-private": non_private, "opacus-gaussian": opacus_gaussian}
     builders.update({f"dpnoise-{m}": dpnoise_mechanism(m) for m in DPNOISE_MECHANISMS})
     steps = {name: build(loader) for name, build in builders.items()}
-    for step in steps.values():  # warm-up
-        time_steps(step, batches[:2])
-
-    per_round: list[dict[str, float]] = []
-    order = list(steps)
-    for _ in range(args.rounds):
-        random.shuffle(order)
-        per_round.append({name: time_steps(steps[name], batches) for name in order})
+    interleaved_round(steps, batches[:2])  # warm-up
+    per_round = [interleaved_round(steps, batches) for _ in range(args.rounds)]
 
     def median_ratio(numerator: str, denominator: str) -> float:
         return statistics.median(r[numerator] / r[denominator] for r in per_round)
