@@ -94,8 +94,11 @@ def run_training(spec: RunSpec, out_dir: Path, threads: int) -> dict[str, Any]:
 
 
 def build_record(spec: RunSpec, metrics: Optional[dict[str, Any]], reason: Optional[str],
-                 command: str, wall_time: float, threads: int, repo: Path) -> dict[str, Any]:
-    """The JSON record of a finished run (``metrics`` None: the target was unreachable)."""
+                 command: str, wall_time: float, threads: int, code_state: dict[str, Any]) -> dict[str, Any]:
+    """The JSON record of a finished run (``metrics`` None: the target was unreachable).
+
+    ``code_state`` is :func:`git_state` taken when the run started.
+    """
     record: dict[str, Any] = {
         **spec.to_dict(),
         "name": spec.name,
@@ -106,7 +109,7 @@ def build_record(spec: RunSpec, metrics: Optional[dict[str, Any]], reason: Optio
         "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "torch_threads": threads,
-        **git_state(repo),
+        **code_state,
     }
     if metrics is None:
         record["reason"] = reason
@@ -149,12 +152,12 @@ def run_spec(spec: RunSpec, results_dir: Path, work_dir: Path, *, threads: int =
     out_dir = Path(work_dir) / spec.experiment / spec.name
     command = shlex.join(["dpnoise", "train", *train_argv(spec, out_dir, threads)])
     logger.info("run %s: %s", spec.name, command)
-    started = time.perf_counter()
+    started, code_state = time.perf_counter(), git_state(repo)
     try:
         metrics, reason = run_training(spec, out_dir, threads), None
     except UnreachableTargetError as err:
         metrics, reason = None, str(err)
-    write_record(path, build_record(spec, metrics, reason, command, time.perf_counter() - started, threads, repo))
+    write_record(path, build_record(spec, metrics, reason, command, time.perf_counter() - started, threads, code_state))
     logger.info("wrote %s", path)
     return path
 
