@@ -246,8 +246,10 @@ def run_epochs(
     sample_rate = engine.setup.sample_rate
     loss_fn = lambda outputs, targets: F.cross_entropy(outputs, targets, label_smoothing=args.label_smoothing)  # noqa: E731
     batches = endless_batches(loader)
+    # Redraw rarely when stderr is a log file, not a terminal (keeps logs readable).
     bar = tqdm(total=total_steps, initial=engine.steps, desc=args.mechanism, unit="step",
-               disable=args.no_progress, file=sys.stderr, dynamic_ncols=True)
+               disable=args.no_progress, file=sys.stderr, dynamic_ncols=True,
+               mininterval=0.1 if sys.stderr.isatty() else 15.0)
 
     def on_step(metrics: StepMetrics) -> None:
         record = StepRecord(metrics.step, metrics.step * sample_rate, metrics.loss, metrics.batch_accuracy,
