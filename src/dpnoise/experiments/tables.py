@@ -128,3 +128,24 @@ def finetune_markdown(rows: Sequence[Row], datasets: Sequence[str]) -> str:
         epsilons = sorted({r["target_epsilon"] for r in rows if r["dataset"] == dataset}, reverse=True)
         parts += [f"### {dataset}", "", long_table(rows, dataset, epsilons, FINETUNE_COLUMNS, published), ""]
     return "\n".join(parts)
+
+
+def table2_noise_markdown(epsilons: Sequence[float] = TABLE2_EPSILONS) -> str:
+    """Accounting only: the noise each Table II column is calibrated to, and its epsilon under every
+    accountant that applies (seed 1 MNIST/FMNIST setting: q = 0.0043, T = 5860, C = 1, n = 26,010)."""
+    import warnings
+
+    from dpnoise.accounting import UnsoundAccountantWarning, calibrate_noise
+    from dpnoise.experiments.plans import TABLE2_SETTINGS as S
+
+    body = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnsoundAccountantWarning)
+        for eps in epsilons:
+            for column in TABLE2_COLUMNS:
+                result = calibrate_noise(column.calibrated_with, eps, S["delta"], S["batch_size"] / 60_000,
+                                         S["steps"], clip=S["clip"], params=26_010)
+                eps_text = ", ".join(f"{name}{'' if ACCOUNTANTS[name].sound else '*'} {value:.3g}"
+                                     for name, value in result.epsilon_by_accountant.items())
+                body.append([f"{eps:g}", column.label, f"{result.noise:.4g}", eps_text])
+    return markdown(["target ε", "column", "calibrated noise (σ, or b at C=1)", "ε by accountant (δ=1e-5)"], body)
