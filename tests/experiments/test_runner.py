@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from dpnoise.accounting import OUTPUT_PRIVACY_SCOPE
 from dpnoise.cli.main import main
 from dpnoise.experiments import RunSpec, aggregate, load_records, record_path, run_spec, train_argv
+from dpnoise.experiments.runner import claim
 from dpnoise.experiments.tables import table2_markdown
 
 pytestmark = pytest.mark.filterwarnings("ignore::dpnoise.accounting.UnsoundAccountantWarning")
@@ -98,3 +100,14 @@ def test_reproduce_dry_run_lists_quick_plan(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 8  # 2 epsilons x 4 columns, one seed
     assert all(line.startswith("todo") and "_T5860_" in line and line.endswith("seed0") for line in lines)
+
+
+def test_a_spec_running_in_another_live_process_is_skipped(tmp_path):
+    spec = lap2_paper_spec(5)
+    mark = record_path(tmp_path, spec).with_suffix(".running")
+    mark.parent.mkdir(parents=True)
+    mark.write_text(str(os.getppid()))  # a live process that is not this one
+    assert run_spec(spec, tmp_path, tmp_path / "work") is None
+    assert not record_path(tmp_path, spec).exists()
+    mark.write_text("999999999")  # a dead holder: taken over
+    assert claim(record_path(tmp_path, spec)) and mark.read_text() == str(os.getpid())

@@ -14,6 +14,7 @@ import datetime
 import io
 import json
 import logging
+import os
 import platform
 import shlex
 import subprocess
@@ -138,9 +139,42 @@ def build_record(spec: RunSpec, metrics: Optional[dict[str, Any]], reason: Optio
     return record
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim(record: Path) -> bool:
+    """Mark ``record`` as being produced by this process (``<name>.running`` holds our PID).
+
+    False when another live process holds the mark (parallel workers never run a spec twice);
+    a mark left by a dead process is taken over.
+    """
+    mark = record.with_suffix(".running")
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        holder = mark.read_text().strip()
+        if holder.isdigit() and process_alive(int(holder)):
+            return False
+        mark.unlink(missing_ok=True)
+        return claim(record)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(str(os.getpid()))
+    return True
+
+
 def run_spec(spec: RunSpec, results_dir: Path, work_dir: Path, *, threads: int = DEFAULT_THREADS,
              repo: Path = Path(".")) -> Optional[Path]:
-    """Run ``spec`` unless its record exists; return the record path (None when skipped).
+    """Run ``spec`` unless its record exists or another worker runs it; return the record path
+    (None when skipped).
 
     A target below what the calibrator can reach (e.g. under the Dirichlet floor) is recorded
     with ``status = "unreachable"`` and the calibrator's message; it is never silently changed.
@@ -149,6 +183,17 @@ def run_spec(spec: RunSpec, results_dir: Path, work_dir: Path, *, threads: int =
     if path.exists():
         logger.info("skip %s (record exists)", spec.name)
         return None
+    if not claim(path):
+        logger.info("skip %s (another process is running it)", spec.name)
+        return None
+    try:
+        return produce_record(spec, path, work_dir, threads, repo)
+    finally:
+        path.with_suffix(".running").unlink(missing_ok=True)
+
+
+def produce_record(spec: RunSpec, path: Path, work_dir: Path, threads: int, repo: Path) -> Path:
+    """Train ``spec`` and write its record to ``path``."""
     out_dir = Path(work_dir) / spec.experiment / spec.name
     command = shlex.join(["dpnoise", "train", *train_argv(spec, out_dir, threads)])
     logger.info("run %s: %s", spec.name, command)
