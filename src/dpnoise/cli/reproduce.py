@@ -92,7 +92,8 @@ def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    # force: an imported library may already have put a WARNING-level handler on the root logger
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", force=True)
     args.figures_dir.mkdir(parents=True, exist_ok=True)
     if args.experiment == "figures":
         written = reports.write_aggregates(args.results_dir) if args.results_dir.exists() else []
