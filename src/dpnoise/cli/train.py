@@ -330,6 +330,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     for name, eps in summary["epsilon_by_accountant"].items():
         role = "primary" if name == summary["accountant"] else "side by side"
         validity = "proven upper bound" if summary["sound_by_accountant"][name] else "NOT a valid privacy bound"
+        if summary["scope"] and summary["sound_by_accountant"][name]:
+            validity += " for the released outputs only, see scope"
         lines.append(f"  {name:>22}: {eps:.4f}  ({role}; {validity})")
     if summary["budget_exhausted"]:
         lines.append(f"stopped at the privacy budget epsilon={summary['target_epsilon']:g} after {summary['steps']} steps")
