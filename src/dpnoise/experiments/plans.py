@@ -71,7 +71,7 @@ DIRICHLET_COLUMNS = (
 ALPHA_GRID_SETTINGS = dict(model="cnn", steps=470, batch_size=256, delta=1e-5, clip=1.0, optimizer="sgd",
                            weight_decay=0.0, label_smoothing=0.0)
 ALPHA_GRID_ALPHAS = (0.3, 1.0, 3.0)
-ALPHA_GRID_EFFECTIVE_LRS = (0.03, 0.1, 0.3)
+ALPHA_GRID_EFFECTIVE_LRS = (0.03, 0.1, 0.3, 1.0)
 ALPHA_GRID_EPSILON = 1.0
 
 #: Seed 2 abstract (CIFAR10, delta = 1e-5): the only published numbers recovered.
