@@ -120,6 +120,9 @@ def aggregate(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 epsilon_by_accountant=first["epsilon_by_accountant"],
                 steps=sorted({m["steps"] for m in members}),
                 wall_time_s_mean=statistics.fmean(m["wall_time_s"] for m in members),
+                git_commits=sorted({(m["git_commit"] or "unknown")[:7] + ("+dirty" if m["git_src_dirty"] else "")
+                                    for m in members}),
+                commands=[m["command"] for m in sorted(members, key=lambda m: m["seed"])],
                 scope=first.get("scope"),
             )
         else:

@@ -62,7 +62,7 @@ def long_table(rows: Sequence[Row], dataset: str, epsilons: Sequence[float], col
 
     ``published[eps][calibrated_with]`` is the seed's accuracy in percent for that column.
     """
-    body = []
+    body, commands = [], []
     for eps in epsilons:
         for column in columns:
             row = find_row(rows, dataset=dataset, target_epsilon=eps, mechanism=column.mechanism,
@@ -71,9 +71,15 @@ def long_table(rows: Sequence[Row], dataset: str, epsilons: Sequence[float], col
                 continue
             paper = published.get(eps, {}).get(column.calibrated_with)
             body.append([f"{eps:g}", column.label, format_noise(row), format_steps(row), format_epsilons(row),
-                         format_accuracy(row), "—" if paper is None else f"{paper:.2f}"])
-    header = ["target ε", "column", "noise", "steps", "ε by accountant (δ=1e-5)", "ours: accuracy %", "seed's %"]
-    return markdown(header, body) if body else "(no runs yet)"
+                         format_accuracy(row), "—" if paper is None else f"{paper:.2f}",
+                         " ".join(row.get("git_commits", []))])
+            commands += [f"    {c}" for c in row.get("commands", [])]
+    if not body:
+        return "(no runs yet)"
+    header = ["target ε", "column", "noise", "steps", "ε by accountant (δ=1e-5)", "ours: accuracy %", "seed's %",
+              "commit"]
+    return "\n".join([markdown(header, body), "", "<details><summary>exact commands (one per seed)</summary>", "",
+                      *commands, "", "</details>"])
 
 
 def table2_published(dataset: str) -> dict[float, dict[str, float]]:
