@@ -12,7 +12,7 @@ from dpnoise.accounting import OUTPUT_PRIVACY_SCOPE
 from dpnoise.cli.main import main
 from dpnoise.experiments import RunSpec, aggregate, load_records, record_path, run_spec, train_argv
 from dpnoise.experiments.runner import claim
-from dpnoise.experiments.tables import table2_markdown
+from dpnoise.experiments.tables import first_step_reaching, table2_markdown
 
 pytestmark = pytest.mark.filterwarnings("ignore::dpnoise.accounting.UnsoundAccountantWarning")
 
@@ -111,3 +111,8 @@ def test_a_spec_running_in_another_live_process_is_skipped(tmp_path):
     assert not record_path(tmp_path, spec).exists()
     mark.write_text("999999999")  # a dead holder: taken over
     assert claim(record_path(tmp_path, spec)) and mark.read_text() == str(os.getpid())
+
+
+def test_convergence_table_counts_steps_to_the_first_evaluation_at_target():
+    curve = [{"step": 10, "test_accuracy": 0.5}, {"step": 20, "test_accuracy": 0.95}, {"step": 30, "test_accuracy": 0.9}]
+    assert first_step_reaching(curve, 95.0) == 20 and first_step_reaching(curve, 96.0) is None

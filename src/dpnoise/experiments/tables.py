@@ -155,3 +155,31 @@ def table2_noise_markdown(epsilons: Sequence[float] = TABLE2_EPSILONS) -> str:
                                      for name, value in result.epsilon_by_accountant.items())
                 body.append([f"{eps:g}", column.label, f"{result.noise:.4g}", eps_text])
     return markdown(["target ε", "column", "calibrated noise (σ, or b at C=1)", "ε by accountant (δ=1e-5)"], body)
+
+
+#: Seed 1 Fig. 8 accuracy targets (percent) per dataset.
+CONVERGENCE_TARGETS = {"fashion-mnist": (80.0, 82.0), "mnist": (95.0,)}
+
+
+def first_step_reaching(curve: Sequence[dict[str, Any]], target_percent: float) -> Optional[int]:
+    """First evaluated step whose test accuracy is at least ``target_percent`` (None: never)."""
+    return next((p["step"] for p in curve if 100 * p["test_accuracy"] >= target_percent), None)
+
+
+def convergence_markdown(records: Sequence[dict[str, Any]], dataset: str, columns: Sequence[Column]) -> str:
+    """Seed 1 Fig. 8 as numbers: steps until the test accuracy first reaches each target, per run.
+
+    Accuracy is evaluated once per epoch (every ~1/q steps), so the steps are rounded up to that.
+    """
+    targets = CONVERGENCE_TARGETS.get(dataset, ())
+    body = []
+    for record in sorted((r for r in records if r["dataset"] == dataset and r["status"] == "ok"),
+                         key=lambda r: (-r["target_epsilon"], r["seed"])):
+        label = next(c.label for c in columns
+                     if (c.mechanism, c.calibrated_with) == (record["mechanism"], record["calibrated_with"]))
+        steps = [first_step_reaching(record["curve"], t) for t in targets]
+        body.append([f"{record['target_epsilon']:g}", label, str(record["seed"]),
+                     *["never" if s is None else str(s) for s in steps]])
+    if not body:
+        return "(no runs yet)"
+    return markdown(["target ε", "column", "seed", *[f"steps to {t:g}%" for t in targets]], body)
