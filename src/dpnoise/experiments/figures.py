@@ -26,6 +26,15 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, title: str, out: Path) -> Path:
+    """Title, lay out, write ``out`` as PNG and free the figure."""
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    pyplot().close(fig)
+    return out
+
+
 def column_rows(rows: Sequence[dict[str, Any]], dataset: str, column: Column) -> list[dict[str, Any]]:
     """Finished aggregated rows of one column on one dataset, by increasing epsilon."""
     return sorted((r for r in rows if r["dataset"] == dataset and r["status"] == "ok"
@@ -52,11 +61,7 @@ def accuracy_vs_epsilon(rows: Sequence[dict[str, Any]], datasets: Sequence[str],
         ax.set(xscale="log", xlabel="target epsilon (delta = 1e-5)", ylabel="test accuracy (%)", title=dataset)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, title, out)
 
 
 def mean_curve(records: Sequence[dict[str, Any]]) -> tuple[list[int], list[float]]:
@@ -85,11 +90,7 @@ def convergence(records: Sequence[dict[str, Any]], dataset: str, columns: Sequen
         ax.set(xlabel="step", ylabel="test accuracy (%)", title=f"{dataset}, target eps {eps:g}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, title, out)
 
 
 def noise_needed(accountant: str, epsilons: Sequence[float]) -> list[float]:
