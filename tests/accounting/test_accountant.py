@@ -156,3 +156,16 @@ def test_unknown_names_list_the_choices():
         get_accountant("laplace")
     with pytest.raises(ValueError, match="choose from"):
         get_accountant("gaussian").step(1.0, 0.1, mechanism="cauchy")
+
+
+def test_accounting_imports_without_torch():
+    """dpnoise.accounting is pure NumPy/SciPy: importing it (and computing) loads no torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import dpnoise.accounting as a; "
+        "a.get_accountant('lap2').step(1.0, 0.01, params=10, steps=3).get_epsilon(1e-5); "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
