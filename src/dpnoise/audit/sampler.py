@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from dpnoise.audit.claims import claimed_epsilons, sound_claim
+from dpnoise.audit.claims import audit_record, claimed_epsilons
 from dpnoise.audit.stats import threshold_audit
 from dpnoise.mechanisms import clip_factors, clipped_sum, get_mechanism, per_example_norms
 from dpnoise.mechanisms.registry import NoiseSampler
@@ -93,20 +93,5 @@ def audit_sampler(
     alt = likelihood_ratio(mechanism, released(np.vstack([others, canary])) - known, shift, noise, clip)
     test = threshold_audit(null, alt, delta, confidence)
     claims = claimed_epsilons(mechanism, noise, 1.0, 1, delta, clip=clip, params=dim)
-    claimed = sound_claim(claims)
-    return {
-        "audit": "sampler",
-        "mechanism": mechanism,
-        "noise": noise,
-        "clip": clip,
-        "dim": dim,
-        "delta": delta,
-        "sample_rate": 1.0,
-        "steps": 1,
-        "claimed_epsilon": claimed,
-        "epsilon_by_accountant": claims,
-        "lower_bound_epsilon": test.epsilon,
-        "confidence": confidence,
-        "consistent": bool(test.epsilon <= claimed),
-        "test": test.as_dict(),
-    }
+    return audit_record("sampler", mechanism, noise, 1.0, 1, delta, claims, test.epsilon, confidence,
+                        clip=clip, dim=dim, test=test.as_dict())

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from dpnoise.accounting import OUTPUT_PRIVACY_SCOPE
-from dpnoise.audit.claims import claimed_epsilons, sound_claim
+from dpnoise.audit.claims import audit_record, claimed_epsilons
 from dpnoise.audit.sampler import likelihood_ratio
 from dpnoise.audit.stats import one_run_epsilon, threshold_audit
 from dpnoise.mechanisms import DirichletOutput, get_mechanism
@@ -112,25 +112,8 @@ def audit_one_run(
     lower = one_run_epsilon(canaries, 2 * half, correct, delta, confidence)
     params = classes * width
     claims = claimed_epsilons(mechanism, noise, sample_rate, steps, delta, clip=clip, params=params)
-    claimed = sound_claim(claims)
-    return {
-        "audit": "training",
-        "mechanism": mechanism,
-        "noise": noise,
-        "clip": clip,
-        "sample_rate": sample_rate,
-        "steps": gate.steps,
-        "params": params,
-        "delta": delta,
-        "canaries": canaries,
-        "guesses": 2 * half,
-        "correct": correct,
-        "claimed_epsilon": claimed,
-        "epsilon_by_accountant": claims,
-        "lower_bound_epsilon": lower,
-        "confidence": confidence,
-        "consistent": bool(lower <= claimed),
-    }
+    return audit_record("training", mechanism, noise, sample_rate, gate.steps, delta, claims, lower, confidence,
+                        clip=clip, params=params, canaries=canaries, guesses=2 * half, correct=correct)
 
 
 def audit_dirichlet_leakage(
@@ -167,22 +150,5 @@ def audit_dirichlet_leakage(
     alt = np.array([score(True) for _ in range(trials)])
     test = threshold_audit(null, alt, delta, confidence)
     claims = claimed_epsilons("dirichlet", r, 1.0, 1, delta, alpha=alpha)
-    claimed = sound_claim(claims)
-    return {
-        "audit": "dirichlet-leakage",
-        "mechanism": "dirichlet",
-        "noise": r,
-        "alpha": alpha,
-        "batch": batch,
-        "features": features,
-        "sample_rate": 1.0,
-        "steps": 1,
-        "delta": delta,
-        "claimed_epsilon": claimed,
-        "epsilon_by_accountant": claims,
-        "lower_bound_epsilon": test.epsilon,
-        "confidence": confidence,
-        "consistent": bool(test.epsilon <= claimed),
-        "test": test.as_dict(),
-        "scope": OUTPUT_PRIVACY_SCOPE,
-    }
+    return audit_record("dirichlet-leakage", "dirichlet", r, 1.0, 1, delta, claims, test.epsilon, confidence,
+                        alpha=alpha, batch=batch, features=features, test=test.as_dict(), scope=OUTPUT_PRIVACY_SCOPE)

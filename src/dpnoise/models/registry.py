@@ -9,8 +9,8 @@ from torch import nn
 
 from dpnoise.models.cnn import SeedCNN
 from dpnoise.models.efficientnet_lite import FrozenFeatureClassifier, pretrained_efficientnet_lite0
-from dpnoise.models.minilm import build_minilm
-from dpnoise.models.resnet_gn import ResNetGN
+from dpnoise.models.minilm import build_minilm, build_minilm_features
+from dpnoise.models.resnet_gn import SMALL_RESNET_WIDTHS, ResNetGN
 
 
 def _cnn(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
@@ -21,8 +21,16 @@ def _resnet_gn(num_classes: int, in_channels: int | None, input_size: int | None
     return ResNetGN(num_classes, in_channels or 3, **options)
 
 
+def _resnet_gn_small(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
+    return ResNetGN(num_classes, in_channels or 3, widths=SMALL_RESNET_WIDTHS, **options)
+
+
 def _minilm(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
     return build_minilm(num_classes, **options)
+
+
+def _minilm_features(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
+    return build_minilm_features(num_classes, **options)
 
 
 def _efficientnet(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
@@ -35,7 +43,9 @@ def _efficientnet(num_classes: int, in_channels: int | None, input_size: int | N
 _BUILDERS: dict[str, tuple[Callable[..., nn.Module], int]] = {
     "cnn": (_cnn, 10),
     "resnet-gn": (_resnet_gn, 10),
+    "resnet-gn-small": (_resnet_gn_small, 10),
     "minilm": (_minilm, 2),
+    "minilm-features": (_minilm_features, 2),
     "efficientnet-lite0-features": (_efficientnet, 10),
 }
 MODELS = tuple(_BUILDERS)
@@ -52,7 +62,8 @@ def build_model(
 
     Args:
         name: ``cnn`` (seed CNN; ``input_size`` < 16 selects the small-input variant), ``resnet-gn``
-            (GroupNorm ResNet), ``minilm`` (MiniLM-L6 on token ids; option ``trainable_blocks``),
+            (GroupNorm ResNet), ``resnet-gn-small`` (the same at half width, 4x fewer FLOPs), ``minilm`` (MiniLM-L6 on token ids; option ``trainable_blocks``),
+            ``minilm-features`` (frozen MiniLM-L6 sentence embeddings + linear head),
             ``efficientnet-lite0-features`` (frozen ImageNet backbone + linear head; option
             ``resolution``: the side images are resized to, default ``DEFAULT_RESOLUTION``).
         num_classes: output classes (default 10, or 2 for ``minilm``).

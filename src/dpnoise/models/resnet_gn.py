@@ -6,6 +6,10 @@ import torch
 from torch import nn
 
 
+#: Half the default widths: 78k parameters and about 4x fewer FLOPs, for CPU-sized CIFAR-10 runs.
+SMALL_RESNET_WIDTHS = (16, 32, 64)
+
+
 def _norm(channels: int, groups: int) -> nn.GroupNorm:
     return nn.GroupNorm(min(groups, channels), channels)
 
