@@ -116,3 +116,27 @@ def test_a_spec_running_in_another_live_process_is_skipped(tmp_path):
 def test_convergence_table_counts_steps_to_the_first_evaluation_at_target():
     curve = [{"step": 10, "test_accuracy": 0.5}, {"step": 20, "test_accuracy": 0.95}, {"step": 30, "test_accuracy": 0.9}]
     assert first_step_reaching(curve, 95.0) == 20 and first_step_reaching(curve, 96.0) is None
+
+
+def test_results_page_blocks_are_replaced_by_the_generated_tables(tmp_path):
+    from dpnoise.experiments.reports import splice_into_page, write_markdown
+
+    table = write_markdown(tmp_path / "table2.md", "Table", "| a |\n|---|\n| 1 |")
+    other = write_markdown(tmp_path / "other.md", "Other", "not on the page")
+    page = tmp_path / "RESULTS.md"
+    page.write_text("intro\n<!-- generated:table2 -->\nstale copy\n<!-- /generated:table2 -->\nprose\n")
+    assert splice_into_page(page, [table, other, tmp_path / "figure.png"]) == ["table2"]
+    text = page.read_text()
+    assert "stale copy" not in text and "| 1 |" in text and "not on the page" not in text
+    assert "## Table" not in text  # the title stays in the generated file
+    assert text.endswith("<!-- /generated:table2 -->\nprose\n")
+
+
+def test_dirichlet_plan_uses_each_datasets_model_and_steps(capsys):
+    assert main(["reproduce", "--experiment", "dirichlet", "--study", "comparison", "--dataset", "mnist",
+                 "cifar10-jpeg", "--epsilons", "1", "--seeds", "0", "1", "--dry-run",
+                 "--results-dir", "/nonexistent"]) == 0
+    names = [line.split()[1] for line in capsys.readouterr().out.splitlines()]
+    assert len(names) == 12 and [n.endswith("seed0") for n in names] == [True] * 6 + [False] * 6
+    assert all(("_cnn_" in n and "_T704_" in n) or ("_resnet-gn-small_" in n and "_T391_" in n) for n in names)
+    assert names[0].startswith("mnist_") and names[3].startswith("cifar10-jpeg_")

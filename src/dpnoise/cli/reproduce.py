@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--experiment", required=True, choices=plans.EXPERIMENTS)
     p.add_argument("--dataset", nargs="+",
-                   help="datasets (default: table2 fashion-mnist mnist; dirichlet mnist fashion-mnist; "
+                   help="datasets (default: table2 fashion-mnist mnist; dirichlet mnist fashion-mnist cifar10-jpeg; "
                    "finetune cifar10-jpeg sst2)")
     p.add_argument("--quick", action="store_true", help="one seed and two epsilons per table")
     p.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2; --quick: 0)")
@@ -54,6 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="dirichlet only: the mechanism comparison, the alpha x effective-lr grid, or both")
     p.add_argument("--results-dir", type=Path, default=Path("results"), help="records (default results/)")
     p.add_argument("--figures-dir", type=Path, default=Path("docs/results"), help="tables/figures (default docs/results/)")
+    p.add_argument("--page", type=Path, default=Path("docs/RESULTS.md"),
+                   help="results page whose <!-- generated:NAME --> blocks are refreshed with the generated "
+                   "NAME.md tables (default docs/RESULTS.md; skipped if missing)")
     p.add_argument("--work-dir", type=Path, default=Path("results/logs/runs"),
                    help="per-run training outputs and checkpoints (default results/logs/runs, git-ignored)")
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch threads per run (default 1)")
@@ -100,8 +103,7 @@ def run(args: argparse.Namespace) -> int:
         written += reports.accounting_figures(args.figures_dir)
         for report in reports.REPORTS.values():
             written += report(args.results_dir, args.figures_dir)
-        print("wrote " + ", ".join(map(str, written)))
-        return 0
+        return finish(args, written)
     specs = planned_specs(args)
     if args.dry_run:
         from dpnoise.experiments.records import record_path
@@ -112,5 +114,13 @@ def run(args: argparse.Namespace) -> int:
     run_specs(specs, args.results_dir, args.work_dir, threads=args.threads)
     written = reports.write_aggregates(args.results_dir) + reports.REPORTS[args.experiment](args.results_dir,
                                                                                             args.figures_dir)
+    return finish(args, written)
+
+
+def finish(args: argparse.Namespace, written: list[Path]) -> int:
+    """Report what was written, and refresh the generated tables on the results page."""
     print("wrote " + ", ".join(map(str, written)))
+    if args.page and args.page.is_file():
+        stems = reports.splice_into_page(args.page, written)
+        print(f"updated {args.page}: " + (", ".join(stems) or "no generated blocks"))
     return 0
