@@ -140,3 +140,16 @@ def test_dirichlet_plan_uses_each_datasets_model_and_steps(capsys):
     assert len(names) == 12 and [n.endswith("seed0") for n in names] == [True] * 6 + [False] * 6
     assert all(("_cnn_" in n and "_T704_" in n) or ("_resnet-gn-small_" in n and "_T391_" in n) for n in names)
     assert names[0].startswith("mnist_") and names[3].startswith("cifar10-jpeg_")
+
+
+def test_parallel_jobs_write_every_record_once(tmp_path):
+    from dpnoise.experiments import run_specs
+
+    specs = [RunSpec(mechanism="gaussian", calibrated_with="gaussian", seed=seed, **{**TINY, "experiment": "jobs"})
+             for seed in (0, 1)]
+    written = run_specs(specs + specs[:1], tmp_path, tmp_path / "work", jobs=2)
+    assert sorted(p.name for p in written) == sorted(record_path(tmp_path, s).name for s in specs)
+    assert {json.loads(p.read_text())["seed"] for p in written} == {0, 1}
+    assert not list(tmp_path.rglob("*.running"))
+    with pytest.raises(ValueError, match="jobs"):
+        run_specs(specs, tmp_path, tmp_path / "work", jobs=0)

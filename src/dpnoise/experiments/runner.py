@@ -11,14 +11,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import io
 import json
 import logging
+import multiprocessing
 import os
 import platform
 import shlex
 import subprocess
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -207,12 +210,24 @@ def produce_record(spec: RunSpec, path: Path, work_dir: Path, threads: int, repo
     return path
 
 
+def configure_worker_logging() -> None:
+    """Progress lines from pool workers, in the same format as the parent's."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", force=True)
+
+
 def run_specs(specs: Iterable[RunSpec], results_dir: Path, work_dir: Path, *,
-              threads: int = DEFAULT_THREADS, repo: Path = Path(".")) -> list[Path]:
-    """Run every spec in order (skipping finished ones); return the records written now."""
-    written = []
-    for spec in specs:
-        path = run_spec(spec, results_dir, work_dir, threads=threads, repo=repo)
-        if path is not None:
-            written.append(path)
-    return written
+              threads: int = DEFAULT_THREADS, repo: Path = Path("."), jobs: int = 1) -> list[Path]:
+    """Run every spec (skipping finished ones), ``jobs`` at a time in separate processes; return the
+    records written now.  Each run uses ``threads`` torch threads, so ``jobs * threads`` should not
+    exceed the machine's cores."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    run = functools.partial(run_spec, results_dir=results_dir, work_dir=work_dir, threads=threads, repo=repo)
+    if jobs == 1:
+        paths = [run(spec) for spec in specs]
+    else:
+        # spawn: a fresh interpreter per worker, so torch's thread settings are not inherited by fork
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=configure_worker_logging) as pool:
+            paths = list(pool.map(run, specs))
+    return [path for path in paths if path is not None]
