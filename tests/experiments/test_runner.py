@@ -153,3 +153,23 @@ def test_parallel_jobs_write_every_record_once(tmp_path):
     assert not list(tmp_path.rglob("*.running"))
     with pytest.raises(ValueError, match="jobs"):
         run_specs(specs, tmp_path, tmp_path / "work", jobs=0)
+
+
+def test_paper_calibrated_rows_get_an_exact_lower_bound_that_can_refute_them(tmp_path, monkeypatch):
+    from dpnoise.accounting import calibrate_noise
+    from dpnoise.experiments import lower_bounds
+    from dpnoise.experiments.tables import format_epsilons
+
+    setting = dict(sample_rate=0.05, steps=[50], params=200, clip=1.0, delta=1e-5, status="ok")
+    paper_b = calibrate_noise("lap2-paper", 4.0, 1e-5, 0.05, 50, params=200).noise
+    paper = dict(setting, calibrated_with="lap2-paper", target_epsilon=4.0, noise=paper_b,
+                 epsilon_by_accountant={"lap2-paper": 4.0})
+    gaussian = dict(setting, calibrated_with="gaussian", target_epsilon=4.0, noise=1.0,
+                    epsilon_by_accountant={"gaussian": 4.0})
+    annotated = lower_bounds.annotate_lower_bounds([paper, gaussian], tmp_path)
+    lower = annotated[0]["lower_bound_epsilon"]
+    assert lower > 4.0 and "claim refuted" in format_epsilons(annotated[0])
+    assert "lower_bound_epsilon" not in annotated[1]
+    monkeypatch.setattr(lower_bounds, "compute_lower_bound", lambda key: pytest.fail("cache not used"))
+    assert lower_bounds.annotate_lower_bounds([paper], tmp_path)[0]["lower_bound_epsilon"] == lower
+    assert load_records(tmp_path.parent, tmp_path.name) == []  # the cache is not a run record

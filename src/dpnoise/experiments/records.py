@@ -81,10 +81,15 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
     partial.replace(path)
 
 
+#: Derived files kept beside the records (see :mod:`dpnoise.experiments.lower_bounds`).
+LOWER_BOUNDS_FILE = "lower_bounds.json"
+
+
 def load_records(results_dir: Path, experiment: str) -> list[dict[str, Any]]:
-    """Every per-run record of ``experiment`` (aggregate files excluded), sorted by name."""
+    """Every per-run record of ``experiment`` (aggregate and lower-bound files excluded), sorted by name."""
     folder = Path(results_dir) / experiment
-    paths = sorted(p for p in folder.glob("*.json") if not p.name.startswith("aggregate"))
+    paths = sorted(p for p in folder.glob("*.json")
+                   if not p.name.startswith("aggregate") and p.name != LOWER_BOUNDS_FILE)
     return [json.loads(p.read_text()) for p in paths]
 
 
@@ -116,6 +121,10 @@ def aggregate(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 accuracies=accuracies,
                 noise=first["noise"],
                 noise_unit=first["noise_unit"],
+                clip=first.get("clip"),
+                delta=first.get("delta"),
+                sample_rate=first.get("sample_rate"),
+                params=first.get("params"),
                 lr=first["lr"],
                 epsilon_by_accountant=first["epsilon_by_accountant"],
                 steps=sorted({m["steps"] for m in members}),

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from dpnoise.experiments import figures, plans, tables
+from dpnoise.experiments.lower_bounds import annotate_lower_bounds
 from dpnoise.experiments.records import aggregate, load_records, write_aggregate
 
 
@@ -19,7 +20,7 @@ def table2_report(results_dir: Path, figures_dir: Path) -> list[Path]:
     records = load_records(results_dir, "table2")
     if not records:
         return []
-    rows = aggregate(records)
+    rows = annotate_lower_bounds(aggregate(records), results_dir / "table2")
     datasets = datasets_of(rows)
     published = {d: tables.table2_published(d) for d in plans.TABLE2_PUBLISHED}
     convergence = [f"### {d}: steps to reach seed 1 Fig. 8's accuracy targets\n\n"
@@ -66,7 +67,7 @@ def alpha_grid_report(results_dir: Path, figures_dir: Path) -> list[Path]:
 
 
 def finetune_report(results_dir: Path, figures_dir: Path) -> list[Path]:
-    rows = aggregate(load_records(results_dir, "finetune"))
+    rows = annotate_lower_bounds(aggregate(load_records(results_dir, "finetune")), results_dir / "finetune")
     if not rows:
         return []
     return [write_markdown(figures_dir / "finetune.md", "Seed 1 fine-tuning stand-ins",

@@ -30,11 +30,18 @@ def find_row(rows: Sequence[Row], **match: Any) -> Optional[Row]:
 
 
 def format_epsilons(row: Optional[Row]) -> str:
-    """``lap2 0.88, lap2-paper* 1.51`` (* marks an accountant that is not a valid bound)."""
+    """``lap2 0.88, lap2-paper* 1.51`` (* marks an accountant that is not a valid bound), and for a
+    run calibrated by such an accountant the exact lower bound on its true epsilon, in bold when it
+    refutes the claimed target."""
     if row is None or row["status"] != "ok":
         return "—"
-    return ", ".join(f"{name}{'' if ACCOUNTANTS[name].sound else '*'} {eps:.3g}"
+    text = ", ".join(f"{name}{'' if ACCOUNTANTS[name].sound else '*'} {eps:.3g}"
                      for name, eps in row["epsilon_by_accountant"].items())
+    lower = row.get("lower_bound_epsilon")
+    if lower is None:
+        return text
+    bound = f"true ε ≥ {lower:.3g}"
+    return f"{text}; **{bound}: claim refuted**" if lower > row["target_epsilon"] else f"{text}; {bound}"
 
 
 def format_noise(row: Optional[Row]) -> str:
