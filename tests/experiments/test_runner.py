@@ -173,3 +173,24 @@ def test_paper_calibrated_rows_get_an_exact_lower_bound_that_can_refute_them(tmp
     monkeypatch.setattr(lower_bounds, "compute_lower_bound", lambda key: pytest.fail("cache not used"))
     assert lower_bounds.annotate_lower_bounds([paper], tmp_path)[0]["lower_bound_epsilon"] == lower
     assert load_records(tmp_path.parent, tmp_path.name) == []  # the cache is not a run record
+
+
+def test_code_state_is_the_one_the_process_imported(tmp_path):
+    """A worker keeps the code it imported: a later commit is not attributed to its runs."""
+    import subprocess
+
+    from dpnoise.experiments.runner import git_state
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("commit", "-qm", "first")
+    first = git_state(tmp_path)
+    (tmp_path / "src" / "a.py").write_text("x = 2\n")
+    git("commit", "-qam", "second")
+    assert git_state(tmp_path) == first and len(first["git_commit"]) == 40 and not first["git_src_dirty"]

@@ -75,8 +75,13 @@ def train_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@functools.lru_cache(maxsize=None)
 def git_state(repo: Path) -> dict[str, Any]:
-    """Commit of ``repo`` and whether its ``src/`` differs from it (None outside a checkout)."""
+    """Commit of ``repo`` and whether its ``src/`` differs from it (None outside a checkout).
+
+    Taken once per process, before its first run imports the training code: a long-running
+    worker keeps the code it imported, so later commits must not be attributed to its runs.
+    """
     def git(*args: str) -> Optional[str]:
         try:
             return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
@@ -95,6 +100,15 @@ def run_training(spec: RunSpec, out_dir: Path, threads: int) -> dict[str, Any]:
     with contextlib.redirect_stdout(io.StringIO()):
         train_cli.train(args)
     return json.loads((out_dir / "metrics.json").read_text())
+
+
+#: Record field <- field of the ``dpnoise train`` summary.
+RECORD_FROM_SUMMARY = {
+    "accuracy": "test_accuracy", "noise": "noise", "noise_unit": "noise_unit", "clip": "clip",
+    "sample_rate": "sample_rate", "params": "params", "steps": "steps", "budget_exhausted": "budget_exhausted",
+    "epsilon": "epsilon", "epsilon_by_accountant": "epsilon_by_accountant",
+    "sound_by_accountant": "sound_by_accountant", "lr": "lr", "scope": "scope", "train_wall_time_s": "wall_time_s",
+}
 
 
 def build_record(spec: RunSpec, metrics: Optional[dict[str, Any]], reason: Optional[str],
@@ -121,24 +135,9 @@ def build_record(spec: RunSpec, metrics: Optional[dict[str, Any]], reason: Optio
     summary = metrics["summary"]
     if summary["planned_steps"] != spec.steps:
         raise RuntimeError(f"{spec.name}: dpnoise train planned {summary['planned_steps']} steps, not {spec.steps}")
-    record.update(
-        accuracy=summary["test_accuracy"],
-        noise=summary["noise"],
-        noise_unit=summary["noise_unit"],
-        clip=summary["clip"],
-        sample_rate=summary["sample_rate"],
-        params=summary["params"],
-        steps=summary["steps"],
-        budget_exhausted=summary["budget_exhausted"],
-        epsilon=summary["epsilon"],
-        epsilon_by_accountant=summary["epsilon_by_accountant"],
-        sound_by_accountant=summary["sound_by_accountant"],
-        lr=summary["lr"],
-        kappa_at_0_9=summary.get("kappa_at_0.9"),
-        scope=summary["scope"],
-        train_wall_time_s=summary["wall_time_s"],
-        curve=[{"step": e["step"], "test_accuracy": e["test_accuracy"]} for e in metrics["epochs"]],
-    )
+    record.update({key: summary[source] for key, source in RECORD_FROM_SUMMARY.items()})
+    record["kappa_at_0_9"] = summary.get("kappa_at_0.9")  # Dirichlet runs only
+    record["curve"] = [{"step": e["step"], "test_accuracy": e["test_accuracy"]} for e in metrics["epochs"]]
     return record
 
 
