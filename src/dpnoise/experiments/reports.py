@@ -70,8 +70,13 @@ def finetune_report(results_dir: Path, figures_dir: Path) -> list[Path]:
     rows = annotate_lower_bounds(aggregate(load_records(results_dir, "finetune")), results_dir / "finetune")
     if not rows:
         return []
+    datasets = datasets_of(rows)
     return [write_markdown(figures_dir / "finetune.md", "Seed 1 fine-tuning stand-ins",
-                           tables.finetune_markdown(rows, datasets_of(rows)))]
+                           tables.finetune_markdown(rows, datasets)),
+            figures.accuracy_vs_epsilon(rows, datasets, plans.FINETUNE_COLUMNS, plans.FINETUNE_PUBLISHED,
+                                        figures_dir / "finetune_accuracy_vs_epsilon.png",
+                                        "Fine-tuning stand-ins (frozen encoder + private linear head; seed: "
+                                        "fully fine-tuned ViT / RoBERTa, dashed)")]
 
 
 def accounting_figures(figures_dir: Path) -> list[Path]:
