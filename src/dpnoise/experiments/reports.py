@@ -25,14 +25,20 @@ def table2_report(results_dir: Path, figures_dir: Path) -> list[Path]:
     published = {d: tables.table2_published(d) for d in plans.TABLE2_PUBLISHED}
     convergence = [f"### {d}: steps to reach seed 1 Fig. 8's accuracy targets\n\n"
                    + tables.convergence_markdown(records, d, plans.TABLE2_COLUMNS) for d in datasets]
-    out = [write_markdown(figures_dir / "table2.md", "Seed 1 Table II (CNN)",
-                          "\n\n".join([tables.table2_markdown(rows, datasets), *convergence]))]
-    out.append(figures.accuracy_vs_epsilon(rows, datasets, plans.TABLE2_COLUMNS, published,
-                                           figures_dir / "table2_accuracy_vs_epsilon.png",
-                                           "Seed 1 Table II: accuracy vs epsilon (ours solid, seed dashed)"))
-    out += [figures.convergence(records, d, plans.TABLE2_COLUMNS, figures_dir / f"table2_convergence_{d}.png",
-                                f"Convergence on {d} (test accuracy after every epoch)") for d in datasets]
-    return out
+    table = write_markdown(figures_dir / "table2.md", "Seed 1 Table II (CNN)",
+                           "\n\n".join([tables.table2_markdown(rows, datasets), *convergence]))
+    return [table, *comparison_figures(records, rows, "table2", plans.TABLE2_COLUMNS, published, figures_dir,
+                                       "Seed 1 Table II: accuracy vs epsilon (ours solid, seed dashed)")]
+
+
+def comparison_figures(records: list[dict], rows: list[dict], experiment: str, columns: tuple[plans.Column, ...],
+                       published: dict, figures_dir: Path, title: str) -> list[Path]:
+    """Accuracy vs epsilon (all datasets) and one convergence figure per dataset."""
+    datasets = datasets_of(rows)
+    return [figures.accuracy_vs_epsilon(rows, datasets, columns, published,
+                                        figures_dir / f"{experiment}_accuracy_vs_epsilon.png", title),
+            *[figures.convergence(records, d, columns, figures_dir / f"{experiment}_convergence_{d}.png",
+                                  f"Convergence on {d} (test accuracy after every epoch)") for d in datasets]]
 
 
 def dirichlet_report(results_dir: Path, figures_dir: Path) -> list[Path]:
@@ -47,14 +53,11 @@ def dirichlet_comparison_report(results_dir: Path, figures_dir: Path) -> list[Pa
     rows = aggregate(records)
     datasets = datasets_of(rows)
     epsilons = sorted({r["target_epsilon"] for r in rows})
-    out = [write_markdown(figures_dir / "dirichlet.md", "Seed 2: Dirichlet vs DP-SGD vs penultimate Gaussian",
-                          tables.dirichlet_markdown(rows, datasets, epsilons)),
-           figures.accuracy_vs_epsilon(rows, datasets, plans.DIRICHLET_COLUMNS, {},
-                                       figures_dir / "dirichlet_accuracy_vs_epsilon.png",
-                                       "Seed 2 comparison: accuracy vs epsilon (Dirichlet / penultimate: "
-                                       "epsilon of the released outputs only)")]
-    return out + [figures.convergence(records, d, plans.DIRICHLET_COLUMNS, figures_dir / f"dirichlet_convergence_{d}.png",
-                                      f"Convergence on {d}") for d in datasets]
+    table = write_markdown(figures_dir / "dirichlet.md", "Seed 2: Dirichlet vs DP-SGD vs penultimate Gaussian",
+                           tables.dirichlet_markdown(rows, datasets, epsilons))
+    return [table, *comparison_figures(records, rows, "dirichlet", plans.DIRICHLET_COLUMNS, plans.DIRICHLET_PUBLISHED,
+                                       figures_dir, "Seed 2 comparison: accuracy vs epsilon (Dirichlet / penultimate: "
+                                       "epsilon of the released outputs only; seed's CIFAR-10 dashed)")]
 
 
 def alpha_grid_report(results_dir: Path, figures_dir: Path) -> list[Path]:
