@@ -71,3 +71,18 @@ def test_unknown_model_is_rejected():
                            "efficientnet-lite0-features"}
     with pytest.raises(ValueError, match="unknown model"):
         build_model("vit")
+
+
+def test_channels_last_pooling_matches_maxpool_values_and_gradients():
+    from dpnoise.models.cnn import MaxPool2dChannelsLast
+
+    torch.manual_seed(0)
+    x = torch.relu(torch.randn(5, 16, 14, 14)).requires_grad_(True)  # ReLU zeros: many ties
+    reference = x.detach().clone().requires_grad_(True)
+    ours, theirs = MaxPool2dChannelsLast(2, stride=1)(x), nn.MaxPool2d(2, stride=1)(reference)
+    assert torch.equal(ours, theirs) and ours.is_contiguous()
+    weights = torch.randn_like(ours)
+    (ours * weights).sum().backward()
+    (theirs * weights).sum().backward()
+    positive = reference.detach() > 0  # where a ReLU upstream would pass the gradient on
+    torch.testing.assert_close(x.grad[positive], reference.grad[positive], rtol=0, atol=0)
