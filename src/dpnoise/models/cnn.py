@@ -13,9 +13,10 @@ SMALL_INPUT_LIMIT = 16
 class MaxPool2dChannelsLast(nn.MaxPool2d):
     """``nn.MaxPool2d`` computed in channels-last layout, output returned in the input's layout.
 
-    Same values and gradients (the max is exact); torch's CPU kernel for the seed CNN's stride-1
-    pooling is several times faster in that layout, which makes a whole DP step with per-example
-    gradients about 25% faster on one core (measured: 100 ms -> 78 ms, batch 258).
+    Same values and gradients (the max is exact). torch's CPU kernel for the seed CNN's stride-1
+    pooling is faster in that layout (the first pooling layer alone: ~11 vs ~20 ms forward +
+    backward at batch 258); a whole DP step with per-example gradients is ~8% faster on one core
+    (``benchmarks/bench_pooling.py``: median paired ratio 0.92 over 21 rounds).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
