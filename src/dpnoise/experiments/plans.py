@@ -41,6 +41,13 @@ TABLE2_COLUMNS = (
     Column("Lap2 (b from sound lap2)", "lap2", "lap2"),
 )
 
+#: Table II comparisons the findings rest on, each (first, second): accuracy of first minus second.
+TABLE2_COMPARISONS: tuple[tuple[Column, Column], ...] = (
+    (TABLE2_COLUMNS[0], TABLE2_COLUMNS[3]),  # Gaussian vs Lap2 at equal (sound) epsilon
+    (TABLE2_COLUMNS[3], TABLE2_COLUMNS[2]),  # what the sound calibration changes for Lap2
+    (TABLE2_COLUMNS[3], TABLE2_COLUMNS[1]),  # L2 vs L1 clipping under Laplace noise
+)
+
 #: Seed 1 Table II, test accuracy in percent at TABLE2_EPSILONS (the seed's Lap2 column used
 #: the paper's accountant).
 TABLE2_PUBLISHED: dict[str, dict[str, tuple[float, ...]]] = {

@@ -145,6 +145,32 @@ def _row_order(row: dict[str, Any]) -> tuple:
                  for k in GROUP_KEYS)
 
 
+@dataclass(frozen=True)
+class PairedDifference:
+    """Accuracy of one configuration minus another's, seed by seed, over the seeds both ran."""
+
+    mean: float
+    std: Optional[float]
+    positive: int  # seeds where the difference is > 0
+    n: int
+
+
+def paired_difference(first: dict[str, Any], second: dict[str, Any]) -> Optional[PairedDifference]:
+    """``first`` minus ``second`` (aggregated rows) paired by seed, or None without a common seed.
+
+    A seed fixes the initialisation and the Poisson batches, so pairing by seed removes that part
+    of the run-to-run spread from a comparison of two mechanisms.
+    """
+    if first["status"] != "ok" or second["status"] != "ok":
+        return None
+    by_seed = dict(zip(second["seeds"], second["accuracies"]))
+    differences = [a - by_seed[s] for s, a in zip(first["seeds"], first["accuracies"]) if s in by_seed]
+    if not differences:
+        return None
+    mean, std = mean_std(differences)
+    return PairedDifference(mean, std, sum(d > 0 for d in differences), len(differences))
+
+
 def write_aggregate(results_dir: Path, experiment: str) -> Path:
     """Aggregate ``experiment``'s records into ``<results>/<experiment>/aggregate.json``."""
     rows = aggregate(load_records(results_dir, experiment))

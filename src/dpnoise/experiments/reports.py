@@ -27,7 +27,9 @@ def table2_report(results_dir: Path, figures_dir: Path) -> list[Path]:
                    + tables.convergence_markdown(records, d, plans.TABLE2_COLUMNS) for d in datasets]
     table = write_markdown(figures_dir / "table2.md", "Seed 1 Table II (CNN)",
                            "\n\n".join([tables.table2_markdown(rows, datasets), *convergence]))
-    return [table, *comparison_figures(records, rows, "table2", plans.TABLE2_COLUMNS, published, figures_dir,
+    paired = write_markdown(figures_dir / "table2_paired.md", "Seed 1 Table II: differences between columns, "
+                            "paired by seed (accuracy points)", tables.paired_differences_markdown(rows, datasets))
+    return [table, paired, *comparison_figures(records, rows, "table2", plans.TABLE2_COLUMNS, published, figures_dir,
                                        "Seed 1 Table II: accuracy vs epsilon (ours solid, seed dashed)")]
 
 
