@@ -11,6 +11,7 @@ import pytest
 from dpnoise.accounting import OUTPUT_PRIVACY_SCOPE
 from dpnoise.cli.main import main
 from dpnoise.experiments import RunSpec, aggregate, load_records, record_path, run_spec, train_argv
+from dpnoise.experiments import runner
 from dpnoise.experiments.runner import claim
 from dpnoise.experiments.tables import first_step_reaching, table2_markdown
 
@@ -194,3 +195,10 @@ def test_code_state_is_the_one_the_process_imported(tmp_path):
     (tmp_path / "src" / "a.py").write_text("x = 2\n")
     git("commit", "-qam", "second")
     assert git_state(tmp_path) == first and len(first["git_commit"]) == 40 and not first["git_src_dirty"]
+
+
+def test_default_jobs_keep_every_usable_core_busy(monkeypatch):
+    monkeypatch.setattr(runner, "usable_cores", lambda: 5)
+    assert runner.default_jobs(threads=1) == 5
+    assert runner.default_jobs(threads=2) == 2
+    assert runner.default_jobs(threads=8) == 1

@@ -9,12 +9,12 @@ from typing import Optional, Sequence
 
 from dpnoise.experiments import plans, reports
 from dpnoise.experiments.records import RunSpec
-from dpnoise.experiments.runner import DEFAULT_THREADS, run_specs
+from dpnoise.experiments.runner import DEFAULT_THREADS, default_jobs, run_specs
 
 DEFAULT_SEEDS = (0, 1, 2)
 EXAMPLES = """examples:
-  # seed 1 Table II on Fashion-MNIST, one seed, two epsilons (T = 5860 steps per run), two runs at a time
-  dpnoise reproduce --experiment table2 --dataset fashion-mnist --quick --jobs 2
+  # seed 1 Table II on Fashion-MNIST, one seed, two epsilons (T = 5860 steps per run), one run per core
+  dpnoise reproduce --experiment table2 --dataset fashion-mnist --quick
   # the full table: both datasets, 5 epsilons, seeds 0 1 2, 4 columns
   dpnoise reproduce --experiment table2
   # seed 2: Dirichlet vs DP-SGD vs penultimate Gaussian, and the alpha / effective-lr grid
@@ -30,8 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "reproduce",
         help="reproduce the seeds' experiments (table2, finetune, dirichlet) and figures",
-        description="Run the seeds' experiments, one `dpnoise train` run at a time, writing one JSON "
-        "record per finished run into --results-dir, then regenerate that experiment's aggregate "
+        description="Run the seeds' experiments, each run a `dpnoise train` invocation (--jobs of them "
+        "at a time), writing one JSON record per finished run into --results-dir, then regenerate that "
+        "experiment's aggregate "
         "(mean/std over seeds), markdown table and figures in --figures-dir. 'figures' only redraws "
         "everything from existing records, plus the accounting figures (privacy walls, noise vs eps).",
         epilog=EXAMPLES,
@@ -60,9 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--work-dir", type=Path, default=Path("results/logs/runs"),
                    help="per-run training outputs and checkpoints (default results/logs/runs, git-ignored)")
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch threads per run (default 1)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="runs trained at the same time, each in its own process (default 1; use the number "
-                   "of cores divided by --threads, e.g. 2 on a 2-core machine)")
+    p.add_argument("--jobs", type=int,
+                   help="runs trained at the same time, each in its own process (default: the usable CPU "
+                   f"cores divided by --threads, at least 1; {default_jobs()} here with one thread)")
     p.add_argument("--dry-run", action="store_true", help="list the runs (and whether they are done), train nothing")
     p.set_defaults(func=run)
 
@@ -114,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         for spec in specs:
             print(f"{'done' if record_path(args.results_dir, spec).exists() else 'todo'}  {spec.name}")
         return 0
-    run_specs(specs, args.results_dir, args.work_dir, threads=args.threads, jobs=args.jobs)
+    run_specs(specs, args.results_dir, args.work_dir, threads=args.threads,
+              jobs=args.jobs or default_jobs(args.threads))
     written = reports.write_aggregates(args.results_dir) + reports.REPORTS[args.experiment](args.results_dir,
                                                                                             args.figures_dir)
     return finish(args, written)

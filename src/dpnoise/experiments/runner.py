@@ -214,6 +214,16 @@ def configure_worker_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", force=True)
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def default_jobs(threads: int = DEFAULT_THREADS) -> int:
+    """Runs to train at the same time so that every usable core is busy: cores // threads, at least 1."""
+    return max(1, usable_cores() // threads)
+
+
 def run_specs(specs: Iterable[RunSpec], results_dir: Path, work_dir: Path, *,
               threads: int = DEFAULT_THREADS, repo: Path = Path("."), jobs: int = 1) -> list[Path]:
     """Run every spec (skipping finished ones), ``jobs`` at a time in separate processes; return the
