@@ -202,3 +202,36 @@ def test_default_jobs_keep_every_usable_core_busy(monkeypatch):
     assert runner.default_jobs(threads=1) == 5
     assert runner.default_jobs(threads=2) == 2
     assert runner.default_jobs(threads=8) == 1
+
+
+class StubEncoder:
+    """Satisfies the FeatureClassifier protocol without loading any weights."""
+
+    head = None
+    feature_cache_tag = ("stub", "")
+
+    def features(self, inputs):
+        return inputs
+
+
+def test_features_are_computed_once_per_dataset_and_model_before_parallel_runs(tmp_path, monkeypatch):
+    import torch
+
+    from dpnoise.cli import train as train_cli
+
+    built_by_cli = train_cli.model_for_dataset
+    monkeypatch.setattr(train_cli, "model_for_dataset",
+                        lambda args: StubEncoder() if args.model == "minilm-features" else built_by_cli(args))
+    computed = []
+    monkeypatch.setattr(train_cli, "frozen_features",
+                        lambda model, args: computed.append((args.dataset, args.limit, torch.get_num_threads())))
+    threads_before = torch.get_num_threads()
+    head = dict(TINY, model="minilm-features", mechanism="gaussian", calibrated_with="gaussian")
+    specs = [RunSpec(seed=0, **head), RunSpec(seed=1, **head), RunSpec(seed=0, **dict(head, train_limit=100)),
+             RunSpec(mechanism="gaussian", calibrated_with="gaussian", seed=0, **TINY)]
+    finished = record_path(tmp_path, specs[2])
+    finished.parent.mkdir(parents=True)
+    finished.write_text("{}")
+    assert runner.warm_feature_caches(specs, tmp_path, tmp_path / "work", threads=2) == 1
+    assert computed == [("digits", None, 2)]
+    assert torch.get_num_threads() == threads_before

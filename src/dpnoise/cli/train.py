@@ -152,6 +152,21 @@ def load_splits(args: argparse.Namespace, normalize: bool = True) -> tuple[Datas
     return train_set, test_set
 
 
+def model_for_dataset(args: argparse.Namespace) -> nn.Module:
+    """``args.model`` sized for ``args.dataset`` (classes, channels, image side)."""
+    info = dataset_info(args.dataset)
+    image = info.modality == "image"
+    return build_model(args.model, num_classes=info.num_classes,
+                       in_channels=info.input_shape[0] if image else None,
+                       input_size=info.input_shape[-1] if image else None)
+
+
+def frozen_features(model: FeatureClassifier, args: argparse.Namespace) -> tuple[Dataset, Dataset]:
+    """Train and test features of ``model``'s frozen encoder (computed once, then read from the cache)."""
+    train_inputs, test_inputs = load_splits(args, normalize=False)
+    return extract_features(model, train_inputs), extract_features(model, test_inputs)
+
+
 def prepare_model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Dataset, Dataset]:
     """The trainable model sized for the dataset, with its train and test data.
 
@@ -159,15 +174,10 @@ def prepare_model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Dataset
     BatchNorm in eval mode, or MiniLM-L6 sentence embeddings) maps each example to features once,
     and only the linear head is trained privately.
     """
-    info = dataset_info(args.dataset)
-    image = info.modality == "image"
-    model = build_model(args.model, num_classes=info.num_classes,
-                        in_channels=info.input_shape[0] if image else None,
-                        input_size=info.input_shape[-1] if image else None)
+    model = model_for_dataset(args)
     if not isinstance(model, FeatureClassifier):
         return (model, *load_splits(args))
-    train_inputs, test_inputs = load_splits(args, normalize=False)
-    return model.head, extract_features(model, train_inputs), extract_features(model, test_inputs)
+    return (model.head, *frozen_features(model, args))
 
 
 def build_optimizer(args: argparse.Namespace, model: nn.Module) -> torch.optim.Optimizer:

@@ -224,13 +224,46 @@ def default_jobs(threads: int = DEFAULT_THREADS) -> int:
     return max(1, usable_cores() // threads)
 
 
+def warm_feature_caches(specs: Iterable[RunSpec], results_dir: Path, work_dir: Path, threads: int) -> int:
+    """Compute here, with ``threads`` torch threads, the frozen-encoder features that the unfinished
+    runs among ``specs`` will read from the feature cache, once per (dataset, model, limits), so that
+    runs started in parallel do not each compute the same features on one thread.  Returns how
+    many feature sets were computed or found cached."""
+    import torch
+
+    from dpnoise.cli import train as train_cli
+    from dpnoise.models import FeatureClassifier
+
+    seen, warmed, previous_threads = set(), 0, torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for spec in specs:
+            key = (spec.dataset, spec.model, spec.train_limit, spec.test_limit)
+            if key in seen or record_path(results_dir, spec).exists():
+                continue
+            seen.add(key)
+            args = train_parser().parse_args(["train", *train_argv(spec, work_dir / spec.experiment / spec.name)])
+            model = train_cli.model_for_dataset(args)
+            if isinstance(model, FeatureClassifier):
+                logger.info("features of %s on %s (%d threads, cached for the runs)", spec.model, spec.dataset, threads)
+                train_cli.frozen_features(model, args)
+                warmed += 1
+    finally:
+        torch.set_num_threads(previous_threads)
+    return warmed
+
+
 def run_specs(specs: Iterable[RunSpec], results_dir: Path, work_dir: Path, *,
               threads: int = DEFAULT_THREADS, repo: Path = Path("."), jobs: int = 1) -> list[Path]:
     """Run every spec (skipping finished ones), ``jobs`` at a time in separate processes; return the
     records written now.  Each run uses ``threads`` torch threads, so ``jobs * threads`` should not
-    exceed the machine's cores."""
+    exceed the machine's cores.  With ``jobs`` > 1, frozen-encoder features are computed first, here,
+    on all ``jobs * threads`` threads (:func:`warm_feature_caches`)."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    specs = list(specs)
+    if jobs > 1:
+        warm_feature_caches(specs, results_dir, work_dir, jobs * threads)
     run = functools.partial(run_spec, results_dir=results_dir, work_dir=work_dir, threads=threads, repo=repo)
     if jobs == 1:
         paths = [run(spec) for spec in specs]
