@@ -30,6 +30,12 @@ def find_row(rows: Sequence[Row], **match: Any) -> Optional[Row]:
     return None
 
 
+def find_column_row(rows: Sequence[Row], dataset: str, eps: float, column: Column) -> Optional[Row]:
+    """The aggregated row of ``column`` on ``dataset`` at target ``eps`` (None: not run)."""
+    return find_row(rows, dataset=dataset, target_epsilon=eps, mechanism=column.mechanism,
+                    calibrated_with=column.calibrated_with)
+
+
 def format_epsilons(row: Optional[Row]) -> str:
     """``lap2 0.88, lap2-paper* 1.51`` (* marks an accountant that is not a valid bound), and for a
     run calibrated by such an accountant the exact lower bound on its true epsilon, in bold when it
@@ -73,8 +79,7 @@ def long_table(rows: Sequence[Row], dataset: str, epsilons: Sequence[float], col
     body, commands = [], []
     for eps in epsilons:
         for column in columns:
-            row = find_row(rows, dataset=dataset, target_epsilon=eps, mechanism=column.mechanism,
-                           calibrated_with=column.calibrated_with)
+            row = find_column_row(rows, dataset, eps, column)
             if row is None:
                 continue
             paper = published.get(eps, {}).get(column.calibrated_with)
@@ -119,16 +124,12 @@ def paired_differences_markdown(rows: Sequence[Row], datasets: Sequence[str],
     """Per (dataset, epsilon): accuracy of one column minus another's, paired by seed, with the
     number of seeds in which the first column is ahead."""
 
-    def row_of(dataset: str, eps: float, column: Column) -> Optional[Row]:
-        return find_row(rows, dataset=dataset, target_epsilon=eps, mechanism=column.mechanism,
-                        calibrated_with=column.calibrated_with)
-
     body = []
     for dataset in datasets:
         for eps in epsilons:
             cells = []
             for first, second in comparisons:
-                pair = row_of(dataset, eps, first), row_of(dataset, eps, second)
+                pair = find_column_row(rows, dataset, eps, first), find_column_row(rows, dataset, eps, second)
                 cells.append(format_paired_difference(None if None in pair else paired_difference(*pair)))
             if any(cell != "—" for cell in cells):
                 body.append([dataset, f"{eps:g}", *cells])
