@@ -6,6 +6,8 @@ Prints (median over interleaved rounds of paired ratios):
   * Opacus Gaussian DP-SGD with ghost clipping / with per-example hooks (a candidate speed-up for
     the L2-clipped mechanisms; ghost clipping never materialises per-example gradients, so it
     cannot serve Laplace-L1, whose clipping needs per-example L1 norms)
+  * dpnoise lap2 and laplace-l1 with book-keeping clipping (the default, ``grad_sample_mode="auto"``)
+    / the same with Opacus's per-example hooks (``grad_sample_mode="hooks"``)
 
 Fairness on a shared, noisy machine: every configuration runs on the same pre-drawn batches of
 exactly 256 examples (data loading is excluded), and the configurations are interleaved step by
@@ -77,12 +79,13 @@ def opacus_gaussian_ghost(loader: DataLoader) -> Step:
     return plain_step(module, optimizer, criterion)
 
 
-def dpnoise_mechanism(mechanism: str) -> Callable[[DataLoader], Step]:
+def dpnoise_mechanism(mechanism: str, grad_sample_mode: str = "auto") -> Callable[[DataLoader], Step]:
     def build(loader: DataLoader) -> Step:
         model = SeedCNN()
         module, optimizer, _ = make_private(
             model, torch.optim.Adam(model.parameters(), lr=1e-3), loader, mechanism=mechanism,
             noise=DPNOISE_MECHANISMS[mechanism], max_grad_norm=1.0, delta=1e-5, seed=0,
+            grad_sample_mode=grad_sample_mode,
         )
         return plain_step(module, optimizer)
 
@@ -124,6 +127,7 @@ def main() -> None:
     builders = {"non-private": non_private, "opacus-gaussian": opacus_gaussian,
                 "opacus-gaussian-ghost": opacus_gaussian_ghost}
     builders.update({f"dpnoise-{m}": dpnoise_mechanism(m) for m in DPNOISE_MECHANISMS})
+    builders.update({f"dpnoise-{m}-hooks": dpnoise_mechanism(m, "hooks") for m in ("lap2", "laplace-l1")})
     steps = {name: build(loader) for name, build in builders.items()}
     interleaved_round(steps, batches[:2])  # warm-up
     per_round = [interleaved_round(steps, batches) for _ in range(args.rounds)]
@@ -143,6 +147,8 @@ def main() -> None:
     print(f"dirichlet / non-private:      {dirichlet_vs_plain:.3f}x (target <= 1.2)")
     print(f"dpnoise gaussian / Opacus Gaussian: {median_ratio('dpnoise-gaussian', 'opacus-gaussian'):.3f}x")
     print(f"Opacus ghost clipping / hooks: {median_ratio('opacus-gaussian-ghost', 'opacus-gaussian'):.3f}x")
+    for m in ("lap2", "laplace-l1"):
+        print(f"dpnoise {m} book-keeping / hooks: {median_ratio(f'dpnoise-{m}', f'dpnoise-{m}-hooks'):.3f}x")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from dpnoise.mechanisms import get_mechanism, per_example_norms
-from dpnoise.training import NoisyGradientOptimizer, make_private
+from dpnoise.training import BookkeepingModule, NoisyGradientOptimizer, make_private
 
 from training_helpers import digits_loader, mlp
 
@@ -27,8 +27,9 @@ class AlwaysAdmit:
         self.steps += 1
 
 
+@pytest.mark.parametrize("grad_sample_mode", ["hooks", "bookkeeping"])
 @pytest.mark.parametrize("mechanism", ["lap2", "laplace-l1", "gaussian"])
-def test_optimizer_sums_per_example_clipped_gradients(mechanism):
+def test_optimizer_sums_per_example_clipped_gradients(mechanism, grad_sample_mode):
     mech = get_mechanism(mechanism)
     torch.manual_seed(1)
     x, y = torch.randn(12, 1, 8, 8) * 4, torch.randint(0, 10, (12,))
@@ -44,11 +45,14 @@ def test_optimizer_sums_per_example_clipped_gradients(mechanism):
     factors = (clip / (norms + 1e-6)).clamp(max=1.0)
     expected = [(g * factors.view(-1, *[1] * (g.dim() - 1))).sum(0) for g in per_param]
 
-    wrapped = GradSampleModule(model, loss_reduction="mean")
+    if grad_sample_mode == "hooks":
+        wrapped, bookkeeping = GradSampleModule(model, loss_reduction="mean"), None
+    else:
+        wrapped = bookkeeping = BookkeepingModule(model)
     gate = AlwaysAdmit()
     optimizer = NoisyGradientOptimizer(
         torch.optim.SGD(wrapped.parameters(), lr=0.0), mechanism=mech, noise=0.0, max_grad_norm=clip,
-        expected_batch_size=12, gate=gate, generator=None,
+        expected_batch_size=12, gate=gate, generator=None, bookkeeping=bookkeeping,
     )
     F.cross_entropy(wrapped(x), y).backward()
     optimizer.step()

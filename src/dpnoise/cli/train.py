@@ -22,6 +22,7 @@ from dpnoise.mechanisms import MECHANISMS, dirichlet_learning_rate, kappa
 from dpnoise.models import MODELS, FeatureClassifier, ModelNotAvailableError, build_model, extract_features
 from dpnoise.mechanisms.dirichlet import KAPPA_REFERENCE_PROBABILITY
 from dpnoise.training import (
+    GRAD_SAMPLE_MODES,
     CheckpointMismatchError,
     PrivacyBudgetExceededError,
     PrivacyEngine,
@@ -102,6 +103,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     privacy.add_argument("--calibrate-with",
                          help="accountant used to calibrate the noise (default: the primary); "
                          "'lap2-paper' is allowed for reproducing the seed but warned: it is not a valid bound")
+    privacy.add_argument("--grad-sample-mode", choices=GRAD_SAMPLE_MODES, default="auto",
+                         help="per-example gradients of gradient mechanisms: 'hooks' (Opacus, every layer "
+                         "materialised), 'bookkeeping' (dense layers clipped without materialising; same "
+                         "clipped sums, faster) or 'auto' (default: bookkeeping where every layer supports it)")
 
     optim = p.add_argument_group("optimisation")
     optim.add_argument("--epochs", type=float, required=True,
@@ -219,6 +224,7 @@ def train(args: argparse.Namespace) -> int:
         epochs=args.epochs, max_grad_norm=args.clip,
         alpha=args.alpha if args.mechanism == "dirichlet" else None,
         accountant=args.accountant, calibrate_with=args.calibrate_with, on_budget_exhausted="stop",
+        grad_sample_mode=args.grad_sample_mode,
     )
     apply_dirichlet_learning_rate(args, optimizer, engine)
     history = RunHistory()

@@ -9,13 +9,16 @@ Noise units (``noise=``): Gaussian sigma multiplies C; Laplace (``lap2``, ``lapl
 absolute scale on the sum of clipped gradients; Dirichlet r; penultimate-gaussian sigma of C.
 """
 
+from dpnoise.training.bookkeeping import BookkeepingModule
 from dpnoise.training.checkpoint import load_checkpoint, save_checkpoint
-from dpnoise.training.engine import PrivacyEngine, PrivacySetup, make_private
+from dpnoise.training.engine import GRAD_SAMPLE_MODES, PrivacyEngine, PrivacySetup, make_private
 from dpnoise.training.errors import CheckpointMismatchError, PrivacyBudgetExceededError, UnsupportedLayerError
 from dpnoise.training.loop import StepMetrics, endless_batches, evaluate_accuracy, train_step, train_steps
 from dpnoise.training.optimizers import NoisyGradientOptimizer, OutputPrivateOptimizer
 
 __all__ = [
+    "BookkeepingModule",
+    "GRAD_SAMPLE_MODES",
     "CheckpointMismatchError",
     "NoisyGradientOptimizer",
     "OutputPrivateOptimizer",

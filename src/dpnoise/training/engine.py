@@ -30,6 +30,7 @@ from dpnoise.accounting import (
     steps_from_epochs,
 )
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
+from dpnoise.training.bookkeeping import BookkeepingModule, unsupported_bookkeeping_layers
 from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
 from dpnoise.training.errors import CheckpointMismatchError, PrivacyBudgetExceededError
 from dpnoise.training.optimizers import NoisyGradientOptimizer, OutputPrivateOptimizer
@@ -38,6 +39,8 @@ from dpnoise.training.validation import check_supported_layers
 logger = logging.getLogger(__name__)
 
 BudgetPolicy = Literal["raise", "stop"]
+GradSampleMode = Literal["auto", "bookkeeping", "hooks"]
+GRAD_SAMPLE_MODES: tuple[str, ...] = ("auto", "bookkeeping", "hooks")
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class PrivacyEngine:
         calibrate_with: Optional[str] = None,
         poisson_sampling: bool = True,
         on_budget_exhausted: BudgetPolicy = "raise",
+        grad_sample_mode: GradSampleMode = "auto",
     ) -> tuple[nn.Module, Optimizer, DataLoader]:
         """Return the private (module, optimizer, data loader).
 
@@ -131,11 +135,18 @@ class PrivacyEngine:
                 shuffled fixed-size batches, which the accountants do NOT cover (warned).
             on_budget_exhausted: ``"raise"`` (:class:`PrivacyBudgetExceededError`) or ``"stop"``
                 (the step is skipped, ``budget_exhausted`` becomes True).
+            grad_sample_mode: how gradient mechanisms get per-example gradients: ``"hooks"``
+                (Opacus's ``GradSampleModule``, every layer materialised), ``"bookkeeping"``
+                (:class:`~dpnoise.training.bookkeeping.BookkeepingModule`: dense layers clipped
+                without materialising; same clipped sums, faster) or ``"auto"`` (default:
+                bookkeeping when every trainable layer supports it, else hooks).
         """
         if self.setup is not None:
             raise RuntimeError("this PrivacyEngine already made a model private; create a new one")
         if on_budget_exhausted not in ("raise", "stop"):
             raise ValueError(f"on_budget_exhausted must be 'raise' or 'stop', got {on_budget_exhausted!r}")
+        if grad_sample_mode not in GRAD_SAMPLE_MODES:
+            raise ValueError(f"grad_sample_mode must be one of {', '.join(GRAD_SAMPLE_MODES)}, got {grad_sample_mode!r}")
         if noise is None and (target_epsilon is None or epochs is None):
             raise ValueError("give either noise=, or target_epsilon= and epochs= to calibrate it")
         mech = get_mechanism(mechanism)
@@ -185,7 +196,9 @@ class PrivacyEngine:
                     f"epsilon {target_epsilon} is below what even one step costs with noise {noise} "
                     f"(accountant {primary}, delta {delta}); increase the budget or the noise"
                 )
-        private_module, private_optimizer = self._wrap(module, optimizer, expected_batch_size=sample_rate * len(data_loader.dataset))
+        private_module, private_optimizer = self._wrap(
+            module, optimizer, expected_batch_size=sample_rate * len(data_loader.dataset), grad_sample_mode=grad_sample_mode
+        )
         return private_module, private_optimizer, private_loader
 
     @staticmethod
@@ -239,10 +252,17 @@ class PrivacyEngine:
             return private_loader.sample_rate
         return data_loader.batch_size / len(data_loader.dataset)
 
-    def _wrap(self, module: nn.Module, optimizer: Optimizer, expected_batch_size: float) -> tuple[nn.Module, Optimizer]:
+    def _wrap(self, module: nn.Module, optimizer: Optimizer, expected_batch_size: float,
+              grad_sample_mode: GradSampleMode) -> tuple[nn.Module, Optimizer]:
         mech, setup = self.mechanism, self.setup
         if mech.needs_per_sample_gradients:
-            private_module = GradSampleModule(module, loss_reduction="mean")
+            if grad_sample_mode == "auto":
+                grad_sample_mode = "hooks" if unsupported_bookkeeping_layers(module) else "bookkeeping"
+            if grad_sample_mode == "bookkeeping":
+                private_module = BookkeepingModule(module)
+            else:
+                private_module = GradSampleModule(module, loss_reduction="mean")
+                private_module.forbid_grad_accumulation()
             private_optimizer = NoisyGradientOptimizer(
                 optimizer,
                 mechanism=mech,
@@ -251,6 +271,7 @@ class PrivacyEngine:
                 expected_batch_size=expected_batch_size,
                 gate=self,
                 generator=self.noise_generator,
+                bookkeeping=private_module if grad_sample_mode == "bookkeeping" else None,
             )
             return private_module, private_optimizer
         private_module = mech.wrap_module(

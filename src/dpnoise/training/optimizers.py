@@ -1,9 +1,10 @@
 """Optimizers that apply a mechanism and report every step to the privacy engine.
 
 * :class:`NoisyGradientOptimizer` (gradient mechanisms) subclasses Opacus's ``DPOptimizer``: it
-  keeps Opacus's per-sample-gradient bookkeeping, mean scaling by the expected batch size and
-  gradient-accumulation checks, and replaces only the clipping norm (L2 or exact L1) and the noise
-  sampler (Gaussian or Laplace, from the mechanism registry).
+  keeps Opacus's parameter handling and mean scaling by the expected batch size, and replaces the
+  clipping norm (L2 or exact L1), the noise sampler (Gaussian or Laplace, from the mechanism
+  registry) and the source of per-example gradients: Opacus's ``p.grad_sample`` (from
+  ``GradSampleModule``) or a :class:`~dpnoise.training.bookkeeping.BookkeepingModule`.
 * :class:`OutputPrivateOptimizer` (output mechanisms) wraps a plain optimizer: the noise is in the
   model's forward pass, so the optimizer only gates and records the steps.
 
@@ -23,6 +24,7 @@ from torch.optim import Optimizer
 
 from dpnoise.mechanisms.clipping import clip_factors, clipped_sum, per_example_norms
 from dpnoise.mechanisms.registry import Mechanism
+from dpnoise.training.bookkeeping import BookkeepingModule
 
 
 class StepGate(Protocol):
@@ -48,7 +50,10 @@ class NoisyGradientOptimizer(DPOptimizer):
         expected_batch_size: float,
         gate: StepGate,
         generator: Optional[torch.Generator],
+        bookkeeping: Optional[BookkeepingModule] = None,
     ):
+        """``bookkeeping``: the wrapped model when it is a ``BookkeepingModule``; None when it is
+        Opacus's ``GradSampleModule`` (per-example gradients in ``p.grad_sample``)."""
         super().__init__(
             optimizer,
             noise_multiplier=noise,  # unused by Opacus here: add_noise is the mechanism's
@@ -60,20 +65,37 @@ class NoisyGradientOptimizer(DPOptimizer):
         self.mechanism = mechanism
         self.noise = noise
         self.gate = gate
+        self.bookkeeping = bookkeeping
         self.attach_step_hook(lambda _optimizer: gate.record_step())
+
+    @property
+    def accumulated_iterations(self) -> int:
+        """Always 1: a step has one Poisson batch (both gradient sources refuse accumulation)."""
+        return 1
 
     def clip_and_accumulate(self) -> None:
         """Clip each example's gradient to ``max_grad_norm`` in the mechanism's norm; sum."""
+        if self.bookkeeping is not None:
+            norms = self.bookkeeping.per_example_norms(self.mechanism.clip_norm_ord)
+            sums = self.bookkeeping.clipped_sums(self.params, clip_factors(norms, self.max_grad_norm))
+        else:
+            sums = self._clipped_sums_of_grad_samples()
+        for p, summed in zip(self.params, sums):
+            p.summed_grad = summed.to(p.dtype)
+
+    def _clipped_sums_of_grad_samples(self) -> list[torch.Tensor]:
+        """Clipped sums from Opacus's ``p.grad_sample`` (each used once: processed flags)."""
         grad_samples = self.grad_samples
         if len(grad_samples[0]) == 0:
             factors = torch.zeros((0,), device=grad_samples[0].device)
         else:
             factors = clip_factors(per_example_norms(grad_samples, self.mechanism.clip_norm_ord), self.max_grad_norm)
+        sums = []
         for p, grad_sample in zip(self.params, grad_samples):
             _check_processed_flag(p.grad_sample)
-            summed = clipped_sum(grad_sample.to(p.dtype), factors)
-            p.summed_grad = summed if p.summed_grad is None else p.summed_grad + summed
+            sums.append(clipped_sum(grad_sample.to(p.dtype), factors))
             _mark_as_processed(p.grad_sample)
+        return sums
 
     def add_noise(self) -> None:
         """``p.grad = sum of clipped gradients + mechanism noise`` (units: see the registry)."""
@@ -87,7 +109,16 @@ class NoisyGradientOptimizer(DPOptimizer):
         """Refuse the step if it does not fit the budget; otherwise clip, noise and record it."""
         if not self.gate.admit_step():
             return False
-        return super().pre_step(closure)
+        self.clip_and_accumulate()
+        self.add_noise()
+        self.scale_grad()
+        self.step_hook(self)
+        return True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.bookkeeping is not None:
+            self.bookkeeping.clear()
+        super().zero_grad(set_to_none)
 
 
 class OutputPrivateOptimizer(Optimizer):

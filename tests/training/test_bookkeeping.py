@@ -1,0 +1,164 @@
+"""Book-keeping clipping equals clipping of exact per-example gradients (one example at a time)."""
+
+import pytest
+import torch
+from opacus import GradSampleModule
+from torch import nn
+from torch.nn import functional as F
+
+from dpnoise.mechanisms import per_example_norms
+from dpnoise.models import build_model
+from dpnoise.training import make_private
+from dpnoise.training.bookkeeping import (
+    BookkeepingModule,
+    factorised_clipped_sum,
+    factorised_norms,
+    unsupported_bookkeeping_layers,
+)
+
+from training_helpers import digits_loader, mlp
+
+
+def single_example_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    """Per-parameter ``(batch, *shape)`` gradients, one backward pass per example."""
+    rows = []
+    for i in range(len(x)):
+        model.zero_grad()
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        rows.append([p.grad.clone() for p in model.parameters()])
+    return [torch.stack(per_param) for per_param in zip(*rows)]
+
+
+@pytest.mark.parametrize("norm_ord", [1, 2])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_factorised_norms_equal_norms_of_materialised_outer_products(norm_ord, with_bias):
+    torch.manual_seed(0)
+    activations, backprops = torch.randn(7, 5), torch.randn(7, 3)
+    per_example = [torch.einsum("ij,ik->ijk", backprops, activations)] + ([backprops] if with_bias else [])
+    torch.testing.assert_close(
+        factorised_norms(activations, backprops, norm_ord, with_bias), per_example_norms(per_example, norm_ord)
+    )
+
+
+def test_factorised_clipped_sum_weights_each_outer_product():
+    torch.manual_seed(1)
+    activations, backprops, factors = torch.randn(6, 4), torch.randn(6, 2), torch.rand(6)
+    weight_sum, bias_sum = factorised_clipped_sum(activations, backprops, factors)
+    torch.testing.assert_close(weight_sum, torch.einsum("i,ij,ik->jk", factors, backprops, activations))
+    torch.testing.assert_close(bias_sum, (factors[:, None] * backprops).sum(0))
+
+
+def test_factorised_norms_reject_other_orders():
+    with pytest.raises(ValueError, match="norm_ord"):
+        factorised_norms(torch.ones(2, 2), torch.ones(2, 2), 3, with_bias=True)
+
+
+@pytest.mark.parametrize("norm_ord", [1, 2])
+@pytest.mark.parametrize(
+    "name, shape", [("cnn", (1, 28, 28)), ("resnet-gn-small", (3, 32, 32)), ("mlp", (1, 8, 8))]
+)
+def test_norms_and_clipped_sums_match_single_example_gradients(name, shape, norm_ord):
+    """Dense layers factorised, convolutions and GroupNorm materialised: all exact."""
+    torch.manual_seed(0)
+    model = mlp(hidden=16) if name == "mlp" else build_model(name)
+    x, y = torch.randn(5, *shape) * 3, torch.tensor([0, 1, 2, 3, 1])
+    reference = single_example_gradients(model, x, y)
+    wrapped = BookkeepingModule(model)
+    model.zero_grad()
+    F.cross_entropy(wrapped(x), y).backward()
+    expected_norms = per_example_norms(reference, norm_ord)
+    torch.testing.assert_close(wrapped.per_example_norms(norm_ord), expected_norms, rtol=1e-4, atol=1e-5)
+    factors = torch.rand(5)
+    sums = wrapped.clipped_sums(list(model.parameters()), factors)
+    for summed, per_example in zip(sums, reference):
+        expected = torch.einsum("i,i...->...", factors, per_example)
+        torch.testing.assert_close(summed, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_dense_layer_on_sequences_is_materialised_exactly():
+    """A dense layer on (batch, time, features) inputs does not factorise: Opacus's sampler is used."""
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Flatten(), nn.Linear(6, 2))
+    x, y = torch.randn(4, 2, 4), torch.tensor([0, 1, 1, 0])
+    reference = single_example_gradients(model, x, y)
+    wrapped = BookkeepingModule(model)
+    F.cross_entropy(wrapped(x), y).backward()
+    torch.testing.assert_close(wrapped.per_example_norms(2), per_example_norms(reference, 2))
+
+
+def test_a_second_backward_pass_before_the_step_is_refused():
+    model = mlp(hidden=8)
+    wrapped = BookkeepingModule(model)
+    x, y = torch.randn(3, 1, 8, 8), torch.tensor([0, 1, 2])
+    for _ in range(2):
+        F.cross_entropy(wrapped(x), y).backward()
+    with pytest.raises(RuntimeError, match="exactly one forward and backward pass"):
+        wrapped.per_example_norms(2)
+    wrapped.clear()
+    F.cross_entropy(wrapped(x), y).backward()
+    assert wrapped.per_example_norms(2).shape == (3,)
+
+
+def test_evaluation_forward_passes_are_not_recorded():
+    model = mlp(hidden=8)
+    wrapped = BookkeepingModule(model)
+    x, y = torch.randn(3, 1, 8, 8), torch.tensor([0, 1, 2])
+    with torch.no_grad():
+        wrapped(x)
+    F.cross_entropy(wrapped(x), y).backward()
+    assert wrapped.per_example_norms(1).shape == (3,)
+
+
+class ScaledLinear(nn.Module):
+    """A layer with its own parameter and no Opacus grad sampler."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(64))
+
+    def forward(self, x):
+        return x.flatten(1) * self.scale
+
+
+def test_layers_without_a_grad_sampler_fall_back_to_opacus_hooks(digits_train):
+    model = nn.Sequential(ScaledLinear(), nn.Linear(64, 10))
+    assert unsupported_bookkeeping_layers(model) == ["0 (ScaledLinear)"]
+    with pytest.raises(ValueError, match="ScaledLinear"):
+        BookkeepingModule(model)
+    options = dict(mechanism="lap2", noise=1.0, max_grad_norm=1.0, delta=1e-5, seed=0)
+    module, _, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train), **options)
+    assert isinstance(module, GradSampleModule)
+    model = mlp()
+    module, _, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train), **options)
+    assert isinstance(module, BookkeepingModule)
+
+
+def test_unknown_grad_sample_mode_is_refused(digits_train):
+    model = mlp()
+    with pytest.raises(ValueError, match="grad_sample_mode"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train),
+                     mechanism="lap2", noise=1.0, delta=1e-5, grad_sample_mode="ghost")
+
+
+@pytest.mark.parametrize("mechanism", ["lap2", "laplace-l1", "gaussian"])
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_training_is_the_same_with_bookkeeping_and_hooks(digits_train, mechanism):
+    """Same seed, same batches, same noise: the two gradient sources give the same model."""
+    trained = {}
+    for mode in ("bookkeeping", "hooks"):
+        torch.manual_seed(0)
+        model = build_model("cnn", in_channels=1, input_size=8)
+        module, optimizer, loader = make_private(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train, 64),
+            mechanism=mechanism, noise=0.5, max_grad_norm=0.5, delta=1e-5, seed=4, grad_sample_mode=mode,
+        )
+        batches = iter(loader)
+        for _ in range(3):
+            inputs, targets = next(batches)
+            optimizer.zero_grad()
+            F.cross_entropy(module(inputs), targets).backward()
+            optimizer.step()
+        trained[mode] = [p.detach().clone() for p in model.parameters()]
+        assert optimizer.privacy_engine.steps == 3
+    for with_bookkeeping, with_hooks in zip(trained["bookkeeping"], trained["hooks"]):
+        torch.testing.assert_close(with_bookkeeping, with_hooks, rtol=1e-4, atol=1e-5)
