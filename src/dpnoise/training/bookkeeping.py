@@ -117,7 +117,9 @@ class BookkeepingModule(nn.Module):
             record = LayerRecord(dense=(activations, backprops), grad_samples={})
         else:
             sampler = GradSampleModule.GRAD_SAMPLERS[type(layer)]
-            samples = sampler(layer, [activations], backprops) if len(activations) else {}
+            # Opacus's conv sampler (unfold2d, 1.6) reads inputs as if contiguous: channels-last
+            # activations would give wrong per-example gradients.
+            samples = sampler(layer, [activations.contiguous()], backprops) if len(activations) else {}
             record = LayerRecord(dense=None, grad_samples={p: g for p, g in samples.items() if p.requires_grad})
         self._records[layer].append(record)
 
