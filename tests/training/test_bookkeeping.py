@@ -15,6 +15,7 @@ from dpnoise.training.bookkeeping import (
     factorised_norms,
     unsupported_bookkeeping_layers,
 )
+from dpnoise.training.engine import make_conv_inputs_contiguous
 
 from training_helpers import digits_loader, mlp
 
@@ -75,17 +76,26 @@ def test_norms_and_clipped_sums_match_single_example_gradients(name, shape, norm
         torch.testing.assert_close(summed, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_channels_last_convolutions_get_exact_per_example_gradients():
-    """Opacus 1.6's unfold2d misreads channels-last inputs; book-keeping hands it contiguous ones."""
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+@pytest.mark.parametrize("grad_sample_mode", ["bookkeeping", "hooks"])
+def test_channels_last_convolutions_get_exact_per_example_gradients(grad_sample_mode):
+    """Opacus 1.6's unfold2d misreads channels-last inputs; both gradient sources hand it contiguous ones."""
     torch.manual_seed(3)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3, stride=2), nn.Flatten(), nn.Linear(16, 4))
     model = model.to(memory_format=torch.channels_last)
     x = torch.randn(4, 3, 7, 7).to(memory_format=torch.channels_last)
     y = torch.tensor([0, 1, 2, 3])
     reference = single_example_gradients(model, x, y)
-    wrapped = BookkeepingModule(model)
-    F.cross_entropy(wrapped(x), y).backward()
-    torch.testing.assert_close(wrapped.per_example_norms(2), per_example_norms(reference, 2), rtol=1e-4, atol=1e-5)
+    if grad_sample_mode == "bookkeeping":
+        wrapped = BookkeepingModule(model)
+        F.cross_entropy(wrapped(x), y).backward()
+        norms = wrapped.per_example_norms(2)
+    else:
+        make_conv_inputs_contiguous(model)
+        wrapped = GradSampleModule(model, loss_reduction="mean")
+        F.cross_entropy(wrapped(x), y).backward()
+        norms = per_example_norms([p.grad_sample for p in model.parameters()], 2)
+    torch.testing.assert_close(norms, per_example_norms(reference, 2), rtol=1e-4, atol=1e-5)
 
 
 def test_dense_layer_on_sequences_is_materialised_exactly():

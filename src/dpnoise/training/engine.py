@@ -64,6 +64,17 @@ def count_trainable_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
+def make_conv_inputs_contiguous(module: nn.Module) -> None:
+    """Make every Conv2d of ``module`` see contiguous inputs (no copy when they already are).
+
+    Opacus 1.6's conv grad sampler (``unfold2d``) reads its input as if contiguous, so a
+    channels-last model would get wrong per-example gradients under ``GradSampleModule``.
+    """
+    for layer in module.modules():
+        if isinstance(layer, nn.Conv2d):
+            layer.register_forward_pre_hook(lambda _layer, args: (args[0].contiguous(), *args[1:]))
+
+
 def seeded_generator(seed: int) -> torch.Generator:
     """A CPU ``torch.Generator`` seeded with ``seed``."""
     return torch.Generator().manual_seed(seed)
@@ -261,6 +272,7 @@ class PrivacyEngine:
             if grad_sample_mode == "bookkeeping":
                 private_module = BookkeepingModule(module)
             else:
+                make_conv_inputs_contiguous(module)
                 private_module = GradSampleModule(module, loss_reduction="mean")
                 private_module.forbid_grad_accumulation()
             private_optimizer = NoisyGradientOptimizer(
