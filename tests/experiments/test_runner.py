@@ -40,6 +40,7 @@ def test_record_has_every_required_field(lap2_records):
     assert record["status"] == "ok" and record["steps"] == record["steps_planned"] == 12
     assert 0.0 <= record["accuracy"] <= 1.0
     assert record["curve"][-1]["step"] == 12
+    assert record["grad_sample_mode"] == "bookkeeping"  # the seed CNN's layers all support it
 
 
 def test_paper_calibrated_lap2_also_reports_the_sound_epsilon(lap2_records):
@@ -86,7 +87,7 @@ def test_dirichlet_run_carries_the_scope_and_unreachable_target_is_recorded(tmp_
     spec = RunSpec(mechanism="dirichlet", calibrated_with="dirichlet", seed=0, alpha=1.0,
                    **{**TINY, "experiment": "tiny-dirichlet"})
     record = json.loads(run_spec(spec, tmp_path, tmp_path / "work").read_text())
-    assert record["scope"] == OUTPUT_PRIVACY_SCOPE
+    assert record["scope"] == OUTPUT_PRIVACY_SCOPE and record["grad_sample_mode"] is None
     below_floor = RunSpec(**{**spec.to_dict(), "target_epsilon": 0.01})
     record = json.loads(run_spec(below_floor, tmp_path, tmp_path / "work").read_text())
     assert record["status"] == "unreachable" and "floor" in record["reason"]

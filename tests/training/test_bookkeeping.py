@@ -10,7 +10,9 @@ from dpnoise.mechanisms import per_example_norms
 from dpnoise.models import build_model
 from dpnoise.training import make_private
 from dpnoise.training.bookkeeping import (
+    CONV_WEIGHT_PERMUTATION,
     BookkeepingModule,
+    conv2d_per_example_gradients,
     factorised_clipped_sum,
     factorised_norms,
     unsupported_bookkeeping_layers,
@@ -52,6 +54,30 @@ def test_factorised_clipped_sum_weights_each_outer_product():
 def test_factorised_norms_reject_other_orders():
     with pytest.raises(ValueError, match="norm_ord"):
         factorised_norms(torch.ones(2, 2), torch.ones(2, 2), 3, with_bias=True)
+
+
+@pytest.mark.parametrize(
+    "conv, size",
+    [
+        (nn.Conv2d(1, 16, 8, stride=2, padding=3), (28, 28)),  # the seed CNN's layers
+        (nn.Conv2d(16, 32, 4, stride=2), (13, 13)),
+        (nn.Conv2d(3, 5, (3, 2), stride=(1, 2), padding=(2, 1), dilation=(2, 1), bias=False), (9, 11)),
+    ],
+)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_conv2d_per_example_gradients_match_single_example_gradients(conv, size, channels_last):
+    torch.manual_seed(4)
+    x = torch.randn(3, conv.in_channels, *size)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    output = conv(x)
+    backprops = torch.randn_like(output)
+    weight, bias = conv2d_per_example_gradients(conv, x, backprops)
+    for i in range(3):
+        expected = torch.autograd.grad(conv(x[i : i + 1]), list(conv.parameters()), backprops[i : i + 1])
+        torch.testing.assert_close(weight[i].permute(CONV_WEIGHT_PERMUTATION), expected[0], rtol=1e-4, atol=1e-5)
+        if conv.bias is not None:
+            torch.testing.assert_close(bias[i], expected[1], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("norm_ord", [1, 2])
@@ -149,11 +175,11 @@ def test_layers_without_a_grad_sampler_fall_back_to_opacus_hooks(digits_train):
     with pytest.raises(ValueError, match="ScaledLinear"):
         BookkeepingModule(model)
     options = dict(mechanism="lap2", noise=1.0, max_grad_norm=1.0, delta=1e-5, seed=0)
-    module, _, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train), **options)
-    assert isinstance(module, GradSampleModule)
+    module, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train), **options)
+    assert isinstance(module, GradSampleModule) and optimizer.privacy_engine.grad_sample_mode == "hooks"
     model = mlp()
-    module, _, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train), **options)
-    assert isinstance(module, BookkeepingModule)
+    module, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train), **options)
+    assert isinstance(module, BookkeepingModule) and optimizer.privacy_engine.grad_sample_mode == "bookkeeping"
 
 
 def test_unknown_grad_sample_mode_is_refused(digits_train):

@@ -328,6 +328,7 @@ def summarize(
         "lr": optimizer.param_groups[0]["lr"],
         "seed": args.seed,
         "scope": engine.scope_statement,
+        "grad_sample_mode": engine.grad_sample_mode,
         "wall_time_s": wall_time,
     }
     if setup.alpha is not None:

@@ -137,6 +137,7 @@ def build_record(spec: RunSpec, metrics: Optional[dict[str, Any]], reason: Optio
         raise RuntimeError(f"{spec.name}: dpnoise train planned {summary['planned_steps']} steps, not {spec.steps}")
     record.update({key: summary[source] for key, source in RECORD_FROM_SUMMARY.items()})
     record["kappa_at_0_9"] = summary.get("kappa_at_0.9")  # Dirichlet runs only
+    record["grad_sample_mode"] = summary.get("grad_sample_mode")  # None in records made before it was recorded
     record["curve"] = [{"step": e["step"], "test_accuracy": e["test_accuracy"]} for e in metrics["epochs"]]
     return record
 

@@ -101,6 +101,8 @@ class PrivacyEngine:
         self.budget_policy: BudgetPolicy = "raise"
         self.budget_exhausted = False
         self.calibration: Optional[CalibrationResult] = None
+        #: per-example gradient source in use ("bookkeeping" or "hooks"; None for output mechanisms)
+        self.grad_sample_mode: Optional[str] = None
 
     # ----------------------------------------------------------------------------- wrapping
     def make_private(
@@ -269,6 +271,7 @@ class PrivacyEngine:
         if mech.needs_per_sample_gradients:
             if grad_sample_mode == "auto":
                 grad_sample_mode = "hooks" if unsupported_bookkeeping_layers(module) else "bookkeeping"
+            self.grad_sample_mode = grad_sample_mode
             if grad_sample_mode == "bookkeeping":
                 private_module = BookkeepingModule(module)
             else:
