@@ -8,6 +8,8 @@ from torch.nn import functional as F
 
 from dpnoise.mechanisms import clip_factors, clipped_sum, per_example_norms
 
+from per_example_reference import single_example_gradients
+
 
 def tiny_cnn() -> nn.Module:
     torch.manual_seed(0)
@@ -22,19 +24,10 @@ def per_sample_gradients(module: nn.Module, x: torch.Tensor, y: torch.Tensor) ->
     return [p.grad_sample for p in wrapped.parameters()]
 
 
-def reference_gradients(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
-    rows = []
-    for i in range(len(x)):
-        module.zero_grad()
-        F.cross_entropy(module(x[i : i + 1]), y[i : i + 1]).backward()
-        rows.append([p.grad.clone() for p in module.parameters()])
-    return [torch.stack(per_param) for per_param in zip(*rows)]
-
-
 def test_per_sample_gradients_match_one_at_a_time_reference():
     x, y = torch.randn(7, 1, 8, 8), torch.randint(0, 5, (7,))
     module = tiny_cnn()
-    expected = reference_gradients(module, x, y)
+    expected = single_example_gradients(module, x, y)
     actual = per_sample_gradients(module, x, y)
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-6)

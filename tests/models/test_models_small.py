@@ -8,6 +8,8 @@ from torch import nn
 
 from dpnoise.models import MODELS, ResNetGN, SeedCNN, build_model, count_trainable_parameters
 
+from per_example_reference import single_example_gradients
+
 
 def test_seed_cnn_is_the_tutorial_network_with_26010_parameters():
     model = build_model("cnn")
@@ -53,17 +55,13 @@ def test_opacus_per_example_gradients_match_single_example_gradients(name, shape
     model = build_model(name)
     assert ModuleValidator.validate(model, strict=False) == []
     x, y = torch.randn(4, *shape), torch.tensor([0, 1, 2, 3])
-    reference = []
-    for i in range(4):
-        model.zero_grad()
-        nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
-        reference.append([p.grad.clone() for p in model.parameters()])
+    reference = single_example_gradients(model, x, y)
     wrapped = GradSampleModule(model, loss_reduction="sum")
     nn.functional.cross_entropy(wrapped(x), y, reduction="sum").backward()
     for j, p in enumerate(model.parameters()):
         assert p.grad_sample.shape == (4, *p.shape)
         for i in range(4):
-            torch.testing.assert_close(p.grad_sample[i], reference[i][j], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(p.grad_sample[i], reference[j][i], rtol=1e-4, atol=1e-5)
 
 
 def test_unknown_model_is_rejected():

@@ -19,17 +19,8 @@ from dpnoise.training.bookkeeping import (
 )
 from dpnoise.training.engine import make_conv_inputs_contiguous
 
+from per_example_reference import single_example_gradients
 from training_helpers import digits_loader, mlp
-
-
-def single_example_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
-    """Per-parameter ``(batch, *shape)`` gradients, one backward pass per example."""
-    rows = []
-    for i in range(len(x)):
-        model.zero_grad()
-        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
-        rows.append([p.grad.clone() for p in model.parameters()])
-    return [torch.stack(per_param) for per_param in zip(*rows)]
 
 
 @pytest.mark.parametrize("norm_ord", [1, 2])

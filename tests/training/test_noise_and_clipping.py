@@ -11,6 +11,7 @@ from torch.utils.data import TensorDataset
 from dpnoise.mechanisms import get_mechanism, per_example_norms
 from dpnoise.training import BookkeepingModule, NoisyGradientOptimizer, make_private
 
+from per_example_reference import single_example_gradients
 from training_helpers import digits_loader, mlp
 
 
@@ -34,12 +35,7 @@ def test_optimizer_sums_per_example_clipped_gradients(mechanism, grad_sample_mod
     torch.manual_seed(1)
     x, y = torch.randn(12, 1, 8, 8) * 4, torch.randint(0, 10, (12,))
     model, clip = mlp(hidden=16), 0.5
-    reference = []
-    for i in range(len(x)):
-        model.zero_grad()
-        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
-        reference.append([p.grad.clone() for p in model.parameters()])
-    per_param = [torch.stack(rows) for rows in zip(*reference)]
+    per_param = single_example_gradients(model, x, y)
     norms = per_example_norms(per_param, mech.clip_norm_ord)
     assert (norms > clip).any(), "the test needs examples outside the clipping ball"
     factors = (clip / (norms + 1e-6)).clamp(max=1.0)
