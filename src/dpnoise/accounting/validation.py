@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from numbers import Integral, Real
 
+from dpnoise.errors import DpnoiseError
 
-class InvalidParameterError(ValueError):
+
+class InvalidParameterError(DpnoiseError, ValueError):
     """A privacy parameter is outside its domain (the message names it)."""
 
 
