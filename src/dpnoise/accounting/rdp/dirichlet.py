@@ -10,7 +10,8 @@ from typing import Literal
 import numpy as np
 from scipy.special import gammaln, polygamma
 
-from dpnoise.accounting.rdp.orders import integer_mask
+from dpnoise.accounting.rdp.curve import monotone_envelope
+from dpnoise.accounting.rdp.orders import on_integer_orders
 from dpnoise.accounting.rdp.subsampling import (
     log_moment_add_direction,
     log_moment_zhu_wang_general,
@@ -62,14 +63,14 @@ def sampled_dirichlet_rdp(
     tight form, whose extra condition is unproven for the Dirichlet mechanism (spec §2.2).
     """
     base_fn = {"ponnoprat": ponnoprat_rdp, "exact-vertex": exact_vertex_rdp}[base]
-    orders = np.asarray(orders, dtype=float)
-    out = np.full(orders.shape, np.inf)
-    ints = integer_mask(orders)
-    if not ints.any():
-        return out
-    eta = np.arange(int(orders[ints].max()) + 1, dtype=float)
-    base_log_moments = np.zeros_like(eta)
-    base_log_moments[2:] = (eta[2:] - 1) * base_fn(r, alpha, eta[2:])
-    combine = {"general": log_moment_zhu_wang_general, "tight": log_moment_add_direction}
-    out[ints] = combine[subsampling](q, orders[ints], base_log_moments) / (orders[ints] - 1)
-    return out
+    combine = {"general": log_moment_zhu_wang_general, "tight": log_moment_add_direction}[subsampling]
+
+    def compute(ints: np.ndarray) -> np.ndarray:
+        eta = np.arange(int(ints.max()) + 1, dtype=float)
+        base_log_moments = np.zeros_like(eta)
+        base_log_moments[2:] = (eta[2:] - 1) * base_fn(r, alpha, eta[2:])
+        return combine(q, ints, base_log_moments) / (ints - 1)
+
+    rdp = on_integer_orders(orders, compute)
+    # Each order's value is a proven bound (general form), so the running min from the right is too.
+    return monotone_envelope(orders, rdp) if subsampling == "general" else rdp

@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp
 
+from dpnoise.accounting.rdp.curve import monotone_envelope
 from dpnoise.accounting.rdp.gaussian import gaussian_base_log_moments
 from dpnoise.accounting.rdp.laplace import log_laplace_moment, log_laplace_moment_excess
 from dpnoise.accounting.rdp.logmath import log_binomial_weights
 from dpnoise.accounting.rdp.majorization import majorization_rule
-from dpnoise.accounting.rdp.orders import integer_mask
+from dpnoise.accounting.rdp.orders import on_integer_orders
 from dpnoise.accounting.rdp.subsampling import (
     log_moment_add_direction,
     log_moment_remove_direction_bound,
@@ -47,15 +48,6 @@ def lap2_base_log_moments(noise_multiplier: float, num_params: int, max_order: i
     return np.minimum(majorization_log_moments(noise_multiplier, num_params, max_order), gaussian)
 
 
-def _integer_orders_only(orders: np.ndarray, compute) -> np.ndarray:
-    orders = np.asarray(orders, dtype=float)
-    out = np.full(orders.shape, np.inf)
-    ints = integer_mask(orders)
-    if ints.any():
-        out[ints] = compute(orders[ints])
-    return out
-
-
 def lap2_add_only_rdp(
     q: float, noise_multiplier: float, num_params: int, orders: np.ndarray
 ) -> np.ndarray:
@@ -70,7 +62,7 @@ def lap2_add_only_rdp(
         base = lap2_base_log_moments(noise_multiplier, num_params, int(ints.max()))
         return log_moment_add_direction(q, ints, base) / (ints - 1)
 
-    return _integer_orders_only(orders, compute)
+    return on_integer_orders(orders, compute)
 
 
 def lap2_sound_rdp(
@@ -90,7 +82,8 @@ def lap2_sound_rdp(
         general = log_moment_zhu_wang_general(q, ints, base)
         return np.minimum(np.maximum(add, remove), general) / (ints - 1)
 
-    return _integer_orders_only(orders, compute)
+    # Every order's value is a proven bound, so the running min from the right is too.
+    return monotone_envelope(orders, on_integer_orders(orders, compute))
 
 
 def _paper_log_moments(q: float, t: np.ndarray, orders: np.ndarray) -> np.ndarray:
@@ -124,4 +117,4 @@ def lap2_paper_rdp(
         per_point = _paper_log_moments(q, rule.shifts(1.0 / noise_multiplier), ints)
         return rule.apply(per_point) / (ints - 1)
 
-    return _integer_orders_only(orders, compute)
+    return on_integer_orders(orders, compute)

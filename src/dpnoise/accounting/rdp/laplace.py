@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpnoise.accounting.rdp.orders import on_integer_orders
 from dpnoise.accounting.rdp.subsampling import log_moment_add_direction
 
 # Below this eta*t the excess F - 1 is summed from non-negative pieces (no cancellation).
@@ -59,7 +60,11 @@ def sampled_laplace_rdp(q: float, noise_multiplier: float, orders: np.ndarray) -
 
     Worst case is a 1-D shift of C (L1 ball); ``noise_multiplier = b / C``.  Exact binomial
     expansion of the add direction = Zhu & Wang (2019)'s tight form, which holds for Laplace.
+    Integer orders only (+inf elsewhere): the expansion indexes the moments by the order.
     """
-    orders = np.asarray(orders, dtype=float)
-    base = laplace_base_log_moments(noise_multiplier, int(orders.max()))
-    return log_moment_add_direction(q, orders, base) / (orders - 1)
+
+    def compute(ints: np.ndarray) -> np.ndarray:
+        base = laplace_base_log_moments(noise_multiplier, int(ints.max()))
+        return log_moment_add_direction(q, ints, base) / (ints - 1)
+
+    return on_integer_orders(orders, compute)

@@ -1,5 +1,7 @@
 """Default grids of Renyi orders."""
 
+from typing import Callable
+
 import numpy as np
 
 MAX_ORDER = 256
@@ -16,3 +18,17 @@ def integer_mask(orders: np.ndarray) -> np.ndarray:
     """True where an order is an integer >= 2."""
     orders = np.asarray(orders, dtype=float)
     return (orders == np.round(orders)) & (orders >= 2)
+
+
+def on_integer_orders(orders: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``compute(integer orders)`` at the integer orders >= 2 of ``orders``, +inf at the others.
+
+    For bounds proven (or formulas valid) at integer orders only: +inf means "no bound at this
+    order", which the RDP -> (epsilon, delta) conversion skips.
+    """
+    orders = np.asarray(orders, dtype=float)
+    out = np.full(orders.shape, np.inf)
+    ints = integer_mask(orders)
+    if ints.any():
+        out[ints] = compute(orders[ints])
+    return out

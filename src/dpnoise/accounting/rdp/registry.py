@@ -22,6 +22,7 @@ from dpnoise.accounting.events import (
     PoissonSampledEvent,
     SelfComposedEvent,
 )
+from dpnoise.accounting.rdp.curve import checked_rdp_curve
 from dpnoise.accounting.rdp.dirichlet import (
     DirichletBase,
     DirichletSubsampling,
@@ -89,7 +90,7 @@ def _mechanism_rdp(
     fn = _RDP_FUNCTIONS.get(type(event))
     if fn is None:
         raise NotImplementedError(f"no RDP accountant registered for {type(event).__name__}")
-    out = np.asarray(fn(event, q, np.asarray(orders), methods), dtype=float)
+    out = checked_rdp_curve(orders, fn(event, q, np.asarray(orders), methods), f"{event} at q={q:g}")
     out.setflags(write=False)
     return out
 
