@@ -4,7 +4,7 @@ Nothing is downloaded: a missing dataset raises :class:`DatasetNotAvailableError
 install command (see ``../shared/data/README.md``).
 """
 
-from dpnoise.data.errors import DatasetNotAvailableError
+from dpnoise.data.errors import DatasetNotAvailableError, InvalidDatasetError
 from dpnoise.data.registry import DATASETS, DatasetInfo, dataset_info, load_dataset, stratified_first_k
 from dpnoise.data.text import TextDataset, minilm_tokenizer, tokenize
 
@@ -12,6 +12,7 @@ __all__ = [
     "DATASETS",
     "DatasetInfo",
     "DatasetNotAvailableError",
+    "InvalidDatasetError",
     "TextDataset",
     "dataset_info",
     "load_dataset",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dpnoise.errors import DpnoiseError
 
-class DatasetNotAvailableError(FileNotFoundError):
+
+class DatasetNotAvailableError(DpnoiseError, FileNotFoundError):
     """A dataset's files are not on this machine.
 
     Nothing is ever downloaded at run time, so the message always says how to make the data
@@ -15,3 +17,7 @@ class DatasetNotAvailableError(FileNotFoundError):
         self.missing = missing
         self.install = install
         super().__init__(f"dataset {dataset!r} is not available: {missing} not found. To install it: {install}")
+
+
+class InvalidDatasetError(DpnoiseError, ValueError):
+    """A dataset name, split or subset size is invalid, or a dataset file is malformed."""

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dpnoise.data.errors import InvalidDatasetError
+
 # IDX type byte -> big-endian NumPy dtype.
 _IDX_DTYPES = {
     0x08: np.dtype(">u1"),
@@ -21,13 +23,13 @@ _IDX_DTYPES = {
 def parse_idx(raw: bytes) -> np.ndarray:
     """Decode IDX bytes (magic ``00 00 <type> <ndim>``, ndim big-endian int32 dims, data)."""
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
-        raise ValueError("not an IDX file (bad magic number)")
+        raise InvalidDatasetError("not an IDX file (bad magic number)")
     dtype, ndim = _IDX_DTYPES[raw[2]], raw[3]
     header = 4 + 4 * ndim
     shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">i4", count=ndim, offset=4))
     expected = int(np.prod(shape)) * dtype.itemsize
     if len(raw) - header != expected:
-        raise ValueError(f"IDX payload has {len(raw) - header} bytes, header says {expected}")
+        raise InvalidDatasetError(f"IDX payload has {len(raw) - header} bytes, header says {expected}")
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
 
 

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from dpnoise.data import text, vision
+from dpnoise.data.errors import InvalidDatasetError
 
 SPLITS = ("train", "test")
 
@@ -66,7 +67,7 @@ _IMAGE_LOADERS: dict[str, Callable[[str, Path | None], tuple[np.ndarray, np.ndar
 
 def _check_split(split: str) -> str:
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        raise InvalidDatasetError(f"split must be one of {SPLITS}, got {split!r}")
     return split
 
 
@@ -75,7 +76,7 @@ def dataset_info(name: str) -> DatasetInfo:
     try:
         return DATASETS[name]
     except KeyError:
-        raise ValueError(f"unknown dataset {name!r}; choose from {sorted(DATASETS)}") from None
+        raise InvalidDatasetError(f"unknown dataset {name!r}; choose from {sorted(DATASETS)}") from None
 
 
 def stratified_first_k(labels: np.ndarray, k: int) -> np.ndarray:
@@ -86,7 +87,7 @@ def stratified_first_k(labels: np.ndarray, k: int) -> np.ndarray:
     most one unless a class runs out.
     """
     if k < 0:
-        raise ValueError(f"subset size must be >= 0, got {k}")
+        raise InvalidDatasetError(f"subset size must be >= 0, got {k}")
     labels = np.asarray(labels)
     order = np.argsort(labels, kind="stable")
     sorted_labels = labels[order]

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from dpnoise.data.errors import DatasetNotAvailableError
+from dpnoise.data.errors import DatasetNotAvailableError, InvalidDatasetError
 from dpnoise.data.paths import shared_data_dir
 
 SST2_INSTALL = (
@@ -23,7 +23,7 @@ class TextDataset(Dataset):
 
     def __init__(self, sentences: list[str], labels: torch.Tensor) -> None:
         if len(sentences) != len(labels):
-            raise ValueError(f"{len(sentences)} sentences but {len(labels)} labels")
+            raise InvalidDatasetError(f"{len(sentences)} sentences but {len(labels)} labels")
         self.sentences = sentences
         self.labels = labels
 
@@ -46,7 +46,7 @@ def read_sst2_tsv(path: Path) -> tuple[list[str], list[int]]:
                 continue
             label, sep, sentence = line.partition("\t")
             if not sep or label not in ("0", "1"):
-                raise ValueError(f"{path}:{line_number}: expected 'label<TAB>sentence', got {line[:60]!r}")
+                raise InvalidDatasetError(f"{path}:{line_number}: expected 'label<TAB>sentence', got {line[:60]!r}")
             labels.append(int(label))
             sentences.append(sentence)
     return sentences, labels

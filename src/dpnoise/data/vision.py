@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpnoise.data.errors import DatasetNotAvailableError
+from dpnoise.data.errors import DatasetNotAvailableError, InvalidDatasetError
 from dpnoise.data.idx import read_idx
 from dpnoise.data.paths import cache_dir, shared_data_dir
 
@@ -64,7 +64,7 @@ def load_idx_pair(folder: Path, split: str, dataset: str, install: str) -> tuple
     images = read_idx(images_path)
     labels = read_idx(labels_path).astype(np.int64)
     if images.ndim != 3 or images.shape[0] != labels.shape[0]:
-        raise ValueError(f"{dataset}: images {images.shape} and labels {labels.shape} do not match")
+        raise InvalidDatasetError(f"{dataset}: images {images.shape} and labels {labels.shape} do not match")
     return images[:, None, :, :], labels
 
 

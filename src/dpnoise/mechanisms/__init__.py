@@ -11,6 +11,7 @@ from dpnoise.mechanisms.dirichlet import (
     dirichlet_nll,
     kappa,
 )
+from dpnoise.mechanisms.errors import InvalidMechanismError
 from dpnoise.mechanisms.noise import gaussian_noise, laplace_noise
 from dpnoise.mechanisms.penultimate import PenultimateGaussian
 from dpnoise.mechanisms.registry import MECHANISMS, Mechanism, get_mechanism, register_mechanism
@@ -18,6 +19,7 @@ from dpnoise.mechanisms.registry import MECHANISMS, Mechanism, get_mechanism, re
 __all__ = [
     "MECHANISMS",
     "DirichletOutput",
+    "InvalidMechanismError",
     "Mechanism",
     "PenultimateGaussian",
     "clip_factors",

@@ -12,6 +12,8 @@ from typing import Sequence
 
 import torch
 
+from dpnoise.accounting.validation import InvalidParameterError
+
 #: Added to the norm before dividing, as in Opacus, so that a zero gradient gets factor 1.
 NORM_EPSILON = 1e-6
 
@@ -27,7 +29,7 @@ def per_example_norms(grad_samples: Sequence[torch.Tensor], norm_ord: int) -> to
         Tensor of shape ``(batch,)``.
     """
     if norm_ord not in (1, 2):
-        raise ValueError(f"norm_ord must be 1 or 2, got {norm_ord}")
+        raise InvalidParameterError(f"norm_ord must be 1 or 2, got {norm_ord}")
     per_param = torch.stack(
         [g.reshape(len(g), -1).norm(norm_ord, dim=1) for g in grad_samples], dim=1
     )

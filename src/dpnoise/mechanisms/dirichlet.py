@@ -25,6 +25,8 @@ from scipy.special import polygamma
 from torch import nn
 from torch.nn import functional as F
 
+from dpnoise.accounting.validation import check_positive
+
 #: The seed's reference value of the true-class probability for the effective learning rate.
 KAPPA_REFERENCE_PROBABILITY = 0.9
 
@@ -69,6 +71,7 @@ def dirichlet_learning_rate(
     true_class_probability: float = KAPPA_REFERENCE_PROBABILITY,
 ) -> float:
     """Learning rate gamma with gamma * kappa(s_y) equal to ``target_effective_lr`` (seed heuristic)."""
+    check_positive("effective learning rate", target_effective_lr)
     return target_effective_lr / kappa(true_class_probability, r, alpha)
 
 
@@ -83,10 +86,8 @@ class DirichletOutput(nn.Module):
 
     def __init__(self, module: nn.Module, r: float, alpha: float, generator: Optional[torch.Generator] = None):
         super().__init__()
-        if not 0.0 < r:
-            raise ValueError(f"Dirichlet scale r must be positive, got {r}")
-        if not 0.0 < alpha:
-            raise ValueError(f"Dirichlet offset alpha must be positive, got {alpha}")
+        check_positive("Dirichlet scale r", r)
+        check_positive("Dirichlet offset alpha", alpha)
         self.module = module
         self.r = r
         self.alpha = alpha

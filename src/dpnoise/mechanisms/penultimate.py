@@ -18,14 +18,16 @@ from typing import Optional
 import torch
 from torch import nn
 
+from dpnoise.accounting.validation import check_positive
 from dpnoise.mechanisms.clipping import clip_factors
+from dpnoise.mechanisms.errors import InvalidMechanismError
 
 
 def output_layer(module: nn.Module) -> tuple[str, nn.Linear]:
     """The last ``nn.Linear`` registered in ``module`` (taken as the classifier's output layer)."""
     linears = [(name, m) for name, m in module.named_modules() if isinstance(m, nn.Linear)]
     if not linears:
-        raise ValueError(
+        raise InvalidMechanismError(
             f"penultimate-gaussian needs an nn.Linear output layer; {type(module).__name__} has none"
         )
     return linears[-1]
@@ -46,8 +48,8 @@ class PenultimateGaussian(nn.Module):
 
     def __init__(self, module: nn.Module, sigma: float, clip: float, generator: Optional[torch.Generator] = None):
         super().__init__()
-        if sigma <= 0 or clip <= 0:
-            raise ValueError(f"sigma and clip must be positive, got sigma={sigma}, clip={clip}")
+        check_positive("sigma", sigma)
+        check_positive("clip", clip)
         self.module = module
         self.sigma = sigma
         self.clip = clip

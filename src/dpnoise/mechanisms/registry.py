@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from dpnoise.mechanisms.dirichlet import DirichletOutput
+from dpnoise.mechanisms.errors import InvalidMechanismError
 from dpnoise.mechanisms.noise import gaussian_noise, laplace_noise
 from dpnoise.mechanisms.penultimate import PenultimateGaussian
 
@@ -55,11 +56,11 @@ MECHANISMS: dict[str, Mechanism] = {}
 def register_mechanism(mechanism: Mechanism) -> Mechanism:
     """Add ``mechanism`` to :data:`MECHANISMS` (its name must be new)."""
     if mechanism.name in MECHANISMS:
-        raise ValueError(f"mechanism {mechanism.name!r} is already registered")
+        raise InvalidMechanismError(f"mechanism {mechanism.name!r} is already registered")
     if mechanism.releases == "gradients" and (mechanism.clip_norm_ord is None or mechanism.sample_noise is None):
-        raise ValueError(f"gradient mechanism {mechanism.name!r} needs clip_norm_ord and sample_noise")
+        raise InvalidMechanismError(f"gradient mechanism {mechanism.name!r} needs clip_norm_ord and sample_noise")
     if mechanism.releases == "outputs" and mechanism.wrap_module is None:
-        raise ValueError(f"output mechanism {mechanism.name!r} needs wrap_module")
+        raise InvalidMechanismError(f"output mechanism {mechanism.name!r} needs wrap_module")
     MECHANISMS[mechanism.name] = mechanism
     return mechanism
 
@@ -69,7 +70,7 @@ def get_mechanism(name: str) -> Mechanism:
     try:
         return MECHANISMS[name]
     except KeyError:
-        raise ValueError(f"unknown mechanism {name!r}; known: {', '.join(sorted(MECHANISMS))}") from None
+        raise InvalidMechanismError(f"unknown mechanism {name!r}; known: {', '.join(sorted(MECHANISMS))}") from None
 
 
 def _wrap_dirichlet(module: nn.Module, *, noise: float, clip: float, alpha: float, generator) -> nn.Module:

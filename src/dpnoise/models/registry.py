@@ -9,6 +9,7 @@ from torch import nn
 
 from dpnoise.models.cnn import SeedCNN
 from dpnoise.models.efficientnet_lite import FrozenFeatureClassifier, pretrained_efficientnet_lite0
+from dpnoise.models.errors import InvalidModelError
 from dpnoise.models.minilm import build_minilm, build_minilm_features
 from dpnoise.models.resnet_gn import SMALL_RESNET_WIDTHS, ResNetGN
 
@@ -35,7 +36,7 @@ def _minilm_features(num_classes: int, in_channels: int | None, input_size: int 
 
 def _efficientnet(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
     if in_channels not in (None, 3):
-        raise ValueError(f"efficientnet-lite0-features needs RGB images, got in_channels={in_channels}")
+        raise InvalidModelError(f"efficientnet-lite0-features needs RGB images, got in_channels={in_channels}")
     return FrozenFeatureClassifier(pretrained_efficientnet_lite0(), num_classes, **options)
 
 
@@ -74,7 +75,7 @@ def build_model(
     try:
         builder, default_classes = _BUILDERS[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; choose from {list(MODELS)}") from None
+        raise InvalidModelError(f"unknown model {name!r}; choose from {list(MODELS)}") from None
     return builder(num_classes or default_classes, in_channels, input_size, **options)
 
 

@@ -12,7 +12,13 @@ absolute scale on the sum of clipped gradients; Dirichlet r; penultimate-gaussia
 from dpnoise.training.bookkeeping import BookkeepingModule
 from dpnoise.training.checkpoint import load_checkpoint, save_checkpoint
 from dpnoise.training.engine import GRAD_SAMPLE_MODES, PrivacyEngine, PrivacySetup, make_private
-from dpnoise.training.errors import CheckpointMismatchError, PrivacyBudgetExceededError, UnsupportedLayerError
+from dpnoise.training.errors import (
+    CheckpointMismatchError,
+    EngineStateError,
+    InvalidTrainingOptionError,
+    PrivacyBudgetExceededError,
+    UnsupportedLayerError,
+)
 from dpnoise.training.loop import StepMetrics, endless_batches, evaluate_accuracy, train_step, train_steps
 from dpnoise.training.optimizers import NoisyGradientOptimizer, OutputPrivateOptimizer
 
@@ -20,6 +26,8 @@ __all__ = [
     "BookkeepingModule",
     "GRAD_SAMPLE_MODES",
     "CheckpointMismatchError",
+    "EngineStateError",
+    "InvalidTrainingOptionError",
     "NoisyGradientOptimizer",
     "OutputPrivateOptimizer",
     "PrivacyBudgetExceededError",

@@ -33,6 +33,8 @@ from opacus.utils.module_utils import trainable_modules
 from torch import nn
 from torch.nn import functional as F
 
+from dpnoise.training.errors import InvalidTrainingOptionError, UnsupportedLayerError
+
 #: conv2d_per_example_gradients gives weights as (out, kh, kw, in); this permutes them to (out, in, kh, kw)
 CONV_WEIGHT_PERMUTATION = (0, 3, 1, 2)
 
@@ -51,7 +53,7 @@ def factorised_norms(activations: torch.Tensor, backprops: torch.Tensor, norm_or
         ``(batch,)`` norms over the layer's parameters (L2: the square root of the summed squares).
     """
     if norm_ord not in (1, 2):
-        raise ValueError(f"norm_ord must be 1 or 2, got {norm_ord}")
+        raise InvalidTrainingOptionError(f"norm_ord must be 1 or 2, got {norm_ord}")
     out_norms = backprops.norm(norm_ord, dim=1)
     weight_norms = out_norms * activations.norm(norm_ord, dim=1)
     if not with_bias:
@@ -137,7 +139,7 @@ class BookkeepingModule(nn.Module):
         super().__init__()
         unsupported = unsupported_bookkeeping_layers(module)
         if unsupported:
-            raise ValueError("book-keeping clipping does not support: " + ", ".join(unsupported))
+            raise UnsupportedLayerError("book-keeping clipping does not support: " + ", ".join(unsupported))
         self._module = module
         self._layers = [layer for _, layer in trainable_modules(module)]
         self._records: dict[nn.Module, list[LayerRecord]] = {layer: [] for layer in self._layers}

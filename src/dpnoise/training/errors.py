@@ -1,13 +1,31 @@
-"""Errors raised by the private training engine."""
+"""Errors raised by the private training engine (all derive from :class:`~dpnoise.errors.DpnoiseError`)."""
+
+from dpnoise.accounting.validation import InvalidParameterError
+from dpnoise.errors import DpnoiseError
 
 
-class PrivacyBudgetExceededError(RuntimeError):
+class PrivacyBudgetExceededError(DpnoiseError, RuntimeError):
     """An optimizer step would push the epsilon of the primary accountant past the target."""
 
 
-class UnsupportedLayerError(ValueError):
+class UnsupportedLayerError(DpnoiseError, ValueError):
     """The model contains a layer that breaks per-example privacy (named in the message)."""
 
 
-class CheckpointMismatchError(ValueError):
-    """A checkpoint was saved under a different privacy configuration than the one resuming it."""
+class CheckpointMismatchError(DpnoiseError, ValueError):
+    """A checkpoint was saved under a different privacy configuration than the one resuming it,
+    or its accountants, step counter or budget flag do not agree with each other (one line names
+    the field that differs)."""
+
+
+class CheckpointError(DpnoiseError, ValueError):
+    """A checkpoint file cannot be read (missing, empty, not a checkpoint, truncated, corrupted,
+    an older format); the message names the path and the problem."""
+
+
+class InvalidTrainingOptionError(InvalidParameterError):
+    """An option of ``make_private`` or of the private optimizer is invalid (the message names it)."""
+
+
+class EngineStateError(DpnoiseError, RuntimeError):
+    """The engine was used out of order (e.g. ``make_private`` called twice on one engine)."""
