@@ -29,10 +29,16 @@ from dpnoise.accounting import (
     get_accountant,
     steps_from_epochs,
 )
+from dpnoise.accounting.validation import check_delta, check_positive, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.training.bookkeeping import BookkeepingModule, unsupported_bookkeeping_layers
 from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
-from dpnoise.training.errors import CheckpointMismatchError, PrivacyBudgetExceededError
+from dpnoise.training.errors import (
+    CheckpointMismatchError,
+    EngineStateError,
+    InvalidTrainingOptionError,
+    PrivacyBudgetExceededError,
+)
 from dpnoise.training.optimizers import NoisyGradientOptimizer, OutputPrivateOptimizer
 from dpnoise.training.validation import check_supported_layers
 
@@ -154,19 +160,32 @@ class PrivacyEngine:
                 without materialising; same clipped sums, faster) or ``"auto"`` (default:
                 bookkeeping when every trainable layer supports it, else hooks).
         """
+        # Every argument is checked here, before any work (errors name the parameter).
         if self.setup is not None:
-            raise RuntimeError("this PrivacyEngine already made a model private; create a new one")
+            raise EngineStateError("this PrivacyEngine already made a model private; create a new one")
         if on_budget_exhausted not in ("raise", "stop"):
-            raise ValueError(f"on_budget_exhausted must be 'raise' or 'stop', got {on_budget_exhausted!r}")
+            raise InvalidTrainingOptionError(
+                f"on_budget_exhausted must be 'raise' or 'stop', got {on_budget_exhausted!r}")
         if grad_sample_mode not in GRAD_SAMPLE_MODES:
-            raise ValueError(f"grad_sample_mode must be one of {', '.join(GRAD_SAMPLE_MODES)}, got {grad_sample_mode!r}")
-        if noise is None and (target_epsilon is None or epochs is None):
-            raise ValueError("give either noise=, or target_epsilon= and epochs= to calibrate it")
+            raise InvalidTrainingOptionError(
+                f"grad_sample_mode must be one of {', '.join(GRAD_SAMPLE_MODES)}, got {grad_sample_mode!r}")
         mech = get_mechanism(mechanism)
+        delta = check_delta("delta", delta)
+        max_grad_norm = check_positive("max_grad_norm", max_grad_norm)
+        noise = None if noise is None else check_positive("noise", noise)
+        target_epsilon = None if target_epsilon is None else check_positive("target_epsilon", target_epsilon)
+        epochs = None if epochs is None else check_positive("epochs", epochs)
+        if noise is None and (target_epsilon is None or epochs is None):
+            raise InvalidTrainingOptionError("give either noise=, or target_epsilon= and epochs= to calibrate it")
         if mech.name == "dirichlet":
-            alpha = 1.0 if alpha is None else alpha
+            alpha = 1.0 if alpha is None else check_positive("alpha", alpha)
         elif alpha is not None:
-            raise ValueError(f"alpha is a Dirichlet parameter; mechanism {mech.name!r} does not take it")
+            raise InvalidTrainingOptionError(f"alpha is a Dirichlet parameter; mechanism {mech.name!r} does not take it")
+        if data_loader.batch_size is None:
+            raise InvalidTrainingOptionError("the data loader needs a batch_size (the expected batch size)")
+        if len(data_loader.dataset) == 0:
+            raise InvalidTrainingOptionError("the data loader's dataset is empty")
+        check_sample_rate("data_loader.batch_size / len(dataset)", data_loader.batch_size / len(data_loader.dataset))
         check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         primary, accountant_names = self._choose_accountants(mech, accountant, calibrate_with)
 
@@ -223,7 +242,7 @@ class PrivacyEngine:
         applicable = accountants_for_mechanism(mech.accounted_as, include_options=True)
         for name in (accountant, calibrate_with):
             if name is not None and name not in applicable:
-                raise ValueError(
+                raise InvalidTrainingOptionError(
                     f"accountant {name!r} does not apply to mechanism {mech.name!r}; "
                     f"choose from {', '.join(applicable)}"
                 )
@@ -235,7 +254,7 @@ class PrivacyEngine:
     def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool) -> DataLoader:
         """Poisson loader with the engine's sampling generator (or shuffled batches, warned)."""
         if data_loader.batch_size is None:
-            raise ValueError("the data loader needs a batch_size (the expected batch size)")
+            raise InvalidTrainingOptionError("the data loader needs a batch_size (the expected batch size)")
         dataset = data_loader.dataset
         common = dict(collate_fn=data_loader.collate_fn, num_workers=data_loader.num_workers)
         if not poisson_sampling:
