@@ -4,11 +4,29 @@ A run interrupted after k steps and resumed from its checkpoint continues with t
 and the same noise as the uninterrupted run: the engine's generators (Poisson sampler and
 mechanism noise) and torch's global RNG (dropout, ...) are saved with the accountants' state, so
 no step is counted twice or forgotten.
+
+A checkpoint cannot silently misstate the privacy spent.  Format 2 (this module) is a torch file
+holding ``{"format": 2, "sha256": hex, "payload": uint8 tensor}``: the payload is the
+``torch.save`` serialisation of the whole state, and its SHA-256 is verified before anything is
+unpickled.  Resuming then checks the state against the resuming run
+(:meth:`PrivacyEngine.load_state_dict`): same privacy setup and seed, a step counter within the
+budget, and every accountant's ledger equal to what a fresh accountant records for that many
+steps of that setup.  Anything else is refused with one line naming what differs.
+
+What the hash does and does not do: it catches corrupted and truncated files and naive edits of
+the bytes; it is not a signature, so whoever edits a checkpoint on purpose can recompute it.  The
+ledger checks catch such edits when they are inconsistent (a ledger shortened, emptied or removed,
+a step counter changed without its ledgers, another noise).  A checkpoint edited consistently
+(counter *and* ledgers of the same smaller k, hash recomputed) still passes, as does a file
+crafted to run code when unpickled: load only checkpoints you wrote or trust.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import pickle
 import random
 from pathlib import Path
 from typing import Any, Optional
@@ -19,8 +37,14 @@ from torch import nn
 from torch.optim import Optimizer
 
 from dpnoise.training.engine import PrivacyEngine
+from dpnoise.training.errors import CheckpointError, CheckpointMismatchError
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
+
+#: Keys of the (verified) state inside a checkpoint.
+STATE_KEYS = ("format", "module", "optimizer", "engine", "torch_rng", "numpy_rng", "python_rng", "extra")
+
+_ZIP_MAGIC = b"PK\x03\x04"
 
 
 def save_checkpoint(
@@ -42,28 +66,146 @@ def save_checkpoint(
         "python_rng": random.getstate(),
         "extra": extra or {},
     }
+    write_checkpoint_state(path, state)
+
+
+def write_checkpoint_state(path: str | os.PathLike, state: dict[str, Any]) -> None:
+    """Serialise ``state``, hash it and write the format-2 envelope to ``path`` atomically."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    envelope = {
+        "format": CHECKPOINT_FORMAT,
+        "sha256": hashlib.sha256(payload).hexdigest(),
+        "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8),
+    }
     path = Path(path)
     temporary = path.with_name(path.name + ".tmp")
-    torch.save(state, temporary)
+    torch.save(envelope, temporary)
     os.replace(temporary, path)
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The verified state stored at ``path``, without restoring anything.
+
+    Raises :class:`CheckpointError` (one line with the path and the problem) when the file is
+    missing, empty, not a dpnoise checkpoint, of an older format, truncated, or does not match
+    its SHA-256 hash.
+    """
+    path = Path(path)
+
+    def fail(problem: str) -> CheckpointError:
+        return CheckpointError(f"{path}: {problem}")
+
+    try:
+        with open(path, "rb") as file:
+            head = file.read(len(_ZIP_MAGIC))
+    except FileNotFoundError:
+        raise fail("cannot read checkpoint: no such file") from None
+    except IsADirectoryError:
+        raise fail("cannot read checkpoint: it is a directory") from None
+    except OSError as err:
+        raise fail(f"cannot read checkpoint: {err.strerror or err}") from None
+    if not head:
+        raise fail("not a dpnoise checkpoint: the file is empty")
+    if head != _ZIP_MAGIC:
+        raise fail("not a dpnoise checkpoint: not a torch archive")
+    try:
+        envelope = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights only" in str(err).lower():
+            raise fail(
+                f"not a dpnoise checkpoint of format {CHECKPOINT_FORMAT}: it holds pickled objects, as checkpoints "
+                f"of format 1 (earlier dpnoise, no content hash) did; those cannot be resumed, start the run again"
+            ) from None
+        raise fail(f"truncated or corrupted checkpoint ({_first_line(err)})") from None
+    except Exception as err:  # noqa: BLE001  (torch reports damaged archives with many types)
+        raise fail(f"truncated or corrupted checkpoint ({_first_line(err)})") from None
+
+    if not isinstance(envelope, dict) or "format" not in envelope:
+        raise fail("not a dpnoise checkpoint: no format field")
+    if envelope["format"] != CHECKPOINT_FORMAT:
+        raise fail(f"checkpoint format {envelope['format']!r} is not supported (this dpnoise reads format "
+                   f"{CHECKPOINT_FORMAT} only): start the run again")
+    payload, digest = envelope.get("payload"), envelope.get("sha256")
+    if not (isinstance(payload, torch.Tensor) and payload.dtype == torch.uint8 and payload.dim() == 1
+            and isinstance(digest, str)):
+        raise fail("not a dpnoise checkpoint: no payload and hash")
+    data = payload.numpy().tobytes()
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise fail("checkpoint content does not match its SHA-256 hash (the file is corrupted or was edited)")
+
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001
+        raise fail(f"corrupted checkpoint payload ({_first_line(err)})") from None
+    if not isinstance(state, dict):
+        raise fail("corrupted checkpoint payload (not a dictionary)")
+    missing = [key for key in STATE_KEYS if key not in state]
+    if missing:
+        raise fail(f"incomplete checkpoint: no {', '.join(missing)}")
+    if state["format"] != CHECKPOINT_FORMAT:
+        raise fail(f"inconsistent checkpoint: payload format {state['format']!r} in a format-{CHECKPOINT_FORMAT} file")
+    return state
 
 
 def load_checkpoint(
     path: str | os.PathLike, *, module: nn.Module, optimizer: Optimizer, engine: PrivacyEngine
 ) -> dict[str, Any]:
-    """Restore a checkpoint into objects built by ``make_private`` with the same setup.
+    """Restore a checkpoint into objects built by ``make_private`` with the same setup and seed.
 
-    Checkpoints are pickles: load only files you wrote or trust.
+    The file is verified first (:func:`read_checkpoint`: :class:`CheckpointError`), then the
+    model's parameter names and shapes and the engine state (:meth:`PrivacyEngine.load_state_dict`):
+    any difference raises :class:`CheckpointMismatchError` naming the field, before the model or
+    the engine is changed.  Checkpoints are pickles: load only files you wrote or trust.
 
     Returns the checkpoint's ``extra`` dictionary, with ``"steps"`` (steps already taken) added.
     """
-    state = torch.load(Path(path), weights_only=False)
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path}: not a dpnoise checkpoint (format {state.get('format')!r})")
+    state = read_checkpoint(path)
+    _check_module_state(state["module"], module)
     engine.load_state_dict(state["engine"])
     module.load_state_dict(state["module"])
-    optimizer.load_state_dict(state["optimizer"])
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointMismatchError(f"checkpoint differs from this run in optimizer: {_first_line(err)}") from None
     torch.set_rng_state(state["torch_rng"])
     np.random.set_state(state["numpy_rng"])
     random.setstate(state["python_rng"])
     return {**state["extra"], "steps": engine.steps}
+
+
+def _check_module_state(saved: Any, module: nn.Module) -> None:
+    """Same parameter and buffer names and shapes as ``module`` (else :class:`CheckpointMismatchError`)."""
+    if not isinstance(saved, dict):
+        raise CheckpointMismatchError("checkpoint is inconsistent in model: its state is not a dictionary")
+    current = module.state_dict()
+    only_saved = [key for key in saved if key not in current]
+    only_current = [key for key in current if key not in saved]
+    if only_saved or only_current:
+        raise CheckpointMismatchError(
+            f"checkpoint differs from this run in model: tensors {_names(only_saved)} (checkpoint) "
+            f"vs {_names(only_current)} (this run)"
+        )
+    for key, tensor in current.items():
+        other = saved[key]
+        if not isinstance(tensor, torch.Tensor):
+            continue  # extra state of a layer (any object): its own load_state_dict checks it
+        if not isinstance(other, torch.Tensor) or other.shape != tensor.shape:
+            shape = tuple(other.shape) if isinstance(other, torch.Tensor) else type(other).__name__
+            raise CheckpointMismatchError(
+                f"checkpoint differs from this run in model tensor {key}: {shape} (checkpoint) vs "
+                f"{tuple(tensor.shape)} (this run)"
+            )
+
+
+def _names(keys: list[str], limit: int = 3) -> str:
+    if not keys:
+        return "none"
+    shown = ", ".join(keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -13,6 +13,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Optional
 
+import numpy as np
 import torch
 from opacus import GradSampleModule
 from opacus.data_loader import DPDataLoader
@@ -368,9 +369,10 @@ class PrivacyEngine:
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Accountant states, step count, budget flag and generator states (for checkpoints)."""
+        """Setup, seed, step count, budget flag, accountant states and generator states (for checkpoints)."""
         return {
             "setup": asdict(self.setup),
+            "seed": self.seed,
             "steps": self.steps,
             "budget_exhausted": self.budget_exhausted,
             "accountants": {name: acc.state_dict() for name, acc in self.accountants.items()},
@@ -379,19 +381,95 @@ class PrivacyEngine:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state saved under the same privacy setup (else :class:`CheckpointMismatchError`)."""
-        saved = PrivacySetup(**{**state["setup"], "accountants": tuple(state["setup"]["accountants"])})
-        if saved != self.setup:
-            raise CheckpointMismatchError(
-                f"checkpoint was saved with {saved}, but this engine runs {self.setup}"
-            )
+        """Restore a state saved by a run of this engine's setup and seed, after checking it.
+
+        Refused with :class:`CheckpointMismatchError` (one line naming the field), changing
+        nothing, unless:
+
+        * its privacy setup equals this engine's, field by field, and its seed is ``self.seed``;
+        * its step counter k is an integer with 0 <= k <= ``max_steps`` (when there is a budget),
+          and ``budget_exhausted`` is set only once k reached ``max_steps``;
+        * it holds exactly this engine's accountants, and the state of each one equals the state
+          of a fresh accountant of that name (``get_accountant``, as in ``make_private``) after
+          ``step(**accounting_step_arguments(), steps=k)``: a ledger cannot be shortened, emptied
+          or recorded with other noise without contradicting the step counter or the setup.
+
+        The ledger check assumes that k single steps leave an accountant in the same state as one
+        ``step(steps=k)`` (true of every registered accountant; ``tests/training/test_checkpoint.py``
+        checks it for each).
+        """
+        if self.setup is None:
+            raise EngineStateError("load_state_dict needs an engine set up by make_private (same setup as the checkpoint)")
+        self._check_state(state)
         self.steps = int(state["steps"])
-        self.budget_exhausted = bool(state["budget_exhausted"])
+        self.budget_exhausted = state["budget_exhausted"]
         for name, acc_state in state["accountants"].items():
             self.accountants[name].load_state_dict(acc_state)
         self.noise_generator.set_state(state["noise_generator"])
         self.sampling_generator.set_state(state["sampling_generator"])
 
+    def _check_state(self, state: Any) -> None:
+        """Raise :class:`CheckpointMismatchError` unless ``state`` is a consistent state of this run."""
+
+        def differs(field: str, saved: Any, current: Any) -> CheckpointMismatchError:
+            return CheckpointMismatchError(
+                f"checkpoint differs from this run in {field}: {_describe(saved)} (checkpoint) vs {_describe(current)} (this run)"
+            )
+
+        def inconsistent(field: str, problem: str) -> CheckpointMismatchError:
+            return CheckpointMismatchError(f"checkpoint is inconsistent in {field}: {problem}")
+
+        if not isinstance(state, dict):
+            raise inconsistent("engine state", f"a {type(state).__name__}, not a dictionary")
+        missing = [key for key in ("setup", "seed", "steps", "budget_exhausted", "accountants",
+                                   "noise_generator", "sampling_generator") if key not in state]
+        if missing:
+            raise inconsistent("engine state", f"no {', '.join(missing)}")
+        saved_setup, current_setup = state["setup"], asdict(self.setup)
+        if not isinstance(saved_setup, dict):
+            raise inconsistent("setup", f"a {type(saved_setup).__name__}, not a dictionary")
+        for field in [*current_setup, *(key for key in saved_setup if key not in current_setup)]:
+            saved, current = saved_setup.get(field, _MISSING), current_setup.get(field, _MISSING)
+            if _normalized(saved) != _normalized(current):
+                raise differs(field, saved, current)
+        if state["seed"] != self.seed:
+            raise differs("seed", state["seed"], self.seed)
+
+        steps = state["steps"]
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise inconsistent("steps", f"{steps!r} is not a step count (an integer >= 0)")
+        if self.max_steps is not None and steps > self.max_steps:
+            raise inconsistent("steps", f"{steps} steps taken, but the budget epsilon={self.setup.target_epsilon} "
+                                        f"(delta={self.setup.delta}) allows at most {self.max_steps}")
+        exhausted = state["budget_exhausted"]
+        if not isinstance(exhausted, bool):
+            raise inconsistent("budget_exhausted", f"{exhausted!r} is not True or False")
+        if exhausted and (self.max_steps is None or steps < self.max_steps):
+            allowed = "no budget" if self.max_steps is None else f"a budget of {self.max_steps} steps"
+            raise inconsistent("budget_exhausted", f"set after {steps} steps with {allowed}")
+
+        saved_accountants = state["accountants"]
+        if not isinstance(saved_accountants, dict):
+            raise inconsistent("accountants", f"a {type(saved_accountants).__name__}, not a dictionary")
+        if set(saved_accountants) != set(self.accountants):
+            raise differs("accountants", tuple(saved_accountants), tuple(self.accountants))
+        arguments = self.accounting_step_arguments()
+        for name in self.accountants:
+            expected = get_accountant(name)
+            if steps:
+                expected.step(**arguments, steps=steps)
+            if not _same_state(saved_accountants[name], expected.state_dict()):
+                recorded = _ledger_steps(name, saved_accountants[name])
+                if recorded is not None and recorded != steps:
+                    raise inconsistent(f"accountant {name!r}", f"its ledger records {recorded} steps, "
+                                                              f"but the step counter says {steps}")
+                raise inconsistent(f"accountant {name!r}", f"its ledger is not {steps} steps of this run's "
+                                                          f"privacy setup ({_describe_arguments(arguments)})")
+        for name in ("noise_generator", "sampling_generator"):
+            try:
+                torch.Generator().set_state(state[name])
+            except (RuntimeError, TypeError) as err:
+                raise inconsistent(name, f"not a generator state ({str(err).splitlines()[0]})") from None
 
 def make_private(
     module: nn.Module, optimizer: Optimizer, data_loader: DataLoader, *, seed: Optional[int] = None, **options: Any
@@ -405,3 +483,58 @@ def make_private(
     private_module, private_optimizer, private_loader = engine.make_private(module, optimizer, data_loader, **options)
     private_optimizer.privacy_engine = engine
     return private_module, private_optimizer, private_loader
+
+
+# --------------------------------------------------------------------------------- state checks
+_MISSING = type("Missing", (), {"__repr__": lambda self: "missing"})()
+
+
+def _normalized(value: Any) -> Any:
+    """``value`` with lists as tuples (a saved tuple may come back as a list)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_normalized(v) for v in value)
+    return value
+
+
+def _describe(value: Any) -> str:
+    """A short, one-line rendering of a setup value for error messages."""
+    if value is _MISSING:
+        return "missing"
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_describe(v) for v in value) or "none"
+    if isinstance(value, str):
+        return value
+    return repr(value)
+
+
+def _describe_arguments(arguments: dict[str, Any]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in arguments.items())
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    """Exact equality of two state dictionaries (nested dicts, lists, tuples, arrays, tensors, numbers)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_state(a[key], b[key]) for key in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
+            and a.dtype == b.dtype and bool(torch.equal(a, b))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape \
+            and a.dtype == b.dtype and bool(np.array_equal(a, b))
+    if type(a) is bool or type(b) is bool:
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+def _ledger_steps(name: str, state: Any) -> Optional[int]:
+    """Steps recorded in a saved accountant state (None when it cannot be read)."""
+    try:
+        accountant = get_accountant(name)
+        accountant.load_state_dict(state)
+        return int(accountant.steps)
+    except Exception:  # noqa: BLE001  (a malformed state simply has no readable step count)
+        return None
