@@ -207,5 +207,8 @@ def _names(keys: list[str], limit: int = 3) -> str:
 
 
 def _first_line(err: BaseException) -> str:
+    """The first sentence of an error's message (torch appends paragraphs of advice)."""
     text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    if not text:
+        return type(err).__name__
+    return text.splitlines()[0].split(". ")[0].rstrip(".")
