@@ -6,6 +6,7 @@ import warnings
 from typing import Optional, Sequence
 
 from dpnoise.accounting import ACCOUNTANTS, UnsoundAccountantWarning, get_accountant
+from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.audit import pld
 
 __all__ = ["audit_bound", "PLD_PAIR"]
@@ -29,7 +30,7 @@ def audit_bound(
     """claimed_epsilon of ``accountant`` vs the exact lower bound; consistent iff lower <= claimed."""
     spec = ACCOUNTANTS[accountant] if accountant in ACCOUNTANTS else None
     if spec is None:
-        raise ValueError(f"unknown accountant {accountant!r}; choose from {sorted(ACCOUNTANTS)}")
+        raise InvalidParameterError(f"unknown accountant {accountant!r}; choose from {sorted(ACCOUNTANTS)}")
     if spec.mechanism == "dirichlet" and alpha is None:
         alpha = 1.0
     acc = get_accountant(accountant)

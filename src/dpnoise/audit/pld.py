@@ -39,6 +39,8 @@ import scipy.fft
 import scipy.special
 from scipy.stats import norm
 
+from dpnoise.accounting.validation import InvalidParameterError
+
 __all__ = [
     "ShiftLaws",
     "LossDistribution",
@@ -210,6 +212,10 @@ def laplace_shift_laws(t: float, k: int = 1, grid: int = 1 << 20) -> ShiftLaws:
     return ShiftLaws(t / m, p0, pv, slack)
 
 
+#: most grid cells of a per-step privacy-loss law (float64: 1 GiB); finer loss steps are refused
+MAX_LOSS_CELLS = 1 << 27
+
+
 def subsampled_loss_distribution(
     laws: ShiftLaws, sample_rate: float, direction: str, step: float
 ) -> LossDistribution:
@@ -227,8 +233,22 @@ def subsampled_loss_distribution(
     elif direction == "remove":
         loss, mass = -mix, laws.pv[::-1]
     else:
-        raise ValueError(f"direction must be 'add' or 'remove', got {direction!r}")
-    idx = np.floor(loss / step).astype(np.int64)
+        raise InvalidParameterError(f"direction must be 'add' or 'remove', got {direction!r}")
+    finite = np.isfinite(loss)
+    if not finite.all():  # cells of zero mass may be dropped; any other is an error
+        if np.any(mass[~finite] > 0):
+            raise InvalidParameterError(
+                "the per-step privacy loss is not finite on the grid (noise too small for a numerical lower bound)")
+        loss, mass = loss[finite], mass[finite]
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = np.floor(loss / step)
+    cells = float(scaled.max() - scaled.min()) + 1.0
+    if not np.isfinite(cells) or cells > MAX_LOSS_CELLS:
+        raise InvalidParameterError(
+            f"the per-step privacy loss spans [{loss.min():.3g}, {loss.max():.3g}]: at loss step {step:.3g} that is "
+            f"{cells:.3g} grid cells (at most {MAX_LOSS_CELLS}); use a larger loss step or fewer steps"
+        )
+    idx = scaled.astype(np.int64)
     offset = int(idx.min())
     binned = np.bincount(idx - offset, weights=mass)
     return LossDistribution(step, offset, binned, laws.slack)
@@ -268,7 +288,7 @@ def compose(dist: LossDistribution, steps: int, max_grid: int = 1 << 24) -> Loss
     lo_i, hi_i = int(np.floor(lo / dist.step)), int(np.ceil(hi / dist.step))
     n = scipy.fft.next_fast_len(hi_i - lo_i + 1, real=True)
     if n > max_grid:
-        raise ValueError(
+        raise InvalidParameterError(
             f"composition window needs {n} grid points (> max_grid={max_grid}); "
             "use a coarser loss step"
         )
@@ -319,6 +339,15 @@ def shift_laws(
     grid: int = 1 << 20,
 ) -> ShiftLaws:
     """The worst-case pair's Y laws for ``mechanism`` (see module docstring for the pairs)."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        laws = _shift_laws(mechanism, noise, clip, k, alpha, grid)
+    if not (np.isfinite(laws.step) and laws.step > 0):
+        raise InvalidParameterError(
+            f"noise {noise:g} (clip {clip:g}) is out of the numerical range of the {mechanism} lower bound")
+    return laws
+
+
+def _shift_laws(mechanism: str, noise: float, clip: float, k: int, alpha: float | None, grid: int) -> ShiftLaws:
     if mechanism == "gaussian":
         return gaussian_shift_laws(noise, grid)
     if mechanism == "laplace-l1":
@@ -327,9 +356,9 @@ def shift_laws(
         return laplace_shift_laws(clip / (np.sqrt(k) * noise), k, grid)
     if mechanism == "dirichlet":
         if alpha is None:
-            raise ValueError("the dirichlet pair needs alpha")
+            raise InvalidParameterError("the dirichlet pair needs alpha")
         return dirichlet_shift_laws(noise, alpha, grid)
-    raise ValueError(f"unknown mechanism {mechanism!r}; expected one of {MECHANISMS}")
+    raise InvalidParameterError(f"unknown mechanism {mechanism!r}; expected one of {MECHANISMS}")
 
 
 def epsilon_lower_bound(
@@ -384,10 +413,10 @@ def lower_bound(
     if mechanism == "lap2":
         if ks is None:
             if params is None:
-                raise ValueError("lap2 needs params (or an explicit k grid)")
+                raise InvalidParameterError("lap2 needs params (or an explicit k grid)")
             ks = default_k_grid(params)
         if params is not None and max(ks) > params:
-            raise ValueError(f"k = {max(ks)} exceeds the number of parameters {params}")
+            raise InvalidParameterError(f"k = {max(ks)} exceeds the number of parameters {params}")
     else:
         ks = [1]
     step = loss_step if loss_step is not None else min(1e-3, 0.02 / steps)

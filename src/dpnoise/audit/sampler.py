@@ -23,6 +23,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.audit.claims import audit_record, claimed_epsilons
 from dpnoise.audit.stats import threshold_audit
 from dpnoise.mechanisms import clip_factors, clipped_sum, get_mechanism, per_example_norms
@@ -51,7 +52,7 @@ SCORE_DECIMALS = 9
 def likelihood_ratio(mechanism: str, x: np.ndarray, shift: np.ndarray, noise: float, clip: float) -> np.ndarray:
     """log(p_shift(x)/p_0(x)) per row of ``x`` under the claimed noise, rounded to 1e-9."""
     if mechanism == "gaussian":
-        score = (x @ shift - shift @ shift / 2.0) / (noise * clip) ** 2
+        score = (x @ shift - shift @ shift / 2.0) / np.float64(noise * clip) ** 2  # inf, not OverflowError
     else:
         score = (np.abs(x) - np.abs(x - shift)).sum(axis=1) / noise
     return np.round(score, SCORE_DECIMALS)
@@ -69,7 +70,7 @@ def audit_sampler(
     lower_bound_epsilon, confidence, consistent, and the test's rates.
     """
     if mechanism not in GRADIENT_MECHANISMS:
-        raise ValueError(f"sampler audit supports {GRADIENT_MECHANISMS}, got {mechanism!r}")
+        raise InvalidParameterError(f"sampler audit supports {GRADIENT_MECHANISMS}, got {mechanism!r}")
     mech = get_mechanism(mechanism)
     sampler = sample_noise or mech.sample_noise
     gen = torch.Generator().manual_seed(seed)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from dpnoise.accounting import OUTPUT_PRIVACY_SCOPE
+from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.audit.claims import audit_record, claimed_epsilons
 from dpnoise.audit.sampler import likelihood_ratio
 from dpnoise.audit.stats import one_run_epsilon, threshold_audit
@@ -74,7 +75,7 @@ def audit_one_run(
     """One-run white-box canary audit of DP-SGD training with ``mechanism`` (gaussian, lap2, laplace-l1)."""
     mech = get_mechanism(mechanism)
     if mech.releases != "gradients":
-        raise ValueError(f"one-run audit needs a gradient mechanism, got {mechanism!r}")
+        raise InvalidParameterError(f"one-run audit needs a gradient mechanism, got {mechanism!r}")
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     x_real, y_real = _generated_data(examples, features, classes, rng)
@@ -127,7 +128,7 @@ def audit_dirichlet_leakage(
     of the other batch members' features.  Requires batch < features (the leaking regime).
     """
     if batch >= features:
-        raise ValueError("the span test needs batch < features (otherwise the others span everything)")
+        raise InvalidParameterError("the span test needs batch < features (otherwise the others span everything)")
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     feature_map = nn.Sequential(nn.Linear(inputs, features), nn.Tanh()).double().requires_grad_(False)

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from dpnoise.accounting import UnreachableTargetError
+from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.data import dataset_info
+from dpnoise.experiments.errors import PlanMismatchError
 from dpnoise.experiments.records import RunSpec, record_path, write_record
 
 logger = logging.getLogger(__name__)
@@ -134,7 +136,7 @@ def build_record(spec: RunSpec, metrics: Optional[dict[str, Any]], reason: Optio
         return record
     summary = metrics["summary"]
     if summary["planned_steps"] != spec.steps:
-        raise RuntimeError(f"{spec.name}: dpnoise train planned {summary['planned_steps']} steps, not {spec.steps}")
+        raise PlanMismatchError(f"{spec.name}: dpnoise train planned {summary['planned_steps']} steps, not {spec.steps}")
     record.update({key: summary[source] for key, source in RECORD_FROM_SUMMARY.items()})
     record["kappa_at_0_9"] = summary.get("kappa_at_0.9")  # Dirichlet runs only
     record["grad_sample_mode"] = summary.get("grad_sample_mode")  # None in records made before it was recorded
@@ -261,7 +263,7 @@ def run_specs(specs: Iterable[RunSpec], results_dir: Path, work_dir: Path, *,
     exceed the machine's cores.  With ``jobs`` > 1, frozen-encoder features are computed first, here,
     on all ``jobs * threads`` threads (:func:`warm_feature_caches`)."""
     if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
+        raise InvalidParameterError(f"jobs must be >= 1, got {jobs}")
     specs = list(specs)
     if jobs > 1:
         warm_feature_caches(specs, results_dir, work_dir, jobs * threads)
