@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dpnoise.accounting import ACCOUNTANTS
-from dpnoise.cli.common import emit
+from dpnoise.cli import checks
 
 GRADIENT_MECHANISMS = ["gaussian", "lap2", "laplace-l1"]
+#: --grid of ``audit bound``: the coarse k scan uses grid / 8 points, and 2**26 points already take
+#: gigabytes in the FFT composition
+GRID_RANGE = (64, 1 << 26)
+#: ``audit sampler`` holds --trials x --dim noise draws (float64) several times in memory
+MAX_SAMPLER_DRAWS = 10**8
+#: ``audit training`` holds --canaries^2 x 2 gradient entries (float64)
+MAX_CANARIES = 10_000
 
 
 def _common(p: argparse.ArgumentParser, statistical: bool) -> None:
@@ -33,8 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                          description="Exact (discretised, rounded down) privacy-loss-distribution "
                          "lower bound of the Poisson-subsampled mechanism composed over T steps for "
                          "a feasible worst-case pair, versus the accountant's epsilon.")
-    b.add_argument("--mechanism", required=True, choices=sorted(ACCOUNTANTS),
-                   help="accountant whose claim is checked (lap2-paper: the seed's published one)")
+    b.add_argument("--mechanism", required=True, metavar="ACCOUNTANT",
+                   help="accountant whose claim is checked, any of `dpnoise account`'s (e.g. gaussian, "
+                   "laplace-l1, lap2, lap2-paper: the seed's published one, dirichlet)")
     b.add_argument("--noise", type=float, required=True,
                    help="sigma (gaussian, multiplier of C), absolute Laplace scale b (lap2*, "
                    "laplace-l1) or Dirichlet scale r (dirichlet*)")
@@ -93,6 +100,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _report(result: dict[str, Any], as_json: bool) -> int:
+    from dpnoise.cli.common import emit
+
     keys = ["audit", "mechanism", "accountant", "claimed_epsilon", "lower_bound_epsilon", "confidence",
             "consistent", "worst_pair", "warning", "scope"]
     lines = [f"{k}: {result[k]}" for k in keys if result.get(k) is not None]
@@ -100,10 +109,89 @@ def _report(result: dict[str, Any], as_json: bool) -> int:
     return 0
 
 
+def check_common(args: argparse.Namespace, statistical: bool) -> None:
+    checks.check_delta("--delta", args.delta)
+    if statistical:
+        checks.fraction("--confidence", args.confidence, low_open=True)
+        checks.seed("--seed", args.seed)
+
+
+def parse_ks(text: str, params: int | None) -> list[int]:
+    """--k: comma-separated support sizes, each in [1, --params]."""
+    ks = []
+    for item in text.split(","):
+        try:
+            k = int(item.strip())
+        except ValueError:
+            raise checks.InvalidParameterError(
+                f"--k must be comma-separated integers, e.g. 1,16,256; got {text!r}") from None
+        ks.append(checks.check_count("--k", k, 1))
+    if params is not None and max(ks) > params:
+        raise checks.InvalidParameterError(f"--k values must be <= --params ({params}), got {max(ks)}")
+    return ks
+
+
+def check_bound(args: argparse.Namespace) -> list[int] | None:
+    """Check the options of ``audit bound``; return the parsed --k (None: the default grid)."""
+    from dpnoise.accounting import ACCOUNTANTS
+
+    if args.mechanism not in ACCOUNTANTS:
+        raise checks.InvalidParameterError(
+            f"--mechanism {args.mechanism!r} is not an accountant; choose from {', '.join(sorted(ACCOUNTANTS))}")
+    checks.check_positive("--noise", args.noise)
+    checks.check_positive("--clip", args.clip)
+    checks.check_sample_rate("--sample-rate", args.sample_rate)
+    checks.check_count("--steps", args.steps, 1)
+    checks.optional(checks.check_count, "--params", args.params, 1)
+    checks.optional(checks.check_positive, "--alpha", args.alpha)
+    checks.count_in("--grid", args.grid, *GRID_RANGE)
+    checks.optional(checks.check_positive, "--loss-step", args.loss_step)
+    check_common(args, statistical=False)
+    ks = parse_ks(args.k, args.params) if args.k is not None else None
+    if ACCOUNTANTS[args.mechanism].mechanism == "lap2" and ks is None and args.params is None:
+        raise checks.InvalidParameterError(f"--params (or --k) is required for --mechanism {args.mechanism}")
+    return ks
+
+
+def check_sampler(args: argparse.Namespace) -> None:
+    checks.check_positive("--noise", args.noise)
+    checks.check_positive("--clip", args.clip)
+    checks.check_count("--dim", args.dim, 1)
+    checks.check_count("--trials", args.trials, 2)  # half select the threshold, half test it
+    if args.dim * args.trials > MAX_SAMPLER_DRAWS:
+        raise checks.InvalidParameterError(
+            f"--trials x --dim must be <= {MAX_SAMPLER_DRAWS:.0e} (memory), got {args.trials} x {args.dim}")
+    check_common(args, statistical=True)
+
+
+def check_training(args: argparse.Namespace) -> None:
+    checks.check_positive("--noise", args.noise)
+    checks.check_positive("--clip", args.clip)
+    checks.check_sample_rate("--sample-rate", args.sample_rate)
+    checks.check_count("--steps", args.steps, 1)
+    checks.count_in("--canaries", args.canaries, 2, MAX_CANARIES)
+    checks.count_in("--guesses", args.guesses, 2, args.canaries)
+    if args.guesses % 2:
+        raise checks.InvalidParameterError(f"--guesses must be even (half 'in', half 'out'), got {args.guesses}")
+    check_common(args, statistical=True)
+
+
+def check_dirichlet(args: argparse.Namespace) -> None:
+    checks.check_positive("--noise", args.noise)
+    checks.check_positive("--alpha", args.alpha)
+    checks.check_count("--batch", args.batch, 1)
+    checks.check_count("--features", args.features, 2)
+    if args.batch >= args.features:
+        raise checks.InvalidParameterError(
+            f"--batch must be < --features (otherwise the others span everything), got {args.batch} >= {args.features}")
+    checks.check_count("--trials", args.trials, 2)  # half select the threshold, half test it
+    check_common(args, statistical=True)
+
+
 def run_bound(args: argparse.Namespace) -> int:
+    ks = check_bound(args)
     from dpnoise.audit.bound import audit_bound
 
-    ks = [int(k) for k in args.k.split(",")] if args.k else None
     return _report(audit_bound(
         args.mechanism, args.noise, args.sample_rate, args.steps, args.delta, clip=args.clip,
         params=args.params, alpha=args.alpha, ks=ks, grid=args.grid, loss_step=args.loss_step,
@@ -111,6 +199,7 @@ def run_bound(args: argparse.Namespace) -> int:
 
 
 def run_sampler(args: argparse.Namespace) -> int:
+    check_sampler(args)
     from dpnoise.audit.sampler import audit_sampler
 
     return _report(audit_sampler(
@@ -120,6 +209,7 @@ def run_sampler(args: argparse.Namespace) -> int:
 
 
 def run_training(args: argparse.Namespace) -> int:
+    check_training(args)
     from dpnoise.audit.training import audit_one_run
 
     return _report(audit_one_run(
@@ -130,6 +220,7 @@ def run_training(args: argparse.Namespace) -> int:
 
 
 def run_dirichlet(args: argparse.Namespace) -> int:
+    check_dirichlet(args)
     from dpnoise.audit.training import audit_dirichlet_leakage
 
     return _report(audit_dirichlet_leakage(

@@ -1,6 +1,12 @@
 """The ``dpnoise`` command line: one module per subcommand, each exposing ``register(subparsers)``.
 
-Invalid input exits with status 2 and one line naming the parameter.
+Invalid input exits with status 2 and one line ``dpnoise <command>: error: ...`` naming the
+parameter: argparse's own errors, and every :class:`~dpnoise.errors.DpnoiseError` (the package's
+deliberate errors).  Anything else is a bug and shows its traceback.
+
+Registering a subcommand imports no torch, Opacus or matplotlib: the subcommand modules import
+them inside their run functions, so ``dpnoise account``, ``dpnoise calibrate`` and ``--help`` start
+fast.
 """
 
 from __future__ import annotations
@@ -11,14 +17,21 @@ import warnings
 from importlib import import_module
 from typing import Optional, Sequence
 
-from dpnoise.accounting.validation import InvalidParameterError
+from dpnoise.errors import DpnoiseError
 
 #: Subcommand modules (``dpnoise.cli.<name>``), in --help order.
 SUBCOMMANDS = ["account", "calibrate", "walls", "audit", "train", "reproduce"]
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, ``<prog>: error: <message>`` (status 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="dpnoise",
         description="Differentially private deep learning with Lap2 (L2-clipped Laplace) and "
         "Dirichlet-mechanism training, with sound, cross-checked privacy accounting.",
@@ -33,14 +46,31 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:  # n
     return f"WARNING: {message}\n"
 
 
+def one_line(message: str) -> str:
+    """``message`` on one line: its lines joined with "; " (just a space after a colon)."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    joined = ""
+    for line in lines:
+        joined += ("" if not joined else " " if joined.endswith(":") else "; ") + line
+    return joined
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """``dpnoise <command>`` (with the audit kind for ``dpnoise audit``), for error lines."""
+    words = ["dpnoise", args.command]
+    if getattr(args, "audit", None):
+        words.append(args.audit)
+    return " ".join(words)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     warnings.formatwarning = _format_warning
     try:
         return int(args.func(args) or 0)
-    except (InvalidParameterError, ValueError) as err:
-        print(f"dpnoise {args.command}: error: {err}", file=sys.stderr)
+    except DpnoiseError as err:
+        print(f"{command_name(args)}: error: {one_line(str(err))}", file=sys.stderr)
         return 2
 
 

@@ -7,11 +7,19 @@ import logging
 from pathlib import Path
 from typing import Optional, Sequence
 
-from dpnoise.experiments import plans, reports
-from dpnoise.experiments.records import RunSpec
-from dpnoise.experiments.runner import DEFAULT_THREADS, default_jobs, run_specs
+from typing import TYPE_CHECKING
+
+from dpnoise.cli import checks
+
+if TYPE_CHECKING:
+    from dpnoise.experiments.records import RunSpec
 
 DEFAULT_SEEDS = (0, 1, 2)
+#: Choices and defaults kept here so that building the parser imports no torch (importing
+#: dpnoise.experiments loads the runner, which loads the datasets); a test checks them against
+#: dpnoise.experiments.plans.EXPERIMENTS and dpnoise.experiments.runner.DEFAULT_THREADS.
+EXPERIMENT_CHOICES = ("table2", "finetune", "dirichlet", "figures")
+DEFAULT_THREADS = 1
 EXAMPLES = """examples:
   # seed 1 Table II on Fashion-MNIST, one seed, two epsilons (T = 5860 steps per run), one run per core
   dpnoise reproduce --experiment table2 --dataset fashion-mnist --quick
@@ -38,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--experiment", required=True, choices=plans.EXPERIMENTS)
+    p.add_argument("--experiment", required=True, choices=EXPERIMENT_CHOICES)
     p.add_argument("--dataset", nargs="+",
                    help="datasets (default: table2 fashion-mnist mnist; dirichlet mnist fashion-mnist cifar10-jpeg; "
                    "finetune cifar10-jpeg sst2)")
@@ -63,9 +71,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch threads per run (default 1)")
     p.add_argument("--jobs", type=int,
                    help="runs trained at the same time, each in its own process (default: the usable CPU "
-                   f"cores divided by --threads, at least 1; {default_jobs()} here with one thread)")
+                   f"cores divided by --threads, at least 1; {usable_cores()} here with one thread)")
     p.add_argument("--dry-run", action="store_true", help="list the runs (and whether they are done), train nothing")
     p.set_defaults(func=run)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (as :func:`dpnoise.experiments.runner.usable_cores`)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def choose(given: Optional[Sequence], default: Sequence, quick: bool = False) -> list:
@@ -77,6 +92,8 @@ def choose(given: Optional[Sequence], default: Sequence, quick: bool = False) ->
 
 def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
     """The runs of ``args.experiment`` in execution order."""
+    from dpnoise.experiments import plans
+
     quick = args.quick
     seeds = args.seeds or (DEFAULT_SEEDS[:1] if quick else DEFAULT_SEEDS)
     if args.experiment == "table2":
@@ -94,15 +111,55 @@ def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
         specs = plans.finetune_specs(choose(args.dataset, tuple(plans.FINETUNE_TASKS)), args.epsilons, seeds,
                                      args.steps, quick)
     if args.columns:
+        offered = sorted({s.calibrated_with for s in specs})
+        unknown = [c for c in args.columns if c not in offered]
+        if unknown:
+            raise checks.InvalidParameterError(
+                f"--columns {' '.join(unknown)}: not a column of {args.experiment}; choose from {' '.join(offered)}")
         specs = [s for s in specs if s.calibrated_with in args.columns]
     return specs
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Check every option before anything is planned, trained or written; errors name the flag."""
+    checks.each(checks.seed, "--seeds", args.seeds)
+    checks.each(checks.check_positive, "--epsilons", args.epsilons)
+    checks.optional(checks.check_count, "--steps", args.steps, 1)
+    checks.check_count("--threads", args.threads, 1)
+    checks.optional(checks.check_count, "--jobs", args.jobs, 1)
+    if args.dataset and args.experiment != "figures":
+        from dpnoise.cli.train import DATASET_CHOICES
+        from dpnoise.experiments import plans
+
+        offered = tuple(plans.FINETUNE_TASKS) if args.experiment == "finetune" else \
+            tuple(d for d in DATASET_CHOICES if d != "sst2")  # table2 and dirichlet train image CNNs/ResNets
+        for dataset in args.dataset:
+            if dataset not in offered:
+                raise checks.InvalidParameterError(
+                    f"--dataset {dataset}: not a dataset of {args.experiment}; choose from {' '.join(offered)}")
+    if args.dry_run:
+        return  # nothing is written
+    checks.output_folder("--figures-dir", args.figures_dir)
+    if args.experiment != "figures":
+        checks.output_folder("--results-dir", args.results_dir)
+        checks.output_folder("--work-dir", args.work_dir)
+    if args.page and args.page.is_file():
+        checks.output_file("--page", args.page)
+
+
 def run(args: argparse.Namespace) -> int:
+    check_options(args)
+    from dpnoise.experiments import reports
+    from dpnoise.experiments.runner import default_jobs, run_specs
+
     # force: an imported library may already have put a WARNING-level handler on the root logger
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", force=True)
-    args.figures_dir.mkdir(parents=True, exist_ok=True)
+    if args.experiment == "figures" and args.dry_run:
+        print(f"figures: nothing to train; would redraw every table and figure from {args.results_dir} "
+              f"into {args.figures_dir}")
+        return 0
     if args.experiment == "figures":
+        args.figures_dir.mkdir(parents=True, exist_ok=True)
         written = reports.write_aggregates(args.results_dir) if args.results_dir.exists() else []
         written += reports.accounting_figures(args.figures_dir)
         for report in reports.REPORTS.values():
@@ -115,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
         for spec in specs:
             print(f"{'done' if record_path(args.results_dir, spec).exists() else 'todo'}  {spec.name}")
         return 0
+    args.figures_dir.mkdir(parents=True, exist_ok=True)
     run_specs(specs, args.results_dir, args.work_dir, threads=args.threads,
               jobs=args.jobs or default_jobs(args.threads))
     written = reports.write_aggregates(args.results_dir) + reports.REPORTS[args.experiment](args.results_dir,
@@ -124,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
 
 def finish(args: argparse.Namespace, written: list[Path]) -> int:
     """Report what was written, and refresh the generated tables on the results page."""
+    from dpnoise.experiments import reports
+
     print("wrote " + ", ".join(map(str, written)))
     if args.page and args.page.is_file():
         stems = reports.splice_into_page(args.page, written)

@@ -1,4 +1,8 @@
-"""``dpnoise train``: train a model privately on a packaged dataset and report accuracy and epsilon."""
+"""``dpnoise train``: train a model privately on a packaged dataset and report accuracy and epsilon.
+
+Every option is checked (finite, in range, paths usable) before any data is loaded; torch, Opacus
+and the data/model registries are imported only when the command runs.
+"""
 
 from __future__ import annotations
 
@@ -9,33 +13,30 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-from torch.nn import functional as F
-from torch.utils.data import DataLoader, Dataset
+from dpnoise.cli import checks
 
-from dpnoise.accounting import ACCOUNTANTS, UnsoundAccountantWarning
-from dpnoise.data import DATASETS, DatasetNotAvailableError, dataset_info, load_dataset
-from dpnoise.mechanisms import MECHANISMS, dirichlet_learning_rate, kappa
-from dpnoise.models import MODELS, FeatureClassifier, ModelNotAvailableError, build_model, extract_features
-from dpnoise.mechanisms.dirichlet import KAPPA_REFERENCE_PROBABILITY
-from dpnoise.training import (
-    GRAD_SAMPLE_MODES,
-    CheckpointMismatchError,
-    PrivacyBudgetExceededError,
-    PrivacyEngine,
-    endless_batches,
-    evaluate_accuracy,
-    load_checkpoint,
-    save_checkpoint,
-    train_steps,
-)
-from dpnoise.training.loop import StepMetrics
-from dpnoise.training.report import EpochRecord, RunHistory, StepRecord, write_run_outputs
+if TYPE_CHECKING:  # annotations only: torch is imported when the command runs
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+
+    from dpnoise.models import FeatureClassifier
+    from dpnoise.training import PrivacyEngine
+    from dpnoise.training.report import RunHistory
 
 DEFAULT_LR = {"adam": 1e-3, "sgd": 0.1}
+#: Choices of the options, kept here so that building the parser imports no torch (a test checks
+#: them against dpnoise.data.DATASETS, dpnoise.models.MODELS, dpnoise.mechanisms.MECHANISMS and
+#: dpnoise.training.GRAD_SAMPLE_MODES).
+DATASET_CHOICES = ("cifar10-jpeg", "digits", "fashion-mnist", "mnist", "sst2")
+MODEL_CHOICES = ("cnn", "resnet-gn", "resnet-gn-small", "minilm", "minilm-features", "efficientnet-lite0-features")
+TEXT_MODELS = ("minilm", "minilm-features")
+MECHANISM_CHOICES = ("dirichlet", "gaussian", "lap2", "laplace-l1", "penultimate-gaussian")
+GRAD_SAMPLE_MODE_CHOICES = ("auto", "bookkeeping", "hooks")
+#: MiniLM-L6 has 512 positions; [CLS] and [SEP] take two
+MAX_LENGTH_RANGE = (2, 512)
 CHECKPOINT_NAME = "checkpoint.pt"
 EVAL_BATCH_SIZE = 1000
 EXAMPLES = """examples:
@@ -64,9 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = p.add_argument_group("what to train")
-    what.add_argument("--dataset", required=True, choices=sorted(DATASETS),
+    what.add_argument("--dataset", required=True, choices=DATASET_CHOICES,
                       help="packaged dataset (a missing one is reported with its install command)")
-    what.add_argument("--model", default="cnn", choices=MODELS,
+    what.add_argument("--model", default="cnn", choices=MODEL_CHOICES,
                       help="cnn: the seeds' 4-layer CNN (default); resnet-gn: GroupNorm ResNet (0.31M parameters; "
                       "resnet-gn-small: half width, 78k); minilm: "
                       "MiniLM-L6 for sst2 (last encoder block, pooler and head trained); minilm-features: "
@@ -79,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--max-length", type=int, default=64, help="token length for text datasets (default 64)")
 
     privacy = p.add_argument_group("privacy")
-    privacy.add_argument("--mechanism", required=True, choices=sorted(MECHANISMS),
+    privacy.add_argument("--mechanism", required=True, choices=MECHANISM_CHOICES,
                          help="gaussian: DP-SGD (L2 clipping, Gaussian noise); lap2: L2 clipping, Laplace "
                          "noise; laplace-l1: exact L1 clipping, Laplace noise; dirichlet: Dirichlet output "
                          "mechanism (inputs private, labels public); penultimate-gaussian: clipped, noised "
@@ -103,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     privacy.add_argument("--calibrate-with",
                          help="accountant used to calibrate the noise (default: the primary); "
                          "'lap2-paper' is allowed for reproducing the seed but warned: it is not a valid bound")
-    privacy.add_argument("--grad-sample-mode", choices=GRAD_SAMPLE_MODES, default="auto",
+    privacy.add_argument("--grad-sample-mode", choices=GRAD_SAMPLE_MODE_CHOICES, default="auto",
                          help="per-example gradients of gradient mechanisms: 'hooks' (Opacus, every layer "
                          "materialised), 'bookkeeping' (dense layers clipped without materialising; same "
                          "clipped sums, faster) or 'auto' (default: bookkeeping where every layer supports it)")
@@ -136,16 +137,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point; known failures print one line and exit with status 2."""
-    try:
-        return train(args)
-    except (DatasetNotAvailableError, ModelNotAvailableError, PrivacyBudgetExceededError, CheckpointMismatchError) as err:
-        print(f"dpnoise train: error: {err}", file=sys.stderr)
-        return 2
+    """Entry point; known failures (:class:`~dpnoise.errors.DpnoiseError`) become one line and
+    exit status 2 in :func:`dpnoise.cli.main.main`."""
+    return train(args)
 
 
 def load_splits(args: argparse.Namespace, normalize: bool = True) -> tuple[Dataset, Dataset]:
     """Train and test datasets of (input, label) tensors; text is tokenised for MiniLM."""
+    from dpnoise.data import dataset_info, load_dataset
+
     train_set = load_dataset(args.dataset, "train", args.data_root, limit=args.limit, normalize=normalize)
     test_set = load_dataset(args.dataset, "test", args.data_root, limit=args.test_limit, normalize=normalize)
     if dataset_info(args.dataset).modality == "text":
@@ -159,6 +159,9 @@ def load_splits(args: argparse.Namespace, normalize: bool = True) -> tuple[Datas
 
 def model_for_dataset(args: argparse.Namespace) -> nn.Module:
     """``args.model`` sized for ``args.dataset`` (classes, channels, image side)."""
+    from dpnoise.data import dataset_info
+    from dpnoise.models import build_model
+
     info = dataset_info(args.dataset)
     image = info.modality == "image"
     return build_model(args.model, num_classes=info.num_classes,
@@ -168,6 +171,8 @@ def model_for_dataset(args: argparse.Namespace) -> nn.Module:
 
 def frozen_features(model: FeatureClassifier, args: argparse.Namespace) -> tuple[Dataset, Dataset]:
     """Train and test features of ``model``'s frozen encoder (computed once, then read from the cache)."""
+    from dpnoise.models import extract_features
+
     train_inputs, test_inputs = load_splits(args, normalize=False)
     return extract_features(model, train_inputs), extract_features(model, test_inputs)
 
@@ -179,6 +184,8 @@ def prepare_model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Dataset
     BatchNorm in eval mode, or MiniLM-L6 sentence embeddings) maps each example to features once,
     and only the linear head is trained privately.
     """
+    from dpnoise.models import FeatureClassifier
+
     model = model_for_dataset(args)
     if not isinstance(model, FeatureClassifier):
         return (model, *load_splits(args))
@@ -186,6 +193,8 @@ def prepare_model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Dataset
 
 
 def build_optimizer(args: argparse.Namespace, model: nn.Module) -> torch.optim.Optimizer:
+    import torch
+
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
     trainable = [p for p in model.parameters() if p.requires_grad]
     if args.optimizer == "adam":
@@ -195,6 +204,8 @@ def build_optimizer(args: argparse.Namespace, model: nn.Module) -> torch.optim.O
 
 def apply_dirichlet_learning_rate(args: argparse.Namespace, optimizer: torch.optim.Optimizer, engine: PrivacyEngine) -> None:
     """With --effective-lr: lr = effective lr / kappa(0.9; r, alpha) (spec dirichlet.md §4)."""
+    from dpnoise.mechanisms import dirichlet_learning_rate
+
     if args.effective_lr is None:
         return
     lr = dirichlet_learning_rate(args.effective_lr, engine.setup.noise, engine.setup.alpha)
@@ -203,14 +214,70 @@ def apply_dirichlet_learning_rate(args: argparse.Namespace, optimizer: torch.opt
 
 
 def check_options(args: argparse.Namespace) -> None:
+    """Check every option before any work; errors name the flag (no torch needed)."""
     if args.epsilon is None and args.noise is None:
-        raise ValueError("give --epsilon (calibrate the noise) or --noise (fixed noise), or both")
+        raise checks.InvalidParameterError("give --epsilon (calibrate the noise) or --noise (fixed noise), or both")
     if args.effective_lr is not None and (args.mechanism != "dirichlet" or args.lr is not None):
-        raise ValueError("--effective-lr applies to --mechanism dirichlet without --lr")
+        raise checks.InvalidParameterError("--effective-lr applies to --mechanism dirichlet without --lr")
+    checks.optional(checks.check_positive, "--epsilon", args.epsilon)
+    checks.optional(checks.check_positive, "--noise", args.noise)
+    checks.check_delta("--delta", args.delta)
+    checks.check_positive("--clip", args.clip)
+    checks.check_positive("--alpha", args.alpha)
+    checks.check_positive("--epochs", args.epochs)
+    checks.check_count("--batch-size", args.batch_size, 1)
+    checks.optional(checks.check_positive, "--lr", args.lr)
+    checks.optional(checks.check_positive, "--effective-lr", args.effective_lr)
+    checks.fraction("--momentum", args.momentum)
+    checks.nonnegative("--weight-decay", args.weight_decay)
+    checks.fraction("--label-smoothing", args.label_smoothing)
+    checks.optional(checks.check_count, "--max-steps", args.max_steps, 1)
+    checks.optional(checks.check_count, "--limit", args.limit, 1)
+    checks.optional(checks.check_count, "--test-limit", args.test_limit, 1)
+    checks.count_in("--max-length", args.max_length, *MAX_LENGTH_RANGE)
+    checks.seed("--seed", args.seed)
+    checks.optional(checks.check_count, "--threads", args.threads, 1)
+    checks.optional(checks.existing_folder, "--data-root", args.data_root)
+    checks.optional(checks.output_folder, "--out", args.out)
+    checks.optional(checks.checkpoint_file, "--resume", args.resume)
+
+
+def check_against_registries(args: argparse.Namespace) -> None:
+    """The checks that need the dataset sizes and the mechanism's accountants (torch imported)."""
+    from dpnoise.accounting import accountants_for_mechanism
+    from dpnoise.data import dataset_info
+    from dpnoise.mechanisms import MECHANISMS
+
+    info = dataset_info(args.dataset)
+    if (args.model in TEXT_MODELS) != (info.modality == "text"):
+        raise checks.InvalidParameterError(
+            f"--model {args.model} cannot be trained on the {info.modality} dataset {args.dataset}")
+    if args.model == "efficientnet-lite0-features" and info.input_shape[0] != 3:
+        raise checks.InvalidParameterError(f"--model {args.model} needs RGB images; {args.dataset} is not RGB")
+    for flag, limit, size in (("--limit", args.limit, info.train_size), ("--test-limit", args.test_limit, info.test_size)):
+        if limit is not None and limit > size:
+            raise checks.InvalidParameterError(f"{flag} must be <= {size} (the {args.dataset} split's size), got {limit}")
+    train_size = args.limit or info.train_size
+    if args.batch_size > train_size:
+        raise checks.InvalidParameterError(
+            f"--batch-size must be <= {train_size} (the training set's size; q = batch / N <= 1), got {args.batch_size}")
+    applicable = accountants_for_mechanism(MECHANISMS[args.mechanism].accounted_as, include_options=True)
+    for flag, name in (("--accountant", args.accountant), ("--calibrate-with", args.calibrate_with)):
+        if name is not None and name not in applicable:
+            raise checks.InvalidParameterError(
+                f"{flag} {name!r} does not apply to --mechanism {args.mechanism}; choose from {', '.join(applicable)}")
 
 
 def train(args: argparse.Namespace) -> int:
     check_options(args)
+    import torch
+    from torch.utils.data import DataLoader
+
+    from dpnoise.accounting import UnsoundAccountantWarning
+    from dpnoise.training import PrivacyEngine, load_checkpoint
+    from dpnoise.training.report import RunHistory, write_run_outputs
+
+    check_against_registries(args)
     started = time.perf_counter()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -261,7 +328,12 @@ def run_epochs(
     test_loader: DataLoader, engine: PrivacyEngine, history: RunHistory, total_steps: int,
 ) -> None:
     """Train to ``total_steps``, evaluating (and checkpointing with --out) after every epoch."""
+    from torch.nn import functional as F
     from tqdm import tqdm
+
+    from dpnoise.training import endless_batches, evaluate_accuracy, save_checkpoint, train_steps
+    from dpnoise.training.loop import StepMetrics
+    from dpnoise.training.report import EpochRecord, StepRecord
 
     sample_rate = engine.setup.sample_rate
     loss_fn = lambda outputs, targets: F.cross_entropy(outputs, targets, label_smoothing=args.label_smoothing)  # noqa: E731
@@ -300,6 +372,10 @@ def summarize(
     train_size: int, wall_time: float,
 ) -> dict[str, Any]:
     """The run's result as one JSON-able dictionary."""
+    from dpnoise.accounting import ACCOUNTANTS
+    from dpnoise.mechanisms import MECHANISMS, kappa
+    from dpnoise.mechanisms.dirichlet import KAPPA_REFERENCE_PROBABILITY
+
     setup = engine.setup
     by_accountant = engine.epsilon_by_accountant()
     summary: dict[str, Any] = {

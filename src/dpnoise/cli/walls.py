@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
-
-from dpnoise.accounting.validation import check_count, check_delta, check_positive
-from dpnoise.accounting.walls import left_wall, wall_curves
+from dpnoise.cli import checks
 
 ACCOUNTANTS = ("gaussian", "lap2", "lap2-paper")
 STYLE = {"gaussian": "C0-", "lap2": "C3-", "lap2-paper": "C3--"}
@@ -22,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Left wall: delta(eps) at a fixed noise multiplier and the first eps where "
         "delta_gaussian > 2 delta_lap2. One row per sampling rate.",
     )
-    p.add_argument("--out", required=True, help="output PNG file")
+    p.add_argument("--out", required=True, help="output PNG file (its folder must exist)")
     p.add_argument("--sample-rates", type=float, nargs="+", default=[1e-3, 1e-2, 1e-1],
                    help="sampling rates q, one figure row each (default 1e-3 1e-2 1e-1)")
     p.add_argument("--epochs", type=float, default=25.2,
@@ -36,16 +33,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    out = checks.output_file("--out", args.out, suffixes=(".png",))
+    checks.each(checks.check_sample_rate, "--sample-rates", args.sample_rates)
+    checks.check_positive("--epochs", args.epochs)
+    delta = checks.check_delta("--delta", args.delta)
+    params = checks.check_count("--params", args.params, 1)
+    fixed = checks.check_positive("--fixed-noise", args.fixed_noise)
+
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from dpnoise.accounting import steps_from_epochs
+    from dpnoise.accounting.walls import left_wall, wall_curves
 
-    delta = check_delta("--delta", args.delta)
-    params = check_count("--params", args.params, 1)
-    fixed = check_positive("--fixed-noise", args.fixed_noise)
     noise_grid = np.geomspace(0.3, 30.0, 24)
     eps_grid = np.geomspace(0.01, 20.0, 40)
     rows = len(args.sample_rates)
@@ -72,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
             ax.legend(fontsize=7)
     fig.suptitle("Privacy walls (lap2-paper is the published accountant, NOT a valid bound in general)")
     fig.tight_layout()
-    fig.savefig(args.out, dpi=110)
-    print(json.dumps({"out": args.out, "rows": summary}) if args.json else f"wrote {args.out}")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(json.dumps({"out": str(out), "rows": summary}) if args.json else f"wrote {out}")
     return 0
