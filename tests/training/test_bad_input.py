@@ -5,7 +5,18 @@ import torch
 from torch import nn
 
 from dpnoise.accounting import UnreachableTargetError
-from dpnoise.training import PrivacyBudgetExceededError, UnsupportedLayerError, make_private
+from dpnoise.accounting.validation import InvalidParameterError
+from dpnoise.errors import DpnoiseError
+from dpnoise.mechanisms import InvalidMechanismError
+from dpnoise.training import (
+    CheckpointMismatchError,
+    EngineStateError,
+    InvalidTrainingOptionError,
+    PrivacyBudgetExceededError,
+    PrivacyEngine,
+    UnsupportedLayerError,
+    make_private,
+)
 
 from training_helpers import digits_loader, mlp
 
@@ -56,3 +67,126 @@ def test_fixed_size_batches_are_warned_as_not_covered(digits_train):
     with pytest.warns(UserWarning, match="accountants assume Poisson sampling"):
         _, _, loader = make(digits_train, mechanism="lap2", noise=1.0, poisson_sampling=False)
     assert len(next(iter(loader))[1]) == 64
+
+
+# -------------------------------------------------- issue 12 D: every numeric argument, before any work
+BAD_POSITIVE = [0, 0.0, -1.0, float("nan"), float("inf"), -float("inf")]
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Calibrating or wrapping the model fails the test: the checks must come first."""
+    import dpnoise.training.engine as engine_module
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("make_private did work before checking its arguments")
+
+    monkeypatch.setattr(engine_module, "calibrate_training_noise", forbidden)
+    monkeypatch.setattr(engine_module, "GradSampleModule", forbidden)
+    monkeypatch.setattr(engine_module, "BookkeepingModule", forbidden)
+    monkeypatch.setattr(engine_module, "DPDataLoader", forbidden)
+
+
+def refused(digits_train, name, **options):
+    engine = PrivacyEngine(seed=0)
+    model = mlp(hidden=8)
+    with pytest.raises(InvalidParameterError, match=name) as error:
+        engine.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train, 64),
+                            **{"delta": 1e-5, **options})
+    assert isinstance(error.value, DpnoiseError) and isinstance(error.value, ValueError)
+    assert "\n" not in str(error.value)
+    assert engine.setup is None and engine.accountants == {}
+    assert all(not layer._forward_hooks for layer in model.modules())
+
+
+@pytest.mark.parametrize("value", BAD_POSITIVE)
+@pytest.mark.parametrize("mechanism", ["gaussian", "lap2", "dirichlet"])
+def test_bad_noise_is_refused(digits_train, no_work, mechanism, value):
+    refused(digits_train, "noise", mechanism=mechanism, noise=value)
+
+
+@pytest.mark.parametrize("value", BAD_POSITIVE)
+def test_bad_max_grad_norm_is_refused(digits_train, no_work, value):
+    refused(digits_train, "max_grad_norm", mechanism="gaussian", noise=1.0, max_grad_norm=value)
+
+
+@pytest.mark.parametrize("value", [0, 0.0, 1, 1.0, -1e-5, 2.0, float("nan"), float("inf")])
+def test_bad_delta_is_refused(digits_train, no_work, value):
+    refused(digits_train, "delta", mechanism="gaussian", noise=1.0, delta=value)
+
+
+@pytest.mark.parametrize("value", BAD_POSITIVE)
+def test_bad_target_epsilon_is_refused(digits_train, no_work, value):
+    refused(digits_train, "target_epsilon", mechanism="gaussian", target_epsilon=value, epochs=1)
+    refused(digits_train, "target_epsilon", mechanism="gaussian", noise=1.0, target_epsilon=value)
+
+
+@pytest.mark.parametrize("value", BAD_POSITIVE)
+def test_bad_epochs_is_refused(digits_train, no_work, value):
+    refused(digits_train, "epochs", mechanism="gaussian", target_epsilon=1.0, epochs=value)
+
+
+@pytest.mark.parametrize("value", BAD_POSITIVE)
+def test_bad_dirichlet_alpha_is_refused(digits_train, no_work, value):
+    refused(digits_train, "alpha", mechanism="dirichlet", noise=1.0, alpha=value)
+
+
+@pytest.mark.parametrize("value", ["1", True, [1.0]])
+def test_non_numbers_are_refused(digits_train, no_work, value):
+    refused(digits_train, "noise", mechanism="gaussian", noise=value)
+
+
+def test_batch_larger_than_the_dataset_is_refused(digits_train, no_work):
+    engine = PrivacyEngine(seed=0)
+    model = mlp(hidden=8)
+    with pytest.raises(InvalidParameterError, match="batch_size / len"):
+        engine.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train, 5000),
+                            mechanism="gaussian", noise=1.0, delta=1e-5)
+
+
+def test_empty_dataset_is_refused(no_work):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = mlp(hidden=8)
+    empty = TensorDataset(torch.zeros(0, 1, 8, 8), torch.zeros(0, dtype=torch.long))
+    with pytest.raises(InvalidParameterError, match="empty"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(empty, batch_size=4),
+                     mechanism="gaussian", noise=1.0, delta=1e-5)
+
+
+def test_option_errors_are_dpnoise_errors(digits_train):
+    for options, error in [
+        (dict(mechanism="laplace", noise=1.0), InvalidMechanismError),
+        (dict(mechanism="lap2", noise=1.0, on_budget_exhausted="ignore"), InvalidTrainingOptionError),
+        (dict(mechanism="lap2", noise=1.0, grad_sample_mode="fast"), InvalidTrainingOptionError),
+        (dict(mechanism="lap2", noise=1.0, accountant="gaussian"), InvalidTrainingOptionError),
+    ]:
+        with pytest.raises(error) as caught:
+            make(digits_train, **options)
+        assert isinstance(caught.value, DpnoiseError) and isinstance(caught.value, ValueError)
+
+
+def test_making_private_twice_is_a_dpnoise_error(digits_train):
+    engine = PrivacyEngine(seed=0)
+    model = mlp(hidden=8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine.make_private(model, optimizer, digits_loader(digits_train, 64), mechanism="lap2", noise=1.0, delta=1e-5)
+    with pytest.raises(EngineStateError) as caught:
+        engine.make_private(model, optimizer, digits_loader(digits_train, 64), mechanism="lap2", noise=1.0, delta=1e-5)
+    assert isinstance(caught.value, DpnoiseError) and isinstance(caught.value, RuntimeError)
+
+
+def test_every_deliberate_error_is_a_dpnoise_error_and_keeps_its_builtin_base():
+    from dpnoise.data import DatasetNotAvailableError, InvalidDatasetError
+    from dpnoise.experiments.errors import PlanMismatchError
+    from dpnoise.models import InvalidModelError, ModelNotAvailableError
+    from dpnoise.training.errors import CheckpointError
+
+    for error, builtin in [
+        (DatasetNotAvailableError, FileNotFoundError), (ModelNotAvailableError, FileNotFoundError),
+        (InvalidDatasetError, ValueError), (InvalidModelError, ValueError), (InvalidMechanismError, ValueError),
+        (UnsupportedLayerError, ValueError), (CheckpointMismatchError, ValueError), (CheckpointError, ValueError),
+        (InvalidTrainingOptionError, ValueError), (PrivacyBudgetExceededError, RuntimeError),
+        (EngineStateError, RuntimeError), (PlanMismatchError, RuntimeError),
+    ]:
+        assert issubclass(error, DpnoiseError) and issubclass(error, builtin), error

@@ -274,6 +274,7 @@ def train(args: argparse.Namespace) -> int:
     from torch.utils.data import DataLoader
 
     from dpnoise.accounting import UnsoundAccountantWarning
+    from dpnoise.errors import DpnoiseError
     from dpnoise.training import PrivacyEngine, load_checkpoint
     from dpnoise.training.report import RunHistory, write_run_outputs
 
@@ -296,7 +297,10 @@ def train(args: argparse.Namespace) -> int:
     apply_dirichlet_learning_rate(args, optimizer, engine)
     history = RunHistory()
     if args.resume:
-        extra = load_checkpoint(args.resume, module=module, optimizer=optimizer, engine=engine)
+        try:
+            extra = load_checkpoint(args.resume, module=module, optimizer=optimizer, engine=engine)
+        except DpnoiseError as err:  # unreadable, tampered or from another setup: name the flag
+            raise checks.InvalidParameterError(f"--resume: {err}") from err
         history = RunHistory.from_dict(extra["history"])
     test_loader = DataLoader(test_set, batch_size=EVAL_BATCH_SIZE)
     total_steps = min(engine.planned_steps, args.max_steps or engine.planned_steps)

@@ -1,0 +1,451 @@
+"""No bad input gets through (issue 12 D): every subcommand refuses invalid options before any work.
+
+Each case runs the CLI in-process and expects exit status 2, exactly one stderr line
+``dpnoise <cmd>: error: ...`` that names the offending flag, nothing on stdout, and no work done
+(no data loaded, no run started, no output file written).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dpnoise.cli import audit as audit_cli
+from dpnoise.cli import reproduce as reproduce_cli
+from dpnoise.cli import train as train_cli
+from dpnoise.cli import walls as walls_cli
+from dpnoise.cli.main import main, one_line
+from dpnoise.errors import DpnoiseError
+
+
+def run_cli(capsys, argv: list[str]) -> tuple[int, str, list[str]]:
+    """(exit status, stdout, stderr lines) of ``dpnoise argv``; argparse's own errors exit."""
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.strip().splitlines()
+
+
+def assert_refused(capsys, argv: list[str], flag: str) -> str:
+    code, out, err = run_cli(capsys, argv)
+    assert code == 2, (argv, out, err)
+    assert len(err) == 1, err
+    command = " ".join(argv[:2]) if argv[0] == "audit" else argv[0]
+    assert err[0].startswith(f"dpnoise {command}: error: "), err[0]
+    assert flag in err[0], err[0]
+    assert out == ""
+    return err[0]
+
+
+def with_option(argv: list[str], flag: str, value: str | None) -> list[str]:
+    """``argv`` with ``flag`` set to ``value`` (replaced if present, appended otherwise; None: removed)."""
+    argv = list(argv)
+    if flag in argv:
+        i = argv.index(flag)
+        del argv[i:i + 2]
+    return argv if value is None else [*argv, flag, value]
+
+
+BAD_POSITIVE = ["0", "-1", "nan", "inf", "-inf"]
+BAD_DELTA = ["0", "1", "-1e-5", "1.5", "nan", "inf"]
+BAD_RATE = ["0", "-0.1", "1.5", "nan", "inf"]
+BAD_COUNT = ["0", "-1"]
+
+
+def cases(flag: str, values: list[str]) -> list:
+    return [pytest.param(flag, v, id=f"{flag}={v}") for v in values]
+
+
+# ----------------------------------------------------------------------------------------- train
+TRAIN = ["train", "--dataset", "digits", "--model", "cnn", "--mechanism", "gaussian", "--delta", "1e-5",
+         "--epochs", "1", "--batch-size", "64", "--noise", "1", "--no-progress", "--threads", "1"]
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Any attempt to load data or build the model fails the test (checks must come first)."""
+    import dpnoise.data
+    import dpnoise.models
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr(dpnoise.data, "load_dataset", forbidden)
+    monkeypatch.setattr(dpnoise.models, "build_model", forbidden)
+
+
+TRAIN_NUMERIC = [
+    *cases("--clip", BAD_POSITIVE),
+    *cases("--noise", BAD_POSITIVE),
+    *cases("--epsilon", BAD_POSITIVE),
+    *cases("--delta", BAD_DELTA),
+    *cases("--alpha", BAD_POSITIVE),
+    *cases("--epochs", BAD_POSITIVE),
+    *cases("--batch-size", [*BAD_COUNT, "1438"]),  # digits has 1437 training examples
+    *cases("--lr", BAD_POSITIVE),
+    *cases("--momentum", ["-0.1", "1", "2", "nan", "inf"]),
+    *cases("--weight-decay", ["-1", "nan", "inf"]),
+    *cases("--label-smoothing", ["-1", "1", "2", "nan", "inf"]),
+    *cases("--max-steps", BAD_COUNT),
+    *cases("--limit", [*BAD_COUNT, "1438"]),
+    *cases("--test-limit", [*BAD_COUNT, "361"]),
+    *cases("--max-length", ["0", "1", "-1", "513"]),
+    *cases("--seed", ["-1", str(2**32)]),
+    *cases("--threads", BAD_COUNT),
+]
+
+
+@pytest.mark.parametrize("flag,value", TRAIN_NUMERIC)
+def test_train_refuses_bad_numbers(capsys, tmp_path, no_training, flag, value):
+    out = tmp_path / "run"
+    assert_refused(capsys, with_option([*TRAIN, "--out", str(out)], flag, value), flag)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value", BAD_POSITIVE)
+def test_train_refuses_bad_effective_lr(capsys, no_training, value):
+    argv = [*with_option(TRAIN, "--mechanism", "dirichlet"), "--optimizer", "sgd", "--effective-lr", value]
+    assert_refused(capsys, argv, "--effective-lr")
+
+
+@pytest.mark.parametrize("flag,value", [("--limit", "abc"), ("--clip", "one"), ("--mechanism", "laplace"),
+                                        ("--dataset", "foo"), ("--model", "vit")])
+def test_train_argparse_errors_are_one_line_too(capsys, no_training, flag, value):
+    assert_refused(capsys, with_option(TRAIN, flag, value), flag)
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--model", "minilm", "image dataset digits"),
+    ("--model", "efficientnet-lite0-features", "RGB"),
+    ("--accountant", "laplace-l1", "does not apply"),
+    ("--calibrate-with", "foo", "does not apply"),
+])
+def test_train_refuses_inconsistent_choices(capsys, no_training, flag, value, message):
+    assert message in assert_refused(capsys, with_option(TRAIN, flag, value), flag)
+
+
+def test_train_out_that_cannot_be_written_fails_before_training(capsys, tmp_path, no_training):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("not a folder")
+    assert_refused(capsys, [*TRAIN, "--out", str(a_file)], "--out")
+    assert_refused(capsys, [*TRAIN, "--out", str(a_file / "run")], "--out")
+    assert a_file.read_text() == "not a folder"
+
+
+@pytest.mark.skipif(getattr(os, "geteuid", lambda: 0)() == 0, reason="root may write anywhere")
+def test_train_out_in_a_read_only_folder(capsys, tmp_path, no_training):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        assert_refused(capsys, [*TRAIN, "--out", str(locked / "run")], "--out")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_train_resume_file_must_be_a_checkpoint(capsys, tmp_path, no_training):
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    text = tmp_path / "notes.txt"
+    text.write_text("this is not a checkpoint\n")
+    for path, message in [(tmp_path / "missing.pt", "does not exist"), (empty, "is empty"),
+                          (text, "not a dpnoise checkpoint"), (tmp_path, "not a file")]:
+        assert message in assert_refused(capsys, [*TRAIN, "--resume", str(path)], "--resume")
+
+
+def test_train_data_root_must_exist(capsys, tmp_path, no_training):
+    assert_refused(capsys, [*TRAIN, "--data-root", str(tmp_path / "nowhere")], "--data-root")
+
+
+def test_train_damaged_checkpoint_is_a_clean_error(capsys, tmp_path):
+    """A zip that is not a checkpoint gets past the up-front check; load_checkpoint refuses it (exit 2)."""
+    import zipfile
+
+    fake = tmp_path / "fake.pt"
+    with zipfile.ZipFile(fake, "w") as archive:
+        archive.writestr("data.txt", "hello")
+    message = assert_refused(capsys, [*TRAIN, "--max-steps", "1", "--resume", str(fake)], "--resume")
+    assert str(fake) in message
+
+
+def test_train_resume_under_another_setup_is_a_clean_error(capsys, tmp_path):
+    small = [*TRAIN, "--limit", "128", "--test-limit", "50", "--max-steps", "1", "--json"]
+    assert main([*small, "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    message = assert_refused(capsys, [*with_option(small, "--noise", "2"), "--resume", str(checkpoint)], "--resume")
+    assert "noise" in message
+
+
+# ----------------------------------------------------------------------------------------- audit
+BOUND = ["audit", "bound", "--mechanism", "gaussian", "--noise", "1", "--sample-rate", "0.1", "--steps", "10",
+         "--grid", "4096"]
+SAMPLER = ["audit", "sampler", "--mechanism", "gaussian", "--noise", "1", "--trials", "100"]
+TRAINING = ["audit", "training", "--steps", "2", "--canaries", "20", "--guesses", "10"]
+LEAKAGE = ["audit", "dirichlet-leakage", "--trials", "4"]
+STATISTICAL = [*cases("--delta", BAD_DELTA), *cases("--confidence", ["0", "1", "1.5", "-0.5", "nan"]),
+               *cases("--seed", ["-1", str(2**32)])]
+
+
+@pytest.fixture
+def no_audit(monkeypatch):
+    """The audits themselves fail the test: every refusal must come from the up-front checks."""
+    import dpnoise.audit.bound
+    import dpnoise.audit.sampler
+    import dpnoise.audit.training
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the audit ran before its options were checked")
+
+    for module, name in [(dpnoise.audit.bound, "audit_bound"), (dpnoise.audit.sampler, "audit_sampler"),
+                         (dpnoise.audit.training, "audit_one_run"),
+                         (dpnoise.audit.training, "audit_dirichlet_leakage")]:
+        monkeypatch.setattr(module, name, forbidden)
+
+
+@pytest.mark.parametrize("flag,value", [
+    *cases("--noise", BAD_POSITIVE),
+    *cases("--clip", BAD_POSITIVE),
+    *cases("--sample-rate", BAD_RATE),
+    *cases("--steps", BAD_COUNT),
+    *cases("--alpha", BAD_POSITIVE),
+    *cases("--grid", ["1", "0", "-5", "63", str(1 << 30)]),
+    *cases("--loss-step", BAD_POSITIVE),
+    *cases("--delta", BAD_DELTA),
+    *cases("--params", BAD_COUNT),
+    *cases("--k", ["0", "-3", "a,b", "1,,2", "101"]),
+    *cases("--mechanism", ["foo"]),
+])
+def test_audit_bound_refuses(capsys, no_audit, flag, value):
+    argv = with_option([*BOUND, "--params", "100"], flag, value)
+    assert_refused(capsys, argv, flag)
+
+
+def test_audit_bound_lap2_needs_params(capsys, no_audit):
+    assert_refused(capsys, with_option(BOUND, "--mechanism", "lap2"), "--params")
+
+
+def test_audit_bound_loss_grid_too_fine_is_a_clean_error(capsys):
+    """Too many steps for the loss grid: refused with one line (was a 3.7 TiB MemoryError)."""
+    message = assert_refused(capsys, with_option(BOUND, "--steps", "1000000000"), "loss step")
+    assert "grid cells" in message
+
+
+@pytest.mark.parametrize("flag,value", [
+    *cases("--noise", BAD_POSITIVE),
+    *cases("--clip", BAD_POSITIVE),
+    *cases("--dim", BAD_COUNT),
+    *cases("--trials", [*BAD_COUNT, "1"]),
+    *STATISTICAL,
+    *cases("--mechanism", ["dirichlet"]),
+])
+def test_audit_sampler_refuses(capsys, no_audit, flag, value):
+    assert_refused(capsys, with_option(SAMPLER, flag, value), flag)
+
+
+def test_audit_sampler_refuses_more_draws_than_memory(capsys, no_audit):
+    assert_refused(capsys, [*with_option(SAMPLER, "--trials", "100000000"), "--dim", "16"], "--trials")
+
+
+@pytest.mark.parametrize("flag,value", [
+    *cases("--noise", BAD_POSITIVE),
+    *cases("--clip", BAD_POSITIVE),
+    *cases("--sample-rate", BAD_RATE),
+    *cases("--steps", BAD_COUNT),
+    *cases("--canaries", [*BAD_COUNT, "1", "100000"]),
+    *cases("--guesses", [*BAD_COUNT, "3", "22"]),  # odd, or more than --canaries 20
+    *STATISTICAL,
+])
+def test_audit_training_refuses(capsys, no_audit, flag, value):
+    assert_refused(capsys, with_option(TRAINING, flag, value), flag)
+
+
+@pytest.mark.parametrize("flag,value", [
+    *cases("--noise", BAD_POSITIVE),
+    *cases("--alpha", BAD_POSITIVE),
+    *cases("--batch", [*BAD_COUNT, "32"]),  # not < --features 32
+    *cases("--features", ["0", "1", "-2"]),
+    *cases("--trials", [*BAD_COUNT, "1"]),
+    *STATISTICAL,
+])
+def test_audit_dirichlet_leakage_refuses(capsys, no_audit, flag, value):
+    assert_refused(capsys, with_option(LEAKAGE, flag, value), flag)
+
+
+def test_audit_without_kind_is_one_line(capsys):
+    code, _, err = run_cli(capsys, ["audit"])
+    assert code == 2 and len(err) == 1 and err[0].startswith("dpnoise audit: error: ")
+
+
+# ------------------------------------------------------------------------------------- reproduce
+DRY_RUN = ["reproduce", "--experiment", "table2", "--dry-run"]
+
+
+@pytest.fixture
+def no_runs(monkeypatch):
+    """Starting runs or drawing reports fails the test."""
+    import dpnoise.experiments.reports
+    import dpnoise.experiments.runner
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("reproduce did work before its options were checked")
+
+    monkeypatch.setattr(dpnoise.experiments.runner, "run_specs", forbidden)
+    monkeypatch.setattr(dpnoise.experiments.reports, "accounting_figures", forbidden)
+    monkeypatch.setattr(dpnoise.experiments.reports, "write_aggregates", forbidden)
+
+
+@pytest.mark.parametrize("flag,value", [
+    *cases("--epsilons", BAD_POSITIVE),
+    *cases("--steps", BAD_COUNT),
+    *cases("--seeds", ["-1", str(2**32)]),
+    *cases("--threads", BAD_COUNT),
+    *cases("--jobs", BAD_COUNT),
+    *cases("--dataset", ["foo", "sst2"]),
+    *cases("--columns", ["foo", "dirichlet"]),
+])
+def test_reproduce_dry_run_refuses(capsys, tmp_path, no_runs, flag, value):
+    figures = tmp_path / "figures"
+    argv = [*DRY_RUN, "--results-dir", str(tmp_path / "results"), "--figures-dir", str(figures), flag, value]
+    assert_refused(capsys, argv, flag)
+    assert not figures.exists()
+
+
+def test_reproduce_finetune_datasets(capsys, no_runs):
+    assert_refused(capsys, ["reproduce", "--experiment", "finetune", "--dry-run", "--dataset", "mnist"], "--dataset")
+
+
+@pytest.mark.parametrize("flag", ["--results-dir", "--figures-dir", "--work-dir"])
+def test_reproduce_output_folders_checked_before_any_run(capsys, tmp_path, no_runs, flag):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    argv = ["reproduce", "--experiment", "table2", "--quick", "--dataset", "mnist",
+            "--results-dir", str(tmp_path / "results"), "--figures-dir", str(tmp_path / "figures"),
+            "--work-dir", str(tmp_path / "work"), "--page", str(tmp_path / "missing.md")]
+    assert_refused(capsys, with_option(argv, flag, str(a_file / "sub")), flag)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+
+
+def test_reproduce_dry_run_writes_nothing(capsys, tmp_path, no_runs):
+    figures = tmp_path / "figures"
+    for experiment in ("table2", "figures"):
+        assert main(["reproduce", "--experiment", experiment, "--dry-run", "--quick", "--dataset", "mnist",
+                     "--results-dir", str(tmp_path / "results"), "--figures-dir", str(figures)]) == 0
+    assert list(tmp_path.iterdir()) == []
+    capsys.readouterr()
+
+
+# ----------------------------------------------------------------------------------------- walls
+@pytest.mark.parametrize("flag,value", [
+    *cases("--sample-rates", BAD_RATE),
+    *cases("--epochs", BAD_POSITIVE),
+    *cases("--params", ["0", "-1", "0.5", "nan", "inf"]),
+    *cases("--delta", BAD_DELTA),
+    *cases("--fixed-noise", BAD_POSITIVE),
+])
+def test_walls_refuses_bad_numbers(capsys, tmp_path, flag, value):
+    out = tmp_path / "walls.png"
+    assert_refused(capsys, ["walls", "--out", str(out), flag, value], flag)
+    assert not out.exists()
+
+
+def test_walls_out_must_be_a_png_in_an_existing_folder(capsys, tmp_path):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    for out, message in [(tmp_path, "must be a .png file"), (tmp_path / "walls", "must be a .png file"),
+                         (tmp_path / "missing" / "walls.png", "does not exist"),
+                         (a_file / "walls.png", "not a folder"), (tmp_path / "dir.png", "is a folder")]:
+        if out.name == "dir.png":
+            out.mkdir()
+        assert message in assert_refused(capsys, ["walls", "--out", str(out)], "--out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.png", "file.txt"]
+
+
+# --------------------------------------------------------------------------- account, calibrate
+ACCOUNT = ["account", "--mechanism", "gaussian", "--noise", "1", "--sample-rate", "0.01", "--steps", "100",
+           "--delta", "1e-5"]
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (with_option(ACCOUNT, "--sample-rate", "0"), "--sample-rate"),
+    (with_option(ACCOUNT, "--steps", "0"), "--steps"),
+    (with_option(ACCOUNT, "--mechanism", "foo"), "--mechanism"),
+    (["calibrate", *with_option(ACCOUNT[1:], "--noise", None), "--epsilon", "inf"], "--epsilon"),
+    (["calibrate", *with_option(ACCOUNT[1:], "--noise", None), "--epsilon", "0"], "--epsilon"),
+])
+def test_accounting_commands_refuse(capsys, argv, flag):
+    assert_refused(capsys, argv, flag)
+
+
+# ------------------------------------------------------------------------------- error handling
+def test_only_dpnoise_errors_become_exit_2(monkeypatch, tmp_path, capsys):
+    """A DpnoiseError is one line and status 2; any other exception is a bug and propagates."""
+
+    def raises(error):
+        def run(args):
+            raise error
+        return run
+
+    out = str(tmp_path / "w.png")
+    monkeypatch.setattr(walls_cli, "run", raises(DpnoiseError("first line\n  second line")))
+    assert main(["walls", "--out", out]) == 2
+    assert capsys.readouterr().err == "dpnoise walls: error: first line; second line\n"
+    for bug in (ValueError("a plain ValueError is a bug"), ZeroDivisionError("boom")):
+        monkeypatch.setattr(walls_cli, "run", raises(bug))
+        with pytest.raises(type(bug)):
+            main(["walls", "--out", out])
+
+
+def test_one_line_messages():
+    assert one_line("unsupported layers for private training:\n  a (BatchNorm1d): x\n  b (LSTM): y") == \
+        "unsupported layers for private training: a (BatchNorm1d): x; b (LSTM): y"
+    assert one_line("plain") == "plain"
+
+
+# --------------------------------------------------------------------------------- lazy imports
+HEAVY = ("torch", "opacus", "matplotlib", "dpnoise.training", "dpnoise.data", "dpnoise.models",
+         "dpnoise.mechanisms", "dpnoise.experiments.runner")
+
+
+def test_building_the_parser_imports_no_torch_opacus_or_matplotlib():
+    code = ("import sys\n"
+            "from dpnoise.cli.main import build_parser\n"
+            "build_parser()\n"
+            f"print([m for m in {HEAVY!r} if m in sys.modules])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+def test_refusing_bad_input_imports_no_torch():
+    code = ("import sys\n"
+            "from dpnoise.cli.main import main\n"
+            "assert main(['walls', '--out', 'x.png', '--delta', '2']) == 2\n"
+            "assert main(['audit', 'bound', '--mechanism', 'gaussian', '--noise', '0', '--sample-rate', '0.1',"
+            " '--steps', '1']) == 2\n"
+            "assert main(['train', '--dataset', 'digits', '--mechanism', 'lap2', '--delta', '1e-5', '--epochs',"
+            " '1', '--batch-size', '64', '--noise', 'nan']) == 2\n"
+            f"print([m for m in {HEAVY!r} if m in sys.modules])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+def test_light_choice_lists_match_the_registries():
+    from dpnoise.data import DATASETS
+    from dpnoise.experiments import plans, runner
+    from dpnoise.mechanisms import MECHANISMS
+    from dpnoise.models import MODELS
+    from dpnoise.training import GRAD_SAMPLE_MODES
+
+    assert train_cli.DATASET_CHOICES == tuple(sorted(DATASETS))
+    assert train_cli.MODEL_CHOICES == tuple(MODELS)
+    assert train_cli.MECHANISM_CHOICES == tuple(sorted(MECHANISMS))
+    assert train_cli.GRAD_SAMPLE_MODE_CHOICES == tuple(GRAD_SAMPLE_MODES)
+    assert set(train_cli.TEXT_MODELS) <= set(MODELS)
+    assert reproduce_cli.EXPERIMENT_CHOICES == tuple(plans.EXPERIMENTS)
+    assert reproduce_cli.DEFAULT_THREADS == runner.DEFAULT_THREADS
+    assert audit_cli.GRADIENT_MECHANISMS == [m for m in sorted(MECHANISMS) if MECHANISMS[m].needs_per_sample_gradients]
