@@ -30,7 +30,7 @@ from dpnoise.accounting.events import (
 
 
 def test_gaussian_epsilon_matches_opacus_accountant():
-    ours = get_accountant("gaussian").step(1.1, 0.01, steps=3000)
+    ours = get_accountant("gaussian-rdp").step(1.1, 0.01, steps=3000)
     theirs = OpacusRDPAccountant()
     theirs.history = [(1.1, 0.01, 3000)]
     # Opacus uses a coarser order grid, so ours can only be lower (or equal).
@@ -39,18 +39,18 @@ def test_gaussian_epsilon_matches_opacus_accountant():
 
 
 def test_steps_compose_additively_and_merge():
-    one = get_accountant("lap2")
+    one = get_accountant("lap2-rdp")
     for _ in range(10):
         one.step(1.0, 0.01, params=1000)
-    many = get_accountant("lap2").step(1.0, 0.01, params=1000, steps=10)
+    many = get_accountant("lap2-rdp").step(1.0, 0.01, params=1000, steps=10)
     assert one.steps == many.steps == 10 and len(one.history) == 1
     np.testing.assert_allclose(one.get_rdp(), many.get_rdp())
 
 
 def test_mechanisms_mix_in_one_accountant():
-    acc = get_accountant("gaussian").step(1.0, 0.01, steps=5).step(2.0, 0.02, mechanism="lap2", params=100, steps=3)
-    g = get_accountant("gaussian").step(1.0, 0.01, steps=5).get_rdp()
-    l2 = get_accountant("lap2").step(2.0, 0.02, params=100, steps=3).get_rdp()
+    acc = get_accountant("gaussian-rdp").step(1.0, 0.01, steps=5).step(2.0, 0.02, mechanism="lap2", params=100, steps=3)
+    g = get_accountant("gaussian-rdp").step(1.0, 0.01, steps=5).get_rdp()
+    l2 = get_accountant("lap2-rdp").step(2.0, 0.02, params=100, steps=3).get_rdp()
     np.testing.assert_allclose(acc.get_rdp(), g + l2)
     assert acc.steps == 8
 
@@ -58,8 +58,8 @@ def test_mechanisms_mix_in_one_accountant():
 def test_composed_event_equals_sum_of_parts():
     e1 = PoissonSampledEvent(0.01, GaussianEvent(1.0))
     e2 = PoissonSampledEvent(0.05, Lap2Event(0.9, 5000))
-    a = RdpAccountant("lap2").compose(ComposedEvent((SelfComposedEvent(e1, 4), e2)))
-    b = RdpAccountant("lap2").compose(e1, 4).compose(e2)
+    a = RdpAccountant("lap2-rdp").compose(ComposedEvent((SelfComposedEvent(e1, 4), e2)))
+    b = RdpAccountant("lap2-rdp").compose(e1, 4).compose(e2)
     np.testing.assert_allclose(a.get_rdp(), b.get_rdp())
 
 
@@ -77,13 +77,13 @@ def test_unsound_accountants_warn_and_sound_ones_do_not():
 
 
 def test_reported_accountants_for_lap2_are_sound_then_paper():
-    assert accountants_for_mechanism("lap2") == ["lap2", "lap2-paper"]
+    assert accountants_for_mechanism("lap2") == ["lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"]
     assert ACCOUNTANTS["dirichlet"].scope and ACCOUNTANTS["penultimate-gaussian"].scope
 
 
 def test_penultimate_gaussian_uses_half_the_noise_multiplier():
-    pen = get_accountant("penultimate-gaussian").step(2.0, 0.01, steps=100)
-    gauss = get_accountant("gaussian").step(1.0, 0.01, steps=100)
+    pen = get_accountant("penultimate-gaussian-rdp").step(2.0, 0.01, steps=100)
+    gauss = get_accountant("gaussian-rdp").step(1.0, 0.01, steps=100)
     np.testing.assert_allclose(pen.get_rdp(), gauss.get_rdp())
 
 

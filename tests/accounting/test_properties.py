@@ -86,7 +86,7 @@ def test_lap2_algorithm1_scales_with_clip_and_reports_both_accountants():
     a = calibrate_lap2(1.0, 1e-5, 0.0043, 5860, 26010, clip=1.0)
     b = calibrate_lap2(1.0, 1e-5, 0.0043, 5860, 26010, clip=0.1)
     assert b.noise == pytest.approx(0.1 * a.noise, rel=1e-9)
-    assert set(a.epsilon_by_accountant) == {"lap2", "lap2-paper"}
+    assert set(a.epsilon_by_accountant) == {"lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"}
     assert a.epsilon_by_accountant["lap2"] <= 1.0
 
 

@@ -19,7 +19,7 @@ def run_json(capsys, argv):
 
 def test_account_lap2_json_has_both_accountants(capsys):
     out = run_json(capsys, ["account", "--mechanism", "lap2", "--noise", "0.799", *SEED])
-    for key in ("mechanism", "epsilon", "delta", "order", "steps", "sample_rate", "sound", "epsilon_by_accountant"):
+    for key in ("mechanism", "epsilon", "delta", "bound", "steps", "sample_rate", "sound", "epsilon_by_accountant"):
         assert key in out
     assert out["sound"] is True and out["steps"] == 5860
     assert out["epsilon_by_accountant"]["lap2-paper"] == pytest.approx(3.42, abs=0.005)
@@ -42,10 +42,14 @@ def test_account_batch_size_and_epochs(capsys):
 
 def test_calibrate_lap2_and_dirichlet(capsys):
     lap2 = run_json(capsys, ["calibrate", "--mechanism", "lap2", "--epsilon", "1", "--clip", "0.5", *SEED])
-    assert lap2["clip"] == 0.5 and lap2["epsilon"] <= 1 and set(lap2["epsilon_by_accountant"]) == {"lap2", "lap2-paper"}
+    assert lap2["clip"] == 0.5 and lap2["epsilon"] <= 1 and set(lap2["epsilon_by_accountant"]) == {"lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"}
     dirichlet = run_json(capsys, ["calibrate", "--mechanism", "dirichlet", "--epsilon", "4", "--batch-size", "256",
                                   "--dataset-size", "50000", "--epochs", "30", "--delta", "1e-5"])
-    assert dirichlet["r"] == pytest.approx(0.248, abs=6e-4)
+    assert dirichlet["r"] == pytest.approx(0.333, abs=6e-4)  # exact two-vertex base RDP (default)
+    ponnoprat = run_json(capsys, ["calibrate", "--mechanism", "dirichlet", "--accountant", "dirichlet-ponnoprat",
+                                  "--epsilon", "4", "--batch-size", "256", "--dataset-size", "50000", "--epochs",
+                                  "30", "--delta", "1e-5"])
+    assert ponnoprat["r"] == pytest.approx(0.248, abs=6e-4)  # the paper's base RDP
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,22 @@
 
 * :mod:`~dpnoise.accounting.events` -- declarative DP events (what happened);
 * :mod:`~dpnoise.accounting.rdp` -- Renyi-DP bounds, one module per mechanism;
-* :class:`RdpAccountant` -- ``step`` / ``compose`` / ``get_epsilon`` / ``state_dict``;
+* :mod:`~dpnoise.accounting.pld` -- privacy loss distributions (dp_accounting), Lap2 via GDP;
+* accountants (``step`` / ``compose`` / ``get_epsilon`` / ``state_dict``): :class:`RdpAccountant`,
+  :class:`PldAccountant` and :class:`MinimumAccountant` (the smallest of several sound routes);
 * :data:`ACCOUNTANTS` -- named accountants (``gaussian``, ``laplace-l1``, ``lap2``, ``lap2-paper``,
   ``dirichlet``, ...); non-sound ones warn whenever they produce a number;
 * calibrators for sigma, Lap2's (C, b) (seed 1 Algorithm 1) and the Dirichlet r*.
 """
 
-from dpnoise.accounting.accountant import RdpAccountant, UnsoundAccountantWarning, get_accountant
+from dpnoise.accounting.accountant import (
+    MinimumAccountant,
+    PldAccountant,
+    PrivacyAccountant,
+    RdpAccountant,
+    UnsoundAccountantWarning,
+    get_accountant,
+)
 from dpnoise.accounting.calibration import (
     CalibrationResult,
     UnreachableTargetError,
@@ -28,8 +37,6 @@ from dpnoise.accounting.registry import (
 )
 from dpnoise.accounting.validation import InvalidParameterError
 
-PrivacyAccountant = RdpAccountant
-
 __all__ = [
     "ACCOUNTANTS",
     "MECHANISMS",
@@ -37,6 +44,8 @@ __all__ = [
     "AccountantSpec",
     "CalibrationResult",
     "InvalidParameterError",
+    "MinimumAccountant",
+    "PldAccountant",
     "PrivacyAccountant",
     "RdpAccountant",
     "UnreachableTargetError",

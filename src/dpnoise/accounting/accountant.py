@@ -1,48 +1,57 @@
-"""The accountant object, in the ecosystem's idiom (Opacus ``step``/``get_epsilon``; dp_accounting
-``compose``/``get_epsilon``; ``state_dict``/``load_state_dict`` for checkpoints)."""
+"""Accountant objects, in the ecosystem's idiom (Opacus ``step``/``get_epsilon``; dp_accounting
+``compose``/``get_epsilon``; ``state_dict``/``load_state_dict`` for checkpoints).
+
+What happened is a ledger of DP events (:mod:`dpnoise.accounting.events`); how it is accounted
+depends on the accountant's kind (its :class:`~dpnoise.accounting.registry.AccountantSpec`):
+
+* :class:`RdpAccountant` -- Renyi DP over a grid of orders, converted to (epsilon, delta);
+* :class:`PldAccountant` -- dp_accounting's privacy loss distributions, pessimistic rounding;
+* :class:`MinimumAccountant` -- several sound routes for the same ledger; reports, for each delta,
+  the smallest of their epsilons and names the route that gave it (a minimum of proven upper
+  bounds is a proven upper bound).
+"""
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
 from dpnoise.accounting.events import (
+    ComposedEvent,
     DpEvent,
     PoissonSampledEvent,
     SelfComposedEvent,
     event_from_dict,
     event_to_dict,
 )
+from dpnoise.accounting.pld.distribution import pld_delta, pld_epsilon, pld_feasibility
 from dpnoise.accounting.rdp.conversion import delta_from_rdp, epsilon_from_rdp
+from dpnoise.accounting.rdp.curve import checked_rdp_curve
 from dpnoise.accounting.rdp.orders import DEFAULT_ORDERS
 from dpnoise.accounting.rdp.registry import event_rdp
 from dpnoise.accounting.registry import MECHANISMS, AccountantSpec, get_spec
 from dpnoise.accounting.validation import (
+    InvalidParameterError,
     check_count,
     check_delta,
     check_positive,
     check_sample_rate,
 )
 
+Ledger = tuple[tuple[DpEvent, int], ...]
+
 
 class UnsoundAccountantWarning(UserWarning):
     """The epsilon comes from an accountant that is not a proven upper bound."""
 
 
-class RdpAccountant:
-    """Renyi-DP accountant for a named accounting method (see ``dpnoise.accounting.ACCOUNTANTS``).
+class PrivacyAccountant:
+    """The ledger and the API shared by every accountant; subclasses say how it is accounted."""
 
-    >>> acc = RdpAccountant("lap2")
-    >>> acc.step(noise=0.8, sample_rate=0.0043, clip=1.0, params=26010, steps=5860)
-    >>> round(acc.get_epsilon(1e-5), 2)
-    3.41
-    """
-
-    def __init__(self, name: str = "gaussian", orders: Optional[np.ndarray] = None) -> None:
+    def __init__(self, name: str) -> None:
         self.spec: AccountantSpec = get_spec(name)
-        self.orders = np.asarray(DEFAULT_ORDERS if orders is None else orders, dtype=float)
         self._history: list[tuple[DpEvent, int]] = []
 
     # -- what happened -------------------------------------------------------------------
@@ -64,10 +73,13 @@ class RdpAccountant:
     def history(self) -> list[tuple[DpEvent, int]]:
         return list(self._history)
 
-    def compose(self, event: DpEvent, count: int = 1) -> "RdpAccountant":
+    def _check_supported(self, event: DpEvent) -> None:
+        """Raise now (not at the first query) if this accountant cannot account ``event``."""
+
+    def compose(self, event: DpEvent, count: int = 1) -> "PrivacyAccountant":
         """Record ``count`` repetitions of ``event``; consecutive equal events are merged."""
         count = check_count("count", count, 0)
-        event_rdp(event, self.orders[:1], self.spec.methods)  # fail now on unsupported events
+        self._check_supported(event)
         if self._history and self._history[-1][0] == event:
             self._history[-1] = (event, self._history[-1][1] + count)
         elif count:
@@ -84,30 +96,92 @@ class RdpAccountant:
         alpha: Optional[float] = None,
         mechanism: Optional[str] = None,
         steps: int = 1,
-    ) -> "RdpAccountant":
+    ) -> "PrivacyAccountant":
         """Account ``steps`` Poisson-sampled steps of ``mechanism`` (default: this accountant's).
 
-        ``noise`` is sigma for Gaussian mechanisms, the absolute Laplace scale b for laplace-l1
-        and lap2 (the accountants use b / clip), and r for dirichlet.
+        ``noise`` is in the mechanism's unit (:data:`dpnoise.accounting.MECHANISMS`): the noise
+        multiplier sigma (std sigma * C) for the Gaussian mechanisms, the absolute Laplace scale b
+        for laplace-l1 and lap2 (accounted through b / clip), and r for dirichlet.
         """
         mechanism = mechanism or self.spec.mechanism
         if mechanism not in MECHANISMS:
-            raise ValueError(f"unknown mechanism {mechanism!r}; choose from {sorted(MECHANISMS)}")
+            raise InvalidParameterError(f"unknown mechanism {mechanism!r}; choose from {sorted(MECHANISMS)}")
         event = MECHANISMS[mechanism](noise, clip, params, alpha)
         q = check_sample_rate("sample_rate", sample_rate)
         return self.compose(PoissonSampledEvent(q, event), steps)
 
     # -- how it is accounted ---------------------------------------------------------------
-    def get_rdp(self) -> np.ndarray:
-        """Total RDP curve over ``self.orders``."""
-        total = np.zeros_like(self.orders)
-        for event, count in self._history:
-            total = total + event_rdp(SelfComposedEvent(event, count), self.orders, self.spec.methods)
-        return total
-
     def _warn(self) -> None:
         if not self.sound:
             warnings.warn(self.spec.warning or f"{self.name} is not sound", UnsoundAccountantWarning, stacklevel=3)
+
+    def _epsilon_and_bound(self, delta: float) -> tuple[float, str]:
+        raise NotImplementedError
+
+    def _delta(self, epsilon: float) -> float:
+        raise NotImplementedError
+
+    def get_epsilon_and_bound(self, delta: float) -> tuple[float, str]:
+        """(epsilon at ``delta``, which bound gave it: e.g. "Renyi order 12", "PLD")."""
+        delta = check_delta("delta", delta)
+        self._warn()
+        if not self._history:
+            return 0.0, "no steps"
+        return self._epsilon_and_bound(delta)
+
+    def get_epsilon(self, delta: float) -> float:
+        """Epsilon at ``delta``: a proven upper bound iff ``self.sound``."""
+        return self.get_epsilon_and_bound(delta)[0]
+
+    def get_delta(self, epsilon: float) -> float:
+        """delta(epsilon), capped at 1."""
+        epsilon = check_positive("epsilon", epsilon)
+        self._warn()
+        if not self._history:
+            return 0.0
+        return self._delta(epsilon)
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "accountant": self.name,
+            "history": [{"event": event_to_dict(e), "count": c} for e, c in self._history],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("accountant") != self.name:
+            raise InvalidParameterError(f"state is for accountant {state.get('accountant')!r}, not {self.name!r}")
+        self._history = [(event_from_dict(h["event"]), int(h["count"])) for h in state["history"]]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, steps={self.steps})"
+
+
+class RdpAccountant(PrivacyAccountant):
+    """Renyi-DP accountant for a named accounting method (see ``dpnoise.accounting.ACCOUNTANTS``).
+
+    >>> acc = RdpAccountant("lap2-rdp")
+    >>> acc.step(noise=0.8, sample_rate=0.0043, clip=1.0, params=26010, steps=5860)
+    RdpAccountant('lap2-rdp', steps=5860)
+    >>> round(acc.get_epsilon(1e-5), 2)
+    3.41
+    """
+
+    def __init__(self, name: str = "gaussian-rdp", orders: Optional[np.ndarray] = None) -> None:
+        super().__init__(name)
+        if self.spec.kind != "rdp":
+            raise InvalidParameterError(f"accountant {name!r} is not an RDP accountant (it is {self.spec.kind})")
+        self.orders = np.asarray(DEFAULT_ORDERS if orders is None else orders, dtype=float)
+
+    def _check_supported(self, event: DpEvent) -> None:
+        event_rdp(event, self.orders[:1], self.spec.methods)
+
+    def get_rdp(self) -> np.ndarray:
+        """Total RDP curve over ``self.orders`` (checked: no NaN, >= 0, non-decreasing)."""
+        total = np.zeros_like(self.orders)
+        for event, count in self._history:
+            total = total + event_rdp(SelfComposedEvent(event, count), self.orders, self.spec.methods)
+        return checked_rdp_curve(self.orders, total, f"accountant {self.name}")
 
     def get_epsilon_and_order(self, delta: float) -> tuple[float, float]:
         """(epsilon, optimal Renyi order) at ``delta`` (Balle et al. 2020 conversion)."""
@@ -117,36 +191,132 @@ class RdpAccountant:
             return 0.0, float("nan")
         return epsilon_from_rdp(self.orders, self.get_rdp(), delta)
 
-    def get_epsilon(self, delta: float) -> float:
-        """Epsilon at ``delta``: a proven upper bound iff ``self.sound``."""
-        return self.get_epsilon_and_order(delta)[0]
+    def _epsilon_and_bound(self, delta: float) -> tuple[float, str]:
+        epsilon, order = epsilon_from_rdp(self.orders, self.get_rdp(), delta)
+        return epsilon, f"Renyi order {order:g}"
 
-    def get_delta(self, epsilon: float) -> float:
-        """delta(epsilon) (same conversion, inverted)."""
-        epsilon = check_positive("epsilon", epsilon)
-        self._warn()
-        if not self._history:
-            return 0.0
+    def _delta(self, epsilon: float) -> float:
         return delta_from_rdp(self.orders, self.get_rdp(), epsilon)[0]
 
-    # -- checkpoints -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "accountant": self.name,
-            "orders": self.orders.tolist(),
-            "history": [{"event": event_to_dict(e), "count": c} for e, c in self._history],
-        }
+        return {**super().state_dict(), "orders": self.orders.tolist()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("accountant") != self.name:
-            raise ValueError(f"state is for accountant {state.get('accountant')!r}, not {self.name!r}")
+        super().load_state_dict(state)
         self.orders = np.asarray(state["orders"], dtype=float)
-        self._history = [(event_from_dict(h["event"]), int(h["count"])) for h in state["history"]]
-
-    def __repr__(self) -> str:
-        return f"RdpAccountant({self.name!r}, steps={self.steps})"
 
 
-def get_accountant(name: str, orders: Optional[np.ndarray] = None) -> RdpAccountant:
-    """A fresh accountant by name ("gaussian", "laplace-l1", "lap2", "lap2-paper", "dirichlet", ...)."""
-    return RdpAccountant(name, orders)
+def flat_ledger(history: list[tuple[DpEvent, int]]) -> Ledger:
+    """The ledger as (Poisson-sampled mechanism event, count) pairs (composition unrolled)."""
+
+    def unroll(event: DpEvent, count: int) -> Iterator[tuple[DpEvent, int]]:
+        if isinstance(event, SelfComposedEvent):
+            yield from unroll(event.event, count * event.count)
+        elif isinstance(event, ComposedEvent):
+            for inner in event.events:
+                yield from unroll(inner, count)
+        elif isinstance(event, PoissonSampledEvent):
+            yield event, count
+        else:
+            yield PoissonSampledEvent(1.0, event), count
+
+    return tuple(pair for event, count in history for pair in unroll(event, count) if pair[1])
+
+
+class PldAccountant(PrivacyAccountant):
+    """Privacy-loss-distribution accountant (dp_accounting's PLDs, pessimistic rounding).
+
+    Covers Poisson-sampled Gaussian, Laplace (L1) and, through Gaussian-DP domination, Lap2 steps.
+    Where the PLD grid would be too large (e.g. sigma below ~0.02, or more than 1e6 steps) it
+    reports epsilon = +inf with the reason; the default accountants then use their RDP route.
+
+    >>> acc = PldAccountant("gaussian-pld").step(0.7928, 258 / 60000, steps=5860)
+    >>> round(acc.get_epsilon(1e-5), 2)
+    2.99
+    """
+
+    def __init__(self, name: str = "gaussian-pld") -> None:
+        super().__init__(name)
+        if self.spec.kind != "pld":
+            raise InvalidParameterError(f"accountant {name!r} is not a PLD accountant (it is {self.spec.kind})")
+
+    def _check_supported(self, event: DpEvent) -> None:
+        for sampled, _ in flat_ledger([(event, 1)]):
+            reason = pld_feasibility(sampled, 1, 1.0)
+            if reason is not None and reason.startswith("no PLD"):
+                raise InvalidParameterError(f"accountant {self.name!r}: {reason}")
+
+    def _epsilon_and_bound(self, delta: float) -> tuple[float, str]:
+        epsilon, reason = pld_epsilon(flat_ledger(self._history), delta)
+        return epsilon, "PLD (dp_accounting, pessimistic)" if reason is None else f"PLD not computed: {reason}"
+
+    def _delta(self, epsilon: float) -> float:
+        return pld_delta(flat_ledger(self._history), epsilon)[0]
+
+
+class MinimumAccountant(PrivacyAccountant):
+    """The smallest epsilon of several sound accountants ("routes") of the same ledger, per delta.
+
+    >>> acc = MinimumAccountant("gaussian").step(0.7928, 258 / 60000, steps=5860)
+    >>> eps, bound = acc.get_epsilon_and_bound(1e-5)
+    >>> round(eps, 2), bound.split(":")[0]
+    (2.99, 'gaussian-pld')
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        if self.spec.kind != "minimum" or not self.spec.routes:
+            raise InvalidParameterError(f"accountant {name!r} is not a minimum of routes")
+        if not all(get_spec(route).sound for route in self.spec.routes) or not self.sound:
+            raise InvalidParameterError(f"accountant {name!r}: a minimum is sound only over sound routes")
+
+    def routes(self) -> list[PrivacyAccountant]:
+        """A fresh accountant per route, holding this ledger."""
+        out = []
+        for route in self.spec.routes:
+            acc = get_accountant(route)
+            acc._history = list(self._history)  # noqa: SLF001 (same ledger, other method)
+            out.append(acc)
+        return out
+
+    def _check_supported(self, event: DpEvent) -> None:
+        for route in self.spec.routes:
+            get_accountant(route)._check_supported(event)  # noqa: SLF001
+
+    def epsilon_by_route(self, delta: float) -> dict[str, tuple[float, str]]:
+        """{route: (epsilon, bound)} at ``delta``."""
+        delta = check_delta("delta", delta)
+        return {acc.name: acc.get_epsilon_and_bound(delta) for acc in self.routes()}
+
+    def _epsilon_and_bound(self, delta: float) -> tuple[float, str]:
+        by_route = self.epsilon_by_route(delta)
+        route = min(by_route, key=lambda name: by_route[name][0])
+        epsilon, bound = by_route[route]
+        return epsilon, f"{route}: {bound}"
+
+    def _delta(self, epsilon: float) -> float:
+        return min(acc.get_delta(epsilon) for acc in self.routes())
+
+
+_KINDS = {"rdp": RdpAccountant, "pld": PldAccountant, "minimum": MinimumAccountant}
+
+
+def get_accountant(name: str, orders: Optional[np.ndarray] = None) -> PrivacyAccountant:
+    """A fresh accountant by name (``dpnoise.accounting.ACCOUNTANTS``: "gaussian", "lap2", ...)."""
+    spec = get_spec(name)
+    if spec.kind == "rdp":
+        return RdpAccountant(name, orders)
+    if orders is not None:
+        raise InvalidParameterError(f"orders= applies to RDP accountants only, not {name!r} ({spec.kind})")
+    return _KINDS[spec.kind](name)
+
+
+__all__ = [
+    "MinimumAccountant",
+    "PldAccountant",
+    "PrivacyAccountant",
+    "RdpAccountant",
+    "UnsoundAccountantWarning",
+    "flat_ledger",
+    "get_accountant",
+]

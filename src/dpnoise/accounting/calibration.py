@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import numpy as np
 from scipy.optimize import brentq
 
-from dpnoise.accounting.accountant import RdpAccountant, UnsoundAccountantWarning
+from dpnoise.accounting.accountant import UnsoundAccountantWarning, get_accountant
 from dpnoise.accounting.registry import accountants_for_mechanism, get_spec
 from dpnoise.accounting.validation import (
     InvalidParameterError,
@@ -50,8 +50,9 @@ def solve_smallest(
 ) -> float:
     """Smallest x in [lower, upper] with epsilon_of(x) <= target, for epsilon_of non-increasing in x.
 
-    Brackets by doubling/halving from ``initial``, then Brent's method on log x; the answer is
-    checked afterwards and nudged upwards until epsilon_of(x) <= target (never overshoots).
+    Brackets by factors of 2 from ``initial`` (a good guess, e.g. a looser accountant's answer,
+    saves evaluations), then Brent's method on log x to a relative tolerance of 1e-9; the answer
+    is checked afterwards and nudged upwards until epsilon_of(x) <= target (never overshoots).
     """
     target = check_positive("target epsilon", target)
 
@@ -67,13 +68,13 @@ def solve_smallest(
                 f"(the floor for these sampling/step/delta settings); raise epsilon or delta, or "
                 f"lower the number of steps or the sample rate"
             )
-        hi = min(hi * 4.0, upper)
+        hi = min(hi * 2.0, upper)
     lo = hi
     while f(math.log(lo)) <= 0:
         if lo <= lower:
             return lower
-        lo = max(lo / 4.0, lower)
-    x = math.exp(brentq(f, math.log(lo), math.log(hi), xtol=1e-12, rtol=1e-12))
+        lo = max(lo / 2.0, lower)
+    x = math.exp(brentq(f, math.log(lo), math.log(hi), xtol=1e-9, rtol=1e-9))
     nudge = 1e-12
     while epsilon_of(x) > target:  # Brent's answer may sit a hair on the wrong side
         x = min(x * (1.0 + nudge), hi)
@@ -100,7 +101,7 @@ class CalibrationResult:
 
 
 def _epsilon(name: str, noise: float, q: float, steps: int, delta: float, **kw: object) -> float:
-    acc = RdpAccountant(name)
+    acc = get_accountant(name)
     acc.step(noise, q, steps=steps, **kw)  # type: ignore[arg-type]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsoundAccountantWarning)
@@ -152,7 +153,12 @@ def calibrate_noise(
     def eps_of(ratio: float) -> float:
         return _epsilon(accountant, ratio * scale, q, steps, delta, clip=clip, params=params)
 
-    ratio = solve_smallest(eps_of, eps_t, initial=max(guess, 1e-3))
+    initial = max(guess, 1e-3)
+    rdp_routes = [route for route in spec.routes if get_spec(route).kind == "rdp"]
+    if rdp_routes:
+        # The minimum is at most its (fast) RDP route: that route's answer brackets the root.
+        initial = calibrate_noise(rdp_routes[0], eps_t, delta, q, steps, clip=clip, params=params).noise / scale
+    ratio = solve_smallest(eps_of, eps_t, initial=initial)
     noise = ratio * scale
     by_acc = {
         name: _epsilon(name, noise, q, steps, delta, clip=clip, params=params)

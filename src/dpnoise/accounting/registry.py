@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional
 
 from dpnoise.accounting.events import (
     DirichletEvent,
@@ -13,14 +13,14 @@ from dpnoise.accounting.events import (
     MechanismEvent,
 )
 from dpnoise.accounting.rdp.registry import AccountingMethods
-from dpnoise.accounting.validation import check_count, check_positive
+from dpnoise.accounting.validation import InvalidParameterError, check_count, check_positive
 
-#: Printed next to every Dirichlet / penultimate-layer epsilon (spec dirichlet.md §5).
+#: Printed next to every Dirichlet / penultimate-layer epsilon (docs/theory/dirichlet.md Sec. 5).
 OUTPUT_PRIVACY_SCOPE = (
     "Scope: this epsilon bounds what the released noisy outputs reveal about the private inputs "
     "(labels are public). It is NOT a guarantee for the trained model's parameters: the SGD "
     "update is not a post-processing of the released outputs, since it depends on the private "
-    "input through the network's Jacobian (spec dirichlet.md §5)."
+    "input through the network's Jacobian (docs/theory/dirichlet.md Sec. 5)."
 )
 
 
@@ -40,7 +40,7 @@ def _laplace_l1(noise: float, clip: float, params: Optional[int], alpha: Optiona
 
 def _lap2(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
     if params is None:
-        raise ValueError("params (the number of trained parameters n) is required for lap2")
+        raise InvalidParameterError("params (the number of trained parameters n) is required for lap2")
     return Lap2Event(
         check_positive("noise", noise) / check_positive("clip", clip), check_count("params", params, 1)
     )
@@ -64,9 +64,16 @@ MECHANISMS: dict[str, EventFactory] = {
 }
 
 
+AccountantKind = Literal["rdp", "pld", "minimum"]
+
+
 @dataclass(frozen=True)
 class AccountantSpec:
-    """A named accountant: the mechanism it accounts for and the bounds it uses."""
+    """A named accountant: the mechanism it accounts for and how.
+
+    ``kind``: "rdp" (Renyi DP with ``methods``), "pld" (dp_accounting's privacy loss
+    distributions) or "minimum" (per delta, the smallest epsilon of the sound ``routes``).
+    """
 
     name: str
     mechanism: str
@@ -75,35 +82,80 @@ class AccountantSpec:
     description: str
     warning: Optional[str] = None
     scope: Optional[str] = None
+    kind: AccountantKind = "rdp"
+    routes: tuple[str, ...] = ()
 
 
 _SOUND = AccountingMethods()
+_PLD_NOTE = (
+    "dp_accounting's privacy loss distribution with pessimistic (connect-the-dots) rounding, "
+    "arXiv 2207.04380"
+)
+
+
+def _pld_and_rdp(mechanism: str, pld: str, rdp: str, scope: Optional[str] = None) -> list[AccountantSpec]:
+    """The default accountant of a Gaussian/Laplace mechanism: min(PLD, RDP), and both routes."""
+    return [
+        AccountantSpec(
+            mechanism, mechanism, _SOUND, True,
+            f"The smaller of {mechanism}-pld (primary) and {mechanism}-rdp, per delta (both sound).",
+            scope=scope, kind="minimum", routes=(f"{mechanism}-pld", f"{mechanism}-rdp"),
+        ),
+        AccountantSpec(f"{mechanism}-pld", mechanism, _SOUND, True, f"{pld}: {_PLD_NOTE}.", scope=scope, kind="pld"),
+        AccountantSpec(f"{mechanism}-rdp", mechanism, _SOUND, True, rdp, scope=scope),
+    ]
+
 
 ACCOUNTANTS: dict[str, AccountantSpec] = {
     spec.name: spec
     for spec in [
-        AccountantSpec(
-            "gaussian", "gaussian", _SOUND, True,
-            "Sampled Gaussian mechanism RDP (Mironov, Talwar, Zhang 2019); exact at integer orders.",
+        *_pld_and_rdp(
+            "gaussian",
+            "Poisson-sampled Gaussian mechanism",
+            "Sampled Gaussian mechanism RDP (Mironov, Talwar, Zhang 2019, arXiv 1908.10530); exact "
+            "at integer orders.",
         ),
-        AccountantSpec(
-            "laplace-l1", "laplace-l1", _SOUND, True,
+        *_pld_and_rdp(
+            "laplace-l1",
+            "Poisson-sampled Laplace mechanism (L1 clipping: one-coordinate shift of C)",
             "Poisson-sampled Laplace with L1 clipping: exact binomial expansion of the 1-D shift "
-            "(Zhu & Wang 2019 tight form, which holds for Laplace).",
+            "at integer orders (Zhu & Wang 2019 tight form, which holds for Laplace).",
+        ),
+        *_pld_and_rdp(
+            "penultimate-gaussian",
+            "Poisson-sampled Gaussian at noise multiplier sigma/2 (input replacement moves a "
+            "clipped activation by up to 2C)",
+            "Gaussian noise on per-example clipped penultimate activations (reconstruction of Monir "
+            "& Ghinita 2024, docs/theory/dirichlet.md Sec. 6): sampled Gaussian RDP at multiplier "
+            "sigma/2 (input replacement moves a clipped activation by up to 2C).",
+            scope=OUTPUT_PRIVACY_SCOPE,
         ),
         AccountantSpec(
             "lap2", "lap2", _SOUND, True,
-            "Sound L2-clipped Laplace accountant (spec lap2.md §4): one Bernoulli draw for all "
+            "The smaller of lap2-rdp and lap2-gdp, per delta (both sound).",
+            kind="minimum", routes=("lap2-rdp", "lap2-gdp"),
+        ),
+        AccountantSpec(
+            "lap2-rdp", "lap2", _SOUND, True,
+            "Sound L2-clipped Laplace RDP (docs/theory/lap2.md Sec. 4): one Bernoulli draw for all "
             "coordinates; per order min(max(add expansion, remove lemma), Zhu-Wang general) with "
             "base moments min(majorization sum, Gaussian domination).",
         ),
         AccountantSpec(
+            "lap2-gdp", "lap2", _SOUND, True,
+            "One Lap2 step is M_n-GDP (M_n < sqrt(pi/2) C/b; docs/theory/lap2.md Sec. 10), so the "
+            f"Poisson-sampled Gaussian PLD at noise multiplier 1/M_n bounds it: {_PLD_NOTE}.",
+            kind="pld",
+        ),
+        AccountantSpec(
             "lap2-paper", "lap2", AccountingMethods(lap2="paper"), False,
-            "The seed's majorization accountant exactly as published (Thm III.7).",
+            "The majorization accountant of Mohammady et al., \"Lap2: Revisiting Laplace DP-SGD for "
+            "High Dimensions via Majorization Theory\", exactly as published (see "
+            "docs/theory/lap2.md Sec. 3; Thm III.7).",
             warning="lap2-paper is the published Lap2 accountant, which is NOT a valid privacy bound "
-            "in general: it subsamples each coordinate independently (spec lap2.md §3). Its epsilon "
-            "can be below the true epsilon (e.g. 7.94 vs a proven lower bound of ~31.7 at b/C = 0.4 "
-            "in the seed's MNIST setting). Use 'lap2' for a guarantee.",
+            "in general: it subsamples each coordinate independently (docs/theory/lap2.md Sec. 3). "
+            "Its epsilon can be below the true epsilon (e.g. 7.94 vs a proven lower bound of ~31.7 "
+            "at b/C = 0.4 in the paper's MNIST setting). Use 'lap2' for a guarantee.",
         ),
         AccountantSpec(
             "lap2-add-only", "lap2", AccountingMethods(lap2="add-only"), False,
@@ -112,32 +164,24 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
             "it is not a guarantee for removal. Use 'lap2' for a guarantee.",
         ),
         AccountantSpec(
-            "dirichlet", "dirichlet", _SOUND, True,
-            "Dirichlet mechanism: Ponnoprat (2023) base RDP + Zhu & Wang (2019) general Poisson "
-            "subsampling bound (spec dirichlet.md §1-3).",
+            "dirichlet", "dirichlet", AccountingMethods(dirichlet_base="exact-vertex"), True,
+            "Dirichlet mechanism: exact two-vertex base RDP, proven for integer orders "
+            "(docs/theory/dirichlet.md Sec. 1.2), with Zhu & Wang (2019, arXiv 1808.00087) general "
+            "Poisson subsampling bound. RDP only: no PLD dominating pair is known.",
             scope=OUTPUT_PRIVACY_SCOPE,
         ),
         AccountantSpec(
-            "dirichlet-exact-vertex", "dirichlet",
-            AccountingMethods(dirichlet_base="exact-vertex"), False,
-            "Dirichlet with the exact two-vertex base RDP (spec dirichlet.md §1.2).",
-            warning="dirichlet-exact-vertex uses a worst case found numerically, not proven "
-            "(spec dirichlet.md §1.2). Use 'dirichlet' for a guarantee.",
+            "dirichlet-ponnoprat", "dirichlet", AccountingMethods(dirichlet_base="ponnoprat"), True,
+            "Dirichlet mechanism as in the paper: Ponnoprat (2023, arXiv 2110.01984) base RDP + Zhu "
+            "& Wang general subsampling (sound, looser than 'dirichlet').",
             scope=OUTPUT_PRIVACY_SCOPE,
         ),
         AccountantSpec(
             "dirichlet-tight", "dirichlet",
-            AccountingMethods(dirichlet_subsampling="tight"), False,
-            "Dirichlet with Zhu & Wang's tight subsampling form (spec dirichlet.md §2.2).",
+            AccountingMethods(dirichlet_base="exact-vertex", dirichlet_subsampling="tight"), False,
+            "Dirichlet with Zhu & Wang's tight subsampling form (docs/theory/dirichlet.md Sec. 2.2).",
             warning="dirichlet-tight assumes a condition of Zhu & Wang's tight bound that is "
             "unproven for the Dirichlet mechanism. Use 'dirichlet' for a guarantee.",
-            scope=OUTPUT_PRIVACY_SCOPE,
-        ),
-        AccountantSpec(
-            "penultimate-gaussian", "penultimate-gaussian", _SOUND, True,
-            "Gaussian noise on per-example clipped penultimate activations (reconstruction of Monir "
-            "& Ghinita 2024, spec dirichlet.md §6): sampled Gaussian RDP at multiplier sigma/2 "
-            "(input replacement moves a clipped activation by up to 2C).",
             scope=OUTPUT_PRIVACY_SCOPE,
         ),
     ]
@@ -145,18 +189,18 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
 
 #: The accountants reported side by side for each mechanism (the default first).
 _REPORTED: dict[str, list[str]] = {
-    "gaussian": ["gaussian"],
-    "laplace-l1": ["laplace-l1"],
-    "lap2": ["lap2", "lap2-paper"],
-    "dirichlet": ["dirichlet"],
-    "penultimate-gaussian": ["penultimate-gaussian"],
+    "gaussian": ["gaussian", "gaussian-pld", "gaussian-rdp"],
+    "laplace-l1": ["laplace-l1", "laplace-l1-pld", "laplace-l1-rdp"],
+    "lap2": ["lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"],
+    "dirichlet": ["dirichlet", "dirichlet-ponnoprat"],
+    "penultimate-gaussian": ["penultimate-gaussian", "penultimate-gaussian-pld", "penultimate-gaussian-rdp"],
 }
 
 
 def accountants_for_mechanism(mechanism: str, include_options: bool = False) -> list[str]:
     """Names of the accountants that apply to ``mechanism``, the default (sound) one first."""
     if mechanism not in MECHANISMS:
-        raise ValueError(f"unknown mechanism {mechanism!r}; choose from {sorted(MECHANISMS)}")
+        raise InvalidParameterError(f"unknown mechanism {mechanism!r}; choose from {sorted(MECHANISMS)}")
     if include_options:
         return [n for n, s in ACCOUNTANTS.items() if s.mechanism == mechanism]
     return list(_REPORTED[mechanism])
@@ -165,5 +209,5 @@ def accountants_for_mechanism(mechanism: str, include_options: bool = False) -> 
 def get_spec(name: str) -> AccountantSpec:
     """The named accountant's spec (``ValueError`` naming the choices if unknown)."""
     if name not in ACCOUNTANTS:
-        raise ValueError(f"unknown accountant {name!r}; choose from {sorted(ACCOUNTANTS)}")
+        raise InvalidParameterError(f"unknown accountant {name!r}; choose from {sorted(ACCOUNTANTS)}")
     return ACCOUNTANTS[name]

@@ -13,11 +13,11 @@ from typing import Optional
 
 import numpy as np
 
-from dpnoise.accounting.accountant import RdpAccountant, UnsoundAccountantWarning
+from dpnoise.accounting.accountant import PrivacyAccountant, UnsoundAccountantWarning, get_accountant
 
 
-def _accountant(name: str, noise_multiplier: float, q: float, steps: int, params: int) -> RdpAccountant:
-    acc = RdpAccountant(name)
+def _accountant(name: str, noise_multiplier: float, q: float, steps: int, params: int) -> PrivacyAccountant:
+    acc = get_accountant(name)
     acc.step(noise_multiplier, q, clip=1.0, params=params, steps=steps)
     return acc
 

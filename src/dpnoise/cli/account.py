@@ -11,6 +11,7 @@ from dpnoise.accounting import (
     accountants_for_mechanism,
     get_accountant,
 )
+from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.cli.common import accountant_lines, add_setting_options, emit, resolve_setting
 
 
@@ -31,9 +32,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     mechanism, accountant, q, steps, kwargs = resolve_setting(args)
+    if mechanism == "dirichlet" and args.noise >= kwargs["alpha"]:
+        raise InvalidParameterError(
+            f"--noise (r = {args.noise:g}) must be < --alpha ({kwargs['alpha']:g}) for dirichlet: "
+            "otherwise no Renyi order >= 2 is admissible"
+        )
     acc = get_accountant(accountant)
     acc.step(args.noise, q, steps=steps, **kwargs)
-    epsilon, order = acc.get_epsilon_and_order(args.delta)
+    epsilon, bound = acc.get_epsilon_and_bound(args.delta)
     by_acc = {}
     for name in accountants_for_mechanism(mechanism):
         other = get_accountant(name).step(args.noise, q, steps=steps, **kwargs)
@@ -46,14 +52,14 @@ def run(args: argparse.Namespace) -> int:
         "accountant": accountant,
         "epsilon": epsilon,
         "delta": args.delta,
-        "order": order,
+        "bound": bound,
         "steps": steps,
         "sample_rate": q,
         "noise": args.noise,
         "clip": kwargs["clip"],
         "params": kwargs["params"],
         "sound": spec.sound,
-        "bound": spec.description,
+        "description": spec.description,
         "epsilon_by_accountant": by_acc,
         "sound_by_accountant": {name: ACCOUNTANTS[name].sound for name in by_acc},
         "warning": spec.warning,
@@ -61,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     }
     lines = [
         f"mechanism {mechanism}, accountant {accountant}: epsilon = {epsilon:.4f} at delta = {args.delta:g} "
-        f"(Renyi order {order:g}; {steps} steps at q = {q:.6g})"
+        f"({bound}; {steps} steps at q = {q:.6g})"
     ]
     lines += accountant_lines(by_acc)
     if spec.scope:

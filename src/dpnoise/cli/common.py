@@ -7,8 +7,14 @@ import json
 import math
 from typing import Any
 
-from dpnoise.accounting import MECHANISMS, steps_from_epochs
-from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
+from dpnoise.accounting import ACCOUNTANTS, MECHANISMS, accountants_for_mechanism, steps_from_epochs
+from dpnoise.accounting.validation import (
+    InvalidParameterError,
+    check_count,
+    check_delta,
+    check_positive,
+    check_sample_rate,
+)
 
 MECHANISM_CHOICES = ["gaussian", "laplace-l1", "lap2", "lap2-paper", "dirichlet", "penultimate-gaussian"]
 
@@ -21,6 +27,10 @@ def add_setting_options(p: argparse.ArgumentParser) -> None:
                    "lap2-paper (L2-clipped Laplace, the seed's published accountant: NOT a valid "
                    "bound in general), dirichlet (Dirichlet output mechanism), penultimate-gaussian "
                    "(Gaussian noise on clipped penultimate activations)")
+    p.add_argument("--accountant", choices=sorted(ACCOUNTANTS), metavar="NAME",
+                   help="accountant to use instead of the mechanism's default (which is the smallest "
+                   "of its sound routes: PLD and RDP for gaussian, laplace-l1 and penultimate-gaussian; "
+                   "lap2-rdp and lap2-gdp for lap2). One of: " + ", ".join(sorted(ACCOUNTANTS)))
     p.add_argument("--clip", type=float, default=1.0,
                    help="clipping norm C (L2 for lap2/gaussian, L1 for laplace-l1); default 1. "
                    "Laplace accountants depend on noise/clip only")
@@ -42,6 +52,14 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
     """(mechanism, accountant, q, steps, step kwargs) from parsed options; errors name the option."""
     accountant = args.mechanism
     mechanism = "lap2" if accountant == "lap2-paper" else accountant
+    if args.accountant is not None:
+        if ACCOUNTANTS[args.accountant].mechanism != mechanism:
+            raise InvalidParameterError(
+                f"--accountant {args.accountant} does not apply to --mechanism {mechanism}; choose from "
+                + ", ".join(accountants_for_mechanism(mechanism, include_options=True))
+            )
+        accountant = args.accountant
+    check_delta("--delta", args.delta)
     if args.sample_rate is not None:
         q = check_sample_rate("--sample-rate", args.sample_rate)
     else:
@@ -59,21 +77,19 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
         if args.params is None:
             raise InvalidParameterError("--params (number of trained parameters n >= 1) is required for lap2")
         params = check_count("--params", args.params, 1)
-    kwargs: dict[str, Any] = {"clip": args.clip, "params": params}
+    kwargs: dict[str, Any] = {"clip": check_positive("--clip", args.clip), "params": params}
     if mechanism == "dirichlet":
-        kwargs["alpha"] = args.alpha
+        kwargs["alpha"] = check_positive("--alpha", args.alpha)
     assert mechanism in MECHANISMS
     return mechanism, accountant, q, steps, kwargs
 
 
 def accountant_lines(epsilon_by_accountant: dict[str, float]) -> list[str]:
     """One line per accountant when several apply (e.g. lap2 and lap2-paper side by side)."""
-    from dpnoise.accounting import ACCOUNTANTS
-
     if len(epsilon_by_accountant) < 2:
         return []
     return [
-        f"  {name:<12} epsilon = {value:.4f}  "
+        f"  {name:<26} epsilon = {value:.4f}  "
         f"({'sound' if ACCOUNTANTS[name].sound else 'NOT a valid bound in general'})"
         for name, value in epsilon_by_accountant.items()
     ]

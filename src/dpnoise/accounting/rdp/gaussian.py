@@ -11,10 +11,12 @@ from dpnoise.accounting.rdp.subsampling import log_moment_add_direction
 _SERIES_CHUNK = 256
 
 
-#: Below this noise multiplier the fractional-order series cancels catastrophically (terms of size
-#: i^2 / (2 sigma^2) with opposite signs); fractional orders then get +inf (no bound), integer
-#: orders stay exact.
+#: Outside [FRACTIONAL_MIN_NOISE, FRACTIONAL_MAX_NOISE] the fractional-order series cancels
+#: catastrophically (small sigma: terms of size i^2 / (2 sigma^2) with opposite signs; large sigma:
+#: terms of size 1 summing to 1 + RDP with RDP ~ q^2 / sigma^2 below rounding); fractional orders
+#: then get +inf (no bound), integer orders stay exact.
 FRACTIONAL_MIN_NOISE = 0.1
+FRACTIONAL_MAX_NOISE = 30.0
 
 
 def inverse_two_sigma_squared(noise_multiplier: float) -> float:
@@ -69,7 +71,7 @@ def sampled_gaussian_rdp(q: float, noise_multiplier: float, orders: np.ndarray) 
     """RDP D_a of the Poisson-sampled Gaussian mechanism with noise std ``noise_multiplier * C``.
 
     Integer orders: exact binomial expansion (Mironov et al. 2019, Sec. 3.3, Eq. (3)); fractional
-    orders: their two-sided series, for sigma >= ``FRACTIONAL_MIN_NOISE`` (+inf below).
+    orders: their two-sided series, for sigma in [``FRACTIONAL_MIN_NOISE``, ``FRACTIONAL_MAX_NOISE``] (+inf outside).
     Equal to Opacus / dp_accounting's RDP for this mechanism.
     """
     orders = np.asarray(orders, dtype=float)
@@ -81,7 +83,7 @@ def sampled_gaussian_rdp(q: float, noise_multiplier: float, orders: np.ndarray) 
     if ints.any():
         base = gaussian_base_log_moments(noise_multiplier, int(orders[ints].max()))
         out[ints] = log_moment_add_direction(q, orders[ints], base) / (orders[ints] - 1)
-    if noise_multiplier >= FRACTIONAL_MIN_NOISE:
+    if FRACTIONAL_MIN_NOISE <= noise_multiplier <= FRACTIONAL_MAX_NOISE:
         for k in np.flatnonzero(~ints):
             out[k] = _log_a_fractional(q, noise_multiplier, float(orders[k])) / (orders[k] - 1)
     return out
