@@ -186,7 +186,9 @@ class PrivacyEngine:
             raise InvalidTrainingOptionError("the data loader needs a batch_size (the expected batch size)")
         if len(data_loader.dataset) == 0:
             raise InvalidTrainingOptionError("the data loader's dataset is empty")
-        check_sample_rate("data_loader.batch_size / len(dataset)", data_loader.batch_size / len(data_loader.dataset))
+        rate = check_sample_rate("data_loader.batch_size / len(dataset)", data_loader.batch_size / len(data_loader.dataset))
+        if epochs is not None and not np.isfinite(epochs / rate):
+            raise InvalidTrainingOptionError(f"epochs={epochs:g} at sample rate {rate:g} is an unbounded number of steps")
         check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         primary, accountant_names = self._choose_accountants(mech, accountant, calibrate_with)
 
