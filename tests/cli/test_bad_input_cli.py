@@ -129,6 +129,10 @@ def test_train_refuses_inconsistent_choices(capsys, no_training, flag, value, me
     assert message in assert_refused(capsys, with_option(TRAIN, flag, value), flag)
 
 
+def test_train_epochs_that_overflow_the_step_count(capsys, no_training):
+    assert_refused(capsys, with_option(TRAIN, "--epochs", "1e308"), "--epochs")
+
+
 def test_train_out_that_cannot_be_written_fails_before_training(capsys, tmp_path, no_training):
     a_file = tmp_path / "file.txt"
     a_file.write_text("not a folder")
@@ -352,6 +356,12 @@ def test_walls_refuses_bad_numbers(capsys, tmp_path, flag, value):
     out = tmp_path / "walls.png"
     assert_refused(capsys, ["walls", "--out", str(out), flag, value], flag)
     assert not out.exists()
+
+
+def test_walls_epochs_that_overflow_the_step_count(capsys, tmp_path):
+    assert_refused(capsys, ["walls", "--out", str(tmp_path / "w.png"), "--sample-rates", "1e-308"], "--sample-rates")
+    assert_refused(capsys, ["walls", "--out", str(tmp_path / "w.png"), "--epochs", "1e308"], "--epochs")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_walls_out_must_be_a_png_in_an_existing_folder(capsys, tmp_path):

@@ -126,6 +126,10 @@ def test_bad_epochs_is_refused(digits_train, no_work, value):
     refused(digits_train, "epochs", mechanism="gaussian", target_epsilon=1.0, epochs=value)
 
 
+def test_epochs_that_overflow_the_step_count_are_refused(digits_train, no_work):
+    refused(digits_train, "epochs", mechanism="gaussian", target_epsilon=1.0, epochs=1e308)
+
+
 @pytest.mark.parametrize("value", BAD_POSITIVE)
 def test_bad_dirichlet_alpha_is_refused(digits_train, no_work, value):
     refused(digits_train, "alpha", mechanism="dirichlet", noise=1.0, alpha=value)

@@ -31,6 +31,7 @@ __all__ = [
     "count_in",
     "each",
     "existing_folder",
+    "finite_steps",
     "fraction",
     "input_file",
     "nonnegative",
@@ -107,6 +108,12 @@ def count_in(flag: str, value: object, minimum: int, maximum: int) -> int:
 def seed(flag: str, value: object) -> int:
     """A random seed in [0, 2**32)."""
     return count_in(flag, value, 0, MAX_SEED)
+
+
+def finite_steps(flag: str, epochs: float, sample_rate: float) -> None:
+    """``epochs`` / ``sample_rate`` (the planned steps) must be a finite number."""
+    if not math.isfinite(epochs / sample_rate):
+        raise _error(f"{flag}: {epochs:g} epochs at sample rate {sample_rate:g} is an unbounded number of steps")
 
 
 def _nearest_existing(path: Path) -> Path:

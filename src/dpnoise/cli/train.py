@@ -261,6 +261,7 @@ def check_against_registries(args: argparse.Namespace) -> None:
     if args.batch_size > train_size:
         raise checks.InvalidParameterError(
             f"--batch-size must be <= {train_size} (the training set's size; q = batch / N <= 1), got {args.batch_size}")
+    checks.finite_steps("--epochs", args.epochs, args.batch_size / train_size)
     applicable = accountants_for_mechanism(MECHANISMS[args.mechanism].accounted_as, include_options=True)
     for flag, name in (("--accountant", args.accountant), ("--calibrate-with", args.calibrate_with)):
         if name is not None and name not in applicable:

@@ -36,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
     out = checks.output_file("--out", args.out, suffixes=(".png",))
     checks.each(checks.check_sample_rate, "--sample-rates", args.sample_rates)
     checks.check_positive("--epochs", args.epochs)
+    for q in args.sample_rates:
+        checks.finite_steps("--epochs / --sample-rates", args.epochs, q)
     delta = checks.check_delta("--delta", args.delta)
     params = checks.check_count("--params", args.params, 1)
     fixed = checks.check_positive("--fixed-noise", args.fixed_noise)
