@@ -133,6 +133,15 @@ class PrivacyAccountant:
         """Epsilon at ``delta``: a proven upper bound iff ``self.sound``."""
         return self.get_epsilon_and_bound(delta)[0]
 
+    def get_quick_epsilon(self, delta: float) -> float:
+        """A proven upper bound on :meth:`get_epsilon` that is cheap to recompute at every step.
+
+        The same value for RDP and PLD accountants; a :class:`MinimumAccountant` takes the
+        minimum over its RDP routes only (a PLD recomputed after every step would cost more than
+        the step itself).
+        """
+        return self.get_epsilon(delta)
+
     def get_delta(self, epsilon: float) -> float:
         """delta(epsilon), capped at 1."""
         epsilon = check_positive("epsilon", epsilon)
@@ -296,6 +305,10 @@ class MinimumAccountant(PrivacyAccountant):
 
     def _delta(self, epsilon: float) -> float:
         return min(acc.get_delta(epsilon) for acc in self.routes())
+
+    def get_quick_epsilon(self, delta: float) -> float:
+        rdp_routes = [acc for acc in self.routes() if acc.spec.kind == "rdp"]
+        return min(acc.get_epsilon(delta) for acc in rdp_routes) if rdp_routes else self.get_epsilon(delta)
 
 
 _KINDS = {"rdp": RdpAccountant, "pld": PldAccountant, "minimum": MinimumAccountant}

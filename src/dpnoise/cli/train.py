@@ -350,7 +350,7 @@ def run_epochs(
 
     def on_step(metrics: StepMetrics) -> None:
         record = StepRecord(metrics.step, metrics.step * sample_rate, metrics.loss, metrics.batch_accuracy,
-                            metrics.batch_size, engine.get_epsilon())
+                            metrics.batch_size, engine.get_quick_epsilon())
         history.steps.append(record)
         window = history.steps[-20:]
         bar.set_postfix(loss=f"{sum(s.loss for s in window) / len(window):.3f}",

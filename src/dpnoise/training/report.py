@@ -15,7 +15,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One optimizer step: training-batch loss/accuracy and the primary epsilon so far."""
+    """One optimizer step: training-batch loss/accuracy and a sound upper bound on the primary
+    epsilon so far (``PrivacyEngine.get_quick_epsilon``: the RDP routes of the default accountants;
+    the epoch records hold every accountant's exact value)."""
 
     step: int
     epoch: float
@@ -80,7 +82,7 @@ def plot_curves(path: Path, history: RunHistory, title: str) -> None:
     acc_ax.plot([e.step for e in history.epochs], [e.test_accuracy for e in history.epochs], "o-", label="test")
     acc_ax.set(xlabel="step", ylabel="accuracy", ylim=(0, 1), title="accuracy")
     acc_ax.legend()
-    eps_ax.plot(steps, [s.epsilon for s in history.steps], lw=1.0, label="primary accountant")
+    eps_ax.plot(steps, [s.epsilon for s in history.steps], lw=1.0, label="primary accountant (per step: quick bound)")
     names = list(history.epochs[0].epsilon_by_accountant) if history.epochs else []
     for name in names:
         eps_ax.plot([e.step for e in history.epochs], [e.epsilon_by_accountant[name] for e in history.epochs],
