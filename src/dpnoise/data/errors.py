@@ -18,6 +18,9 @@ class DatasetNotAvailableError(DpnoiseError, FileNotFoundError):
         self.install = install
         super().__init__(f"dataset {dataset!r} is not available: {missing} not found. To install it: {install}")
 
+    def __reduce__(self):  # picklable across the experiment runner's worker processes
+        return (type(self), (self.dataset, self.missing, self.install))
+
 
 class InvalidDatasetError(DpnoiseError, ValueError):
     """A dataset name, split or subset size is invalid, or a dataset file is malformed."""

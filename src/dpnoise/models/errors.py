@@ -14,6 +14,9 @@ class ModelNotAvailableError(DpnoiseError, FileNotFoundError):
         self.install = install
         super().__init__(f"model {model!r} is not available: {missing} not found. To install it: {install}")
 
+    def __reduce__(self):  # picklable across the experiment runner's worker processes
+        return (type(self), (self.model, self.missing, self.install))
+
 
 class InvalidModelError(DpnoiseError, ValueError):
     """A model name or option is invalid, or weights do not fit the model."""
