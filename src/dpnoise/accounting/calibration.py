@@ -15,7 +15,9 @@ from typing import Callable, Optional
 import numpy as np
 from scipy.optimize import brentq
 
-from dpnoise.accounting.accountant import UnsoundAccountantWarning, get_accountant
+from dpnoise.accounting.accountant import UnsoundAccountantWarning, flat_ledger, get_accountant
+from dpnoise.accounting.pld.distribution import pld_epsilon
+from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
 from dpnoise.accounting.registry import accountants_for_mechanism, get_spec
 from dpnoise.accounting.validation import (
     InvalidParameterError,
@@ -47,12 +49,14 @@ def solve_smallest(
     lower: float = 1e-8,
     upper: float = 1e8,
     name: str = "noise",
+    factor: float = 2.0,
+    tolerance: float = 1e-9,
 ) -> float:
     """Smallest x in [lower, upper] with epsilon_of(x) <= target, for epsilon_of non-increasing in x.
 
-    Brackets by factors of 2 from ``initial`` (a good guess, e.g. a looser accountant's answer,
-    saves evaluations), then Brent's method on log x to a relative tolerance of 1e-9; the answer
-    is checked afterwards and nudged upwards until epsilon_of(x) <= target (never overshoots).
+    Brackets by powers of ``factor`` from ``initial`` (a good guess, e.g. a looser accountant's
+    answer, saves evaluations), then Brent's method on log x to the relative ``tolerance``; the
+    answer is checked afterwards and nudged upwards until epsilon_of(x) <= target (never overshoots).
     """
     target = check_positive("target epsilon", target)
 
@@ -68,13 +72,13 @@ def solve_smallest(
                 f"(the floor for these sampling/step/delta settings); raise epsilon or delta, or "
                 f"lower the number of steps or the sample rate"
             )
-        hi = min(hi * 2.0, upper)
+        hi = min(hi * factor, upper)
     lo = hi
     while f(math.log(lo)) <= 0:
         if lo <= lower:
             return lower
-        lo = max(lo / 2.0, lower)
-    x = math.exp(brentq(f, math.log(lo), math.log(hi), xtol=1e-9, rtol=1e-9))
+        lo = max(lo / factor, lower)
+    x = math.exp(brentq(f, math.log(lo), math.log(hi), xtol=tolerance, rtol=tolerance))
     nudge = 1e-12
     while epsilon_of(x) > target:  # Brent's answer may sit a hair on the wrong side
         x = min(x * (1.0 + nudge), hi)
@@ -142,33 +146,68 @@ def calibrate_noise(
     eps_t, delta, q, steps = _validate(target_epsilon, delta, sample_rate, steps)
     spec = get_spec(accountant)
     if spec.mechanism == "dirichlet":
-        raise ValueError("use calibrate_dirichlet_r for the Dirichlet mechanism")
+        raise InvalidParameterError("use calibrate_dirichlet_r for the Dirichlet mechanism")
     if not spec.sound:
         warnings.warn(spec.warning or "", UnsoundAccountantWarning, stacklevel=2)
     clip = check_positive("clip", clip)
     # Laplace accountants depend on b / C only: solve for the ratio, then scale by C.
     scale = clip if spec.mechanism in ("lap2", "laplace-l1") else 1.0
     guess = gaussian_initial_noise(eps_t, delta, q, steps)
-
-    def eps_of(ratio: float) -> float:
-        return _epsilon(accountant, ratio * scale, q, steps, delta, clip=clip, params=params)
-
-    initial = max(guess, 1e-3)
-    rdp_routes = [route for route in spec.routes if get_spec(route).kind == "rdp"]
-    if rdp_routes:
-        # The minimum is at most its (fast) RDP route: that route's answer brackets the root.
-        initial = calibrate_noise(rdp_routes[0], eps_t, delta, q, steps, clip=clip, params=params).noise / scale
-    ratio = solve_smallest(eps_of, eps_t, initial=initial)
+    ratio = _smallest_ratio(accountant, eps_t, delta, q, steps, clip, params, max(guess, 1e-3))
     noise = ratio * scale
     by_acc = {
         name: _epsilon(name, noise, q, steps, delta, clip=clip, params=params)
-        for name in accountants_for_mechanism(spec.mechanism)
+        for name in dict.fromkeys([accountant, *accountants_for_mechanism(spec.mechanism)])
     }
-    by_acc[accountant] = eps_of(ratio)
+    if by_acc[accountant] > eps_t:  # every route checks its answer; this guards the combination
+        raise InvalidPrivacyCurveError(f"calibration of {accountant} gave epsilon {by_acc[accountant]} > {eps_t}")
     return CalibrationResult(
         spec.mechanism, accountant, noise, by_acc[accountant], delta, q, steps, clip, params,
         epsilon_by_accountant=by_acc, initial_guess=guess * scale,
     )
+
+
+def _smallest_ratio(
+    accountant: str, target: float, delta: float, q: float, steps: int, clip: float,
+    params: Optional[int], initial: float,
+) -> float:
+    """Smallest noise / scale reaching ``target`` under ``accountant`` (Laplace: b / C; else sigma).
+
+    * a minimum of routes: the smallest of the routes' answers (the minimum of non-increasing
+      epsilons is <= target exactly where one of them is); the fast RDP routes go first and
+      bracket the others;
+    * a PLD accountant: first on the coarse grid alone (a sound, slightly larger epsilon, cheap),
+      then on the full two-pass value within 5% below that answer;
+    * an RDP accountant: directly.
+    """
+    spec = get_spec(accountant)
+    scale = clip if spec.mechanism in ("lap2", "laplace-l1") else 1.0
+
+    def ledger(ratio: float):
+        return flat_ledger(get_accountant(accountant).step(ratio * scale, q, clip=clip, params=params, steps=steps).history)
+
+    if spec.kind == "minimum":
+        answers, failure = [], None
+        for route in sorted(spec.routes, key=lambda r: get_spec(r).kind != "rdp"):
+            try:
+                answers.append(_smallest_ratio(route, target, delta, q, steps, clip, params, min([initial, *answers])))
+            except UnreachableTargetError as err:
+                failure = err
+        if not answers:
+            raise failure
+        return min(answers)
+    if spec.kind == "pld":
+        coarse = solve_smallest(lambda r: pld_epsilon(ledger(r), delta, refine=False)[0], target,
+                                initial=initial, factor=1.25, tolerance=1e-5)
+        if pld_epsilon(ledger(coarse), delta)[0] == pld_epsilon(ledger(coarse), delta, refine=False)[0]:
+            return coarse  # no refinement at this epsilon: the same function, the same answer
+        return solve_smallest(lambda r: pld_epsilon(ledger(r), delta)[0], target, initial=coarse,
+                              factor=1.05, tolerance=1e-5)
+
+    def eps_of(ratio: float) -> float:
+        return _epsilon(accountant, ratio * scale, q, steps, delta, clip=clip, params=params)
+
+    return solve_smallest(eps_of, target, initial=initial)
 
 
 def calibrate_gaussian_sigma(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> CalibrationResult:

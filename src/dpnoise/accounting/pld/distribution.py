@@ -166,18 +166,21 @@ def _discretizations(coarse_epsilon: float) -> list[float]:
 
 
 @lru_cache(maxsize=1024)
-def pld_epsilon(history: tuple[tuple[DpEvent, int], ...], delta: float) -> tuple[float, Optional[str]]:
+def pld_epsilon(
+    history: tuple[tuple[DpEvent, int], ...], delta: float, refine: bool = True
+) -> tuple[float, Optional[str]]:
     """(epsilon(delta), None), or (+inf, reason) when the PLD route does not apply.
 
-    Two passes: a coarse value grid, then, for small epsilons, a grid of about epsilon / 3000;
-    both are pessimistic, so the smaller result is reported.
+    Two passes: a coarse value grid, then (``refine``), for small epsilons, a grid of about
+    epsilon / 3000; both are pessimistic, so the smaller result is reported.
     """
     reason = history_infeasibility(history, COARSE_DISCRETIZATION)
     if reason is not None:
         return math.inf, reason
     try:
         best = math.inf
-        for discretization in _discretizations(_coarse_epsilon(history, delta)):
+        coarse = _coarse_epsilon(history, delta)
+        for discretization in _discretizations(coarse) if refine else [COARSE_DISCRETIZATION]:
             if history_infeasibility(history, discretization) is None:
                 best = min(best, float(composed_pld(history, discretization).get_epsilon_for_delta(delta)))
     except (ArithmeticError, ValueError) as err:  # dp_accounting's own numerics gave up
