@@ -46,9 +46,9 @@ def test_record_has_every_required_field(lap2_records):
 def test_paper_calibrated_lap2_also_reports_the_sound_epsilon(lap2_records):
     _, (record, _) = lap2_records
     eps = record["epsilon_by_accountant"]
-    assert set(eps) == {"lap2", "lap2-paper"}
+    assert set(eps) == {"lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"}
     assert eps["lap2-paper"] <= record["target_epsilon"] + 1e-9
-    assert record["sound_by_accountant"] == {"lap2": True, "lap2-paper": False}
+    assert record["sound_by_accountant"] == {"lap2": True, "lap2-rdp": True, "lap2-gdp": True, "lap2-paper": False}
 
 
 def test_recorded_command_is_the_train_invocation(lap2_records):
@@ -100,7 +100,7 @@ def test_reproduce_dry_run_lists_quick_plan(capsys):
     assert main(["reproduce", "--experiment", "table2", "--dataset", "mnist", "--quick", "--dry-run",
                  "--results-dir", "/nonexistent"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 8  # 2 epsilons x 4 columns, one seed
+    assert len(lines) == 12  # 2 epsilons x 6 columns, one seed
     assert all(line.startswith("todo") and "_T5860_" in line and line.endswith("seed0") for line in lines)
 
 
@@ -139,9 +139,9 @@ def test_dirichlet_plan_uses_each_datasets_model_and_steps(capsys):
                  "cifar10-jpeg", "--epsilons", "1", "--seeds", "0", "1", "--dry-run",
                  "--results-dir", "/nonexistent"]) == 0
     names = [line.split()[1] for line in capsys.readouterr().out.splitlines()]
-    assert len(names) == 12 and [n.endswith("seed0") for n in names] == [True] * 6 + [False] * 6
+    assert len(names) == 16 and [n.endswith("seed0") for n in names] == [True] * 8 + [False] * 8
     assert all(("_cnn_" in n and "_T704_" in n) or ("_resnet-gn-small_" in n and "_T391_" in n) for n in names)
-    assert names[0].startswith("mnist_") and names[3].startswith("cifar10-jpeg_")
+    assert names[0].startswith("mnist_") and names[4].startswith("cifar10-jpeg_")
 
 
 def test_parallel_jobs_write_every_record_once(tmp_path):

@@ -8,7 +8,7 @@ from dpnoise.experiments.plans import TABLE2_COLUMNS
 from dpnoise.experiments.records import paired_difference
 from dpnoise.experiments.tables import paired_differences_markdown
 
-GAUSSIAN, LAPLACE_L1, LAP2_PAPER, LAP2 = TABLE2_COLUMNS
+GAUSSIAN, LAPLACE_L1, LAP2_PAPER, LAP2 = TABLE2_COLUMNS[:4]
 
 
 def row(column, seeds, accuracies, dataset="mnist", eps=0.88, status="ok"):
@@ -35,6 +35,6 @@ def test_markdown_lists_each_comparison_and_skips_cells_without_pairs():
     rows = [row(GAUSSIAN, [0, 1], [0.97, 0.96]), row(LAP2, [0, 1], [0.96, 0.965]),
             row(GAUSSIAN, [0], [0.8], dataset="fashion-mnist", eps=3.42)]
     text = paired_differences_markdown(rows, ["mnist", "fashion-mnist"], comparisons=[(GAUSSIAN, LAP2)])
-    assert "Gaussian − Lap2 (b from sound lap2)" in text
+    assert "Gaussian (RDP) − Lap2 (b from sound lap2-rdp)" in text
     assert "| mnist | 0.88 | +0.25 ± 1.06 (ahead in 1 of 2 seeds) |" in text
     assert "fashion-mnist" not in text.split("\n", 2)[2]

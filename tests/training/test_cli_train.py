@@ -16,9 +16,9 @@ def test_json_report_for_lap2_has_both_accountants(capsys):
     report = json.loads(capsys.readouterr().out)
     for key in ("test_accuracy", "epsilon", "epsilon_by_accountant", "delta", "steps", "mechanism", "dataset"):
         assert key in report
-    assert set(report["epsilon_by_accountant"]) == {"lap2", "lap2-paper"}
+    assert set(report["epsilon_by_accountant"]) == {"lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"}
     assert report["epsilon"] == report["epsilon_by_accountant"]["lap2"] <= 2.0
-    assert report["sound_by_accountant"] == {"lap2": True, "lap2-paper": False}
+    assert report["sound_by_accountant"] == {"lap2": True, "lap2-rdp": True, "lap2-gdp": True, "lap2-paper": False}
     assert report["steps"] == report["planned_steps"] == 23  # ceil(1 / q), q = 64 / 1437
     assert report["scope"] is None and 0.0 <= report["test_accuracy"] <= 1.0
 

@@ -48,7 +48,7 @@ def test_accountants_step_once_per_optimizer_step(digits_train, mechanism):
     assert set(epsilons) >= {MECHANISMS[mechanism].accounted_as}
     assert all(e > 0 for e in epsilons.values())
     if mechanism == "lap2":
-        assert set(epsilons) == {"lap2", "lap2-paper"}
+        assert set(epsilons) == {"lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"}
     assert engine.scope_statement == ACCOUNTANTS[engine.setup.accountant].scope
     assert (engine.scope_statement is not None) == (mechanism in ("dirichlet", "penultimate-gaussian"))
 
