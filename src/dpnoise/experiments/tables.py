@@ -150,9 +150,9 @@ def dirichlet_markdown(rows: Sequence[Row], datasets: Sequence[str], epsilons: S
               for r in unreachable]
     parts.append(f"\n† Dirichlet and penultimate-Gaussian rows. {OUTPUT_PRIVACY_SCOPE}")
     cifar = DIRICHLET_PUBLISHED["cifar10-jpeg"]
-    parts.append(f"\nSeed 2 publishes CIFAR10 only (ResNet-18, full training): Dirichlet {cifar[4.0]['dirichlet']}% "
-                 f"at ε=4 and {cifar[1.0]['dirichlet']}% at ε=1; Monir & Ghinita (penultimate layer) "
-                 f"{cifar[4.0]['penultimate-gaussian']}% at ε=4.")
+    parts.append(f"\nSeed 2 publishes CIFAR10 only (ResNet-18, full training): Dirichlet {cifar[4.0]['dirichlet-ponnoprat']}% "
+                 f"at ε=4 and {cifar[1.0]['dirichlet-ponnoprat']}% at ε=1; Monir & Ghinita (penultimate layer) "
+                 f"{cifar[4.0]['penultimate-gaussian-rdp']}% at ε=4.")
     return "\n".join(parts)
 
 
