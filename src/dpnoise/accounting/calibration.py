@@ -38,7 +38,10 @@ def steps_from_epochs(epochs: float, sample_rate: float) -> int:
     """T = ceil(epochs / q): the number of Poisson-sampled steps covering ``epochs`` (rounded up)."""
     epochs = check_positive("epochs", epochs)
     q = check_sample_rate("sample_rate", sample_rate)
-    return int(math.ceil(epochs / q - 1e-9))
+    steps = epochs / q
+    if not steps < 2**53:  # beyond this, counts are no longer exact integers
+        raise InvalidParameterError(f"epochs={epochs:g} at sample rate {q:g} is {steps:.3g} steps: too many to account")
+    return int(math.ceil(steps - 1e-9))
 
 
 def solve_smallest(

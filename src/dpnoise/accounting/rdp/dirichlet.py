@@ -34,7 +34,8 @@ def ponnoprat_rdp(r: float, alpha: float, orders: np.ndarray) -> np.ndarray:
     a = np.asarray(orders, dtype=float)
     ok = a < dirichlet_max_order(r, alpha)
     arg = np.where(ok, alpha - (a - 1) * r, 1.0)
-    return np.where(ok, a * r**2 * polygamma(1, arg), np.inf)
+    with np.errstate(over="ignore"):  # r^2 beyond double range: +inf, still an upper bound
+        return np.where(ok, a * np.float64(r) ** 2 * polygamma(1, arg), np.inf)
 
 
 def exact_vertex_rdp(r: float, alpha: float, orders: np.ndarray) -> np.ndarray:
