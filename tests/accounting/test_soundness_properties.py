@@ -22,7 +22,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import assume, example, given
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
@@ -42,6 +42,8 @@ SOUND = ["gaussian", "laplace-l1", "lap2", "penultimate-gaussian", "dirichlet"]
 ALL = [*SOUND, "lap2-paper"]
 #: PLD grids make epsilon a step function of the inputs: monotone up to the discretisation.
 PLD_SLACK = 2e-3
+#: Calibrations run a root finder over PLDs: a third of the profile's examples.
+FEWER = settings(max_examples=max(3, settings.default.max_examples // 3))
 
 
 def log_uniform(lo: float, hi: float) -> st.SearchStrategy[float]:
@@ -156,6 +158,7 @@ def test_epsilon_is_monotone(name, noise, q, steps, delta, params):
 
 
 # -- calibration, checked by a second computation ---------------------------------------------------
+@FEWER
 @given(name=st.sampled_from(["gaussian", "laplace-l1", "penultimate-gaussian"]), target=log_uniform(0.05, 20),
        q=log_uniform(1e-4, 0.5), steps=log_uniform(1, 3000).map(int), delta=log_uniform(1e-10, 1e-2))
 def test_calibrated_noise_reaches_target_under_dp_accounting(name, target, q, steps, delta):
@@ -169,6 +172,7 @@ def test_calibrated_noise_reaches_target_under_dp_accounting(name, target, q, st
     assert optimistic_pld_epsilon(kind, result.noise * factor, q, steps, delta) <= target + 1e-9
 
 
+@FEWER
 @given(target=log_uniform(0.05, 20), q=log_uniform(1e-4, 0.5), steps=log_uniform(1, 3000).map(int),
        params=log_uniform(1, 1e9).map(int), delta=log_uniform(1e-10, 1e-2))
 def test_calibrated_lap2_reaches_target_under_a_second_computation(target, q, steps, params, delta):
