@@ -9,21 +9,16 @@ return the log-moment ``M(a) = (a - 1) * D_a`` of the subsampled mechanism at in
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import gammaln, logsumexp
+from scipy.special import gammaln
 
-from dpnoise.accounting.rdp.logmath import log_binomial_weights, log_expm1
+from dpnoise.accounting.rdp.logmath import log_binomial_mixture, log_expm1
 
 _LOG3 = float(np.log(3.0))
 
 
 def _mixture(q: float, orders: np.ndarray, log_terms: np.ndarray) -> np.ndarray:
     """log1p(sum_{eta >= 2, eta <= a} exp(log w[a, eta] + log_terms[eta]))."""
-    log_w = log_binomial_weights(q, orders)
-    eta = np.arange(log_w.shape[1])
-    valid = (eta[None, :] >= 2) & (eta[None, :] <= np.asarray(orders)[:, None])
-    with np.errstate(invalid="ignore"):
-        summands = np.where(valid, log_w + log_terms[None, : log_w.shape[1]], -np.inf)
-    return np.logaddexp(0.0, logsumexp(summands, axis=1))
+    return np.logaddexp(0.0, log_binomial_mixture(q, orders, log_terms))
 
 
 def _unsampled(orders: np.ndarray, base_log_moments: np.ndarray) -> np.ndarray:
@@ -78,12 +73,16 @@ def log_negative_binomial_excess(q: float, lam: np.ndarray) -> np.ndarray:
             np.log(np.maximum(np.expm1(np.minimum(big_l, 50)) - lam * q, 1e-300)),
             big_l + np.log1p(-(1 + lam * q) * np.exp(-np.maximum(big_l, 50))),
         )
-    k = np.arange(2, 40, dtype=float)[None, :]
-    lam_col = np.maximum(lam, 1e-300)[:, None]
-    series = logsumexp(
-        gammaln(lam_col + k) - gammaln(k + 1) - gammaln(lam_col) + k * np.log(q), axis=1
-    )
-    return np.where(lam * q > 0.01, direct, series)
+    out = direct
+    series_rows = lam * q <= 0.01
+    if series_rows.any():  # only where used: the series costs ~40 log-Gamma values per order
+        k = np.arange(2, 40, dtype=float)[None, :]
+        lam_col = np.maximum(lam[series_rows], 1e-300)[:, None]
+        out = direct.copy()
+        log_terms = gammaln(lam_col + k) - gammaln(k + 1) - gammaln(lam_col) + k * np.log(q)
+        peak = log_terms.max(axis=1)  # finite: every term is positive
+        out[series_rows] = np.log(np.exp(log_terms - peak[:, None]).sum(axis=1)) + peak
+    return out
 
 
 def log_moment_remove_direction_bound(
