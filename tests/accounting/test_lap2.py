@@ -75,6 +75,17 @@ def test_majorization_rule_is_a_tight_upper_bound(n):
     np.testing.assert_allclose(bound, exact, rtol=2e-3)
 
 
+@pytest.mark.parametrize("b", [0.005, 0.1, 0.7, 5.0, 3000.0])
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 500, 1000])
+def test_majorization_head_block_is_an_upper_bound_within_2e_12(b, n):
+    """Up to n = 1000 the rule replaces the term-by-term sum by Euler-Maclaurin (inflated by 1e-12)."""
+    t = _x(n) / b
+    exact = log_laplace_moment(t[:, None], np.arange(257)[None, :]).sum(axis=0)
+    bound = majorization_log_moments(b, n, 256)
+    assert np.all(bound >= exact * (1 - 1e-15))
+    assert np.all(bound <= exact * (1 + 2e-12) + 1e-300)
+
+
 def test_defined_and_monotone_for_n_from_1_to_1e12():
     values = [(eps(lap2_sound_rdp, 1.0, n), eps(lap2_paper_rdp, 1.0, n)) for n in (1, 10, 1000, 1001, 10**5, 10**9, 10**12)]
     sound, paper = np.array(values).T
