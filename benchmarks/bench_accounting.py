@@ -127,9 +127,9 @@ def fresh_query(name: str, noise: float, extra: dict, seed: int) -> Callable[[],
     return query
 
 
-def calibration(name: str) -> Callable[[int], Callable[[], object]]:
+def calibration(name: str, compare: bool = False) -> Callable[[int], Callable[[], object]]:
     params = PARAMS if name.startswith("lap2") else None
-    return lambda k: (lambda: calibrate_noise(name, TARGET_EPSILON, DELTA, Q, STEPS, params=params))
+    return lambda k: (lambda: calibrate_noise(name, TARGET_EPSILON, DELTA, Q, STEPS, params=params, compare=compare))
 
 
 def root_finding(name: str) -> Callable[[int], Callable[[], object]]:
@@ -187,10 +187,14 @@ def main() -> None:
         results.append(report(f"{name} query", rdp[name], 0.010))
 
     cal = interleaved({name: calibration(name) for name in RDP_CALIBRATIONS}, heavy_rounds)
-    print(f"RDP calibrations, calibrate_noise(name, {TARGET_EPSILON}, ...) (median of {heavy_rounds}, caches cleared; "
-          "includes the side-by-side epsilons of the mechanism's other accountants, PLD routes among them):")
+    print(f"RDP calibrations, calibrate_noise(name, {TARGET_EPSILON}, ..., compare=False) (median of {heavy_rounds}, "
+          "caches cleared):")
     for name in RDP_CALIBRATIONS:
         results.append(report(f"{name} calibration", cal[name], 0.100))
+    compared = interleaved({name: calibration(name, compare=True) for name in RDP_CALIBRATIONS}, heavy_rounds)
+    print("  with compare=True (also the epsilon under the mechanism's other accountants, PLD routes among them):")
+    for name in RDP_CALIBRATIONS:
+        print(f"  {name + ' calibration + side by side':<52}{compared[name] * 1e3:>9.1f} ms")
     if solve_smallest is not None:
         roots = interleaved({name: root_finding(name) for name in RDP_CALIBRATIONS}, heavy_rounds)
         print("  of which the root finding alone (solve_smallest on the accountant's own epsilon, no other routes):")

@@ -144,8 +144,13 @@ def calibrate_noise(
     *,
     clip: float = 1.0,
     params: Optional[int] = None,
+    compare: bool = True,
 ) -> CalibrationResult:
-    """Smallest noise (sigma for Gaussian mechanisms, absolute b for Laplace ones) reaching the target."""
+    """Smallest noise (sigma for Gaussian mechanisms, absolute b for Laplace ones) reaching the target.
+
+    ``compare``: also give the epsilon of that noise under the mechanism's other reported
+    accountants (``epsilon_by_accountant``; PLD routes can cost more than the calibration itself).
+    """
     eps_t, delta, q, steps = _validate(target_epsilon, delta, sample_rate, steps)
     spec = get_spec(accountant)
     if spec.mechanism == "dirichlet":
@@ -160,7 +165,7 @@ def calibrate_noise(
     noise = ratio * scale
     by_acc = {
         name: _epsilon(name, noise, q, steps, delta, clip=clip, params=params)
-        for name in dict.fromkeys([accountant, *accountants_for_mechanism(spec.mechanism)])
+        for name in dict.fromkeys([accountant, *(accountants_for_mechanism(spec.mechanism) if compare else [])])
     }
     if by_acc[accountant] > eps_t:  # every route checks its answer; this guards the combination
         raise InvalidPrivacyCurveError(f"calibration of {accountant} gave epsilon {by_acc[accountant]} > {eps_t}")
@@ -238,6 +243,7 @@ def calibrate_lap2(
     params: int,
     clip: float = 1.0,
     accountant: str = "lap2",
+    compare: bool = True,
 ) -> CalibrationResult:
     """Seed 1 Algorithm 1: (C, b) for a target epsilon.
 
@@ -248,7 +254,8 @@ def calibrate_lap2(
     """
     if get_spec(accountant).mechanism != "lap2":
         raise ValueError(f"accountant {accountant!r} is not a Lap2 accountant")
-    return calibrate_noise(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params)
+    return calibrate_noise(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params,
+                           compare=compare)
 
 
 def calibrate_dirichlet_r(
