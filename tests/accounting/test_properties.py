@@ -51,7 +51,7 @@ def test_epsilon_monotone(name, data, q, steps):
     assert epsilon(name, noise, q, steps * 2) >= base - tol
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=8, deadline=None)  # each example runs PLD root finders
 @given(
     name=st.sampled_from(["gaussian", "laplace-l1", "lap2"]),
     target=st.floats(0.2, 10),
@@ -60,7 +60,7 @@ def test_epsilon_monotone(name, data, q, steps):
 )
 def test_noise_calibration_never_overshoots(name, target, q, steps):
     try:
-        result = calibrate_noise(name, target, 1e-5, q, steps, params=MECHS[name].get("params"))
+        result = calibrate_noise(name, target, 1e-5, q, steps, params=MECHS[name].get("params"), compare=False)
     except UnreachableTargetError:
         return
     assert result.epsilon <= target

@@ -163,7 +163,7 @@ def test_epsilon_is_monotone(name, noise, q, steps, delta, params):
        q=log_uniform(1e-4, 0.5), steps=log_uniform(1, 3000).map(int), delta=log_uniform(1e-10, 1e-2))
 def test_calibrated_noise_reaches_target_under_dp_accounting(name, target, q, steps, delta):
     try:
-        result = calibrate_noise(name, target, delta, q, steps)
+        result = calibrate_noise(name, target, delta, q, steps, compare=False)
     except UnreachableTargetError:
         assume(False)
     kind, factor = {"gaussian": ("gaussian", 1.0), "laplace-l1": ("laplace", 1.0),
@@ -173,11 +173,11 @@ def test_calibrated_noise_reaches_target_under_dp_accounting(name, target, q, st
 
 
 @FEWER
-@given(target=log_uniform(0.05, 20), q=log_uniform(1e-4, 0.5), steps=log_uniform(1, 3000).map(int),
+@given(target=log_uniform(0.05, 20), q=log_uniform(1e-4, 0.5), steps=log_uniform(1, 1000).map(int),
        params=log_uniform(1, 1e9).map(int), delta=log_uniform(1e-10, 1e-2))
 def test_calibrated_lap2_reaches_target_under_a_second_computation(target, q, steps, params, delta):
     try:
-        result = calibrate_noise("lap2", target, delta, q, steps, params=params)
+        result = calibrate_noise("lap2", target, delta, q, steps, params=params, compare=False)
     except UnreachableTargetError:
         assume(False)
     # Independently: the RDP route on integer orders only, and the GDP route as dp_accounting's

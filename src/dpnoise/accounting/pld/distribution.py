@@ -46,6 +46,7 @@ FINEST_DISCRETIZATION = 2e-5
 #: Largest single-step grid (points) and number of compositions the PLD route attempts.
 MAX_GRID_POINTS = 200_000
 MAX_COMPOSITIONS = 1_000_000
+MAX_COMPOSED_POINTS = 4_000_000
 # dp_accounting evaluates q * exp(max loss); beyond this loss it overflows.
 _MAX_LAPLACE_LOSS = 700.0
 # Rounding slack on probability masses (FFT composition, truncation book-keeping).
@@ -139,12 +140,37 @@ def checked_pld(pld: Any, source: str, compositions: int = 1) -> Any:
     return pld
 
 
+class PldTooCostly(ArithmeticError):
+    """The composed PLD would need a grid too large to compute in reasonable time."""
+
+
+def composed_grid_points(step: Any, count: int, discretization: float) -> float:
+    """Predicted grid size of ``count`` compositions of ``step``: the loss mean grows as count x mean,
+    its spread as sqrt(count) x std; dp_accounting keeps about +-12 standard deviations."""
+    widths = []
+    for direction in ("_pmf_remove", "_pmf_add"):
+        dense = getattr(step, direction).to_dense_pmf()
+        probs = np.clip(np.asarray(dense._probs, dtype=float), 0.0, None)  # noqa: SLF001
+        losses = (dense._lower_loss + np.arange(probs.size)) * discretization  # noqa: SLF001
+        mass = probs.sum()
+        mean = float(probs @ losses / mass)
+        std = float(np.sqrt(max(probs @ (losses - mean) ** 2 / mass, 0.0)))
+        widths.append(count * abs(mean) + 24.0 * math.sqrt(count) * std + probs.size * discretization)
+    return max(widths) / discretization
+
+
 @lru_cache(maxsize=128)
 def composed_pld(history: tuple[tuple[DpEvent, int], ...], discretization: float) -> Any:
-    """The checked PLD of ``history`` (events with repetition counts), composed in order."""
+    """The checked PLD of ``history`` (events with repetition counts), composed in order.
+
+    Raises :class:`PldTooCostly` when a composition's predicted grid exceeds MAX_COMPOSED_POINTS.
+    """
     total = None
     for event, count in history:
         step = checked_pld(_single_step_pld(event, discretization), f"PLD of {event}")
+        points = composed_grid_points(step, count, discretization)
+        if points > MAX_COMPOSED_POINTS:
+            raise PldTooCostly(f"{count} steps need a PLD grid of ~{points:.3g} points > {MAX_COMPOSED_POINTS}")
         composed = step.self_compose(count) if count > 1 else step
         total = composed if total is None else total.compose(composed)
     steps = sum(count for _, count in history)
@@ -183,6 +209,8 @@ def pld_epsilon(
         for discretization in _discretizations(coarse) if refine else [COARSE_DISCRETIZATION]:
             if history_infeasibility(history, discretization) is None:
                 best = min(best, float(composed_pld(history, discretization).get_epsilon_for_delta(delta)))
+    except PldTooCostly as err:
+        return math.inf, str(err)
     except (ArithmeticError, ValueError) as err:  # dp_accounting's own numerics gave up
         if isinstance(err, InvalidPrivacyCurveError):
             raise
