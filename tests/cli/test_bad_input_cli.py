@@ -422,26 +422,24 @@ HEAVY = ("torch", "opacus", "matplotlib", "dpnoise.training", "dpnoise.data", "d
          "dpnoise.mechanisms", "dpnoise.experiments.runner")
 
 
+def heavy_modules_imported_by(code: str) -> str:
+    """The HEAVY modules a fresh interpreter has imported after running ``code``."""
+    script = f"import sys\n{code}print([m for m in {HEAVY!r} if m in sys.modules])\n"
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.strip()
+
+
 def test_building_the_parser_imports_no_torch_opacus_or_matplotlib():
-    code = ("import sys\n"
-            "from dpnoise.cli.main import build_parser\n"
-            "build_parser()\n"
-            f"print([m for m in {HEAVY!r} if m in sys.modules])\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert proc.stdout.strip() == "[]"
+    assert heavy_modules_imported_by("from dpnoise.cli.main import build_parser\nbuild_parser()\n") == "[]"
 
 
 def test_refusing_bad_input_imports_no_torch():
-    code = ("import sys\n"
-            "from dpnoise.cli.main import main\n"
+    code = ("from dpnoise.cli.main import main\n"
             "assert main(['walls', '--out', 'x.png', '--delta', '2']) == 2\n"
             "assert main(['audit', 'bound', '--mechanism', 'gaussian', '--noise', '0', '--sample-rate', '0.1',"
             " '--steps', '1']) == 2\n"
             "assert main(['train', '--dataset', 'digits', '--mechanism', 'lap2', '--delta', '1e-5', '--epochs',"
-            " '1', '--batch-size', '64', '--noise', 'nan']) == 2\n"
-            f"print([m for m in {HEAVY!r} if m in sys.modules])\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert proc.stdout.strip() == "[]"
+            " '1', '--batch-size', '64', '--noise', 'nan']) == 2\n")
+    assert heavy_modules_imported_by(code) == "[]"
 
 
 def test_light_choice_lists_match_the_registries():
