@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install data test demo bench clean
+.PHONY: install data test demo bench reproduce clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ demo: install data
 bench: install data
 	$(PY) benchmarks/bench_accounting.py
 	$(PY) benchmarks/bench_training.py
+
+# The papers' experiments (records in reproductions/results/, tables and figures in
+# reproductions/reports/), e.g. make reproduce ARGS="--experiment table2 --quick".
+reproduce: install data
+	$(PY) -m reproductions $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

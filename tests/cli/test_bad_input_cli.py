@@ -14,7 +14,6 @@ import sys
 import pytest
 
 from dpnoise.cli import audit as audit_cli
-from dpnoise.cli import reproduce as reproduce_cli
 from dpnoise.cli import train as train_cli
 from dpnoise.cli import walls as walls_cli
 from dpnoise.cli.main import main, one_line
@@ -286,64 +285,6 @@ def test_audit_without_kind_is_one_line(capsys):
     assert code == 2 and len(err) == 1 and err[0].startswith("dpnoise audit: error: ")
 
 
-# ------------------------------------------------------------------------------------- reproduce
-DRY_RUN = ["reproduce", "--experiment", "table2", "--dry-run"]
-
-
-@pytest.fixture
-def no_runs(monkeypatch):
-    """Starting runs or drawing reports fails the test."""
-    import dpnoise.experiments.reports
-    import dpnoise.experiments.runner
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("reproduce did work before its options were checked")
-
-    monkeypatch.setattr(dpnoise.experiments.runner, "run_specs", forbidden)
-    monkeypatch.setattr(dpnoise.experiments.reports, "accounting_figures", forbidden)
-    monkeypatch.setattr(dpnoise.experiments.reports, "write_aggregates", forbidden)
-
-
-@pytest.mark.parametrize("flag,value", [
-    *cases("--epsilons", BAD_POSITIVE),
-    *cases("--steps", BAD_COUNT),
-    *cases("--seeds", ["-1", str(2**32)]),
-    *cases("--threads", BAD_COUNT),
-    *cases("--jobs", BAD_COUNT),
-    *cases("--dataset", ["foo", "sst2"]),
-    *cases("--columns", ["foo", "dirichlet"]),
-])
-def test_reproduce_dry_run_refuses(capsys, tmp_path, no_runs, flag, value):
-    figures = tmp_path / "figures"
-    argv = [*DRY_RUN, "--results-dir", str(tmp_path / "results"), "--figures-dir", str(figures), flag, value]
-    assert_refused(capsys, argv, flag)
-    assert not figures.exists()
-
-
-def test_reproduce_finetune_datasets(capsys, no_runs):
-    assert_refused(capsys, ["reproduce", "--experiment", "finetune", "--dry-run", "--dataset", "mnist"], "--dataset")
-
-
-@pytest.mark.parametrize("flag", ["--results-dir", "--figures-dir", "--work-dir"])
-def test_reproduce_output_folders_checked_before_any_run(capsys, tmp_path, no_runs, flag):
-    a_file = tmp_path / "file.txt"
-    a_file.write_text("x")
-    argv = ["reproduce", "--experiment", "table2", "--quick", "--dataset", "mnist",
-            "--results-dir", str(tmp_path / "results"), "--figures-dir", str(tmp_path / "figures"),
-            "--work-dir", str(tmp_path / "work"), "--page", str(tmp_path / "missing.md")]
-    assert_refused(capsys, with_option(argv, flag, str(a_file / "sub")), flag)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
-
-
-def test_reproduce_dry_run_writes_nothing(capsys, tmp_path, no_runs):
-    figures = tmp_path / "figures"
-    for experiment in ("table2", "figures"):
-        assert main(["reproduce", "--experiment", experiment, "--dry-run", "--quick", "--dataset", "mnist",
-                     "--results-dir", str(tmp_path / "results"), "--figures-dir", str(figures)]) == 0
-    assert list(tmp_path.iterdir()) == []
-    capsys.readouterr()
-
-
 # ----------------------------------------------------------------------------------------- walls
 @pytest.mark.parametrize("flag,value", [
     *cases("--sample-rates", BAD_RATE),
@@ -419,7 +360,7 @@ def test_one_line_messages():
 
 # --------------------------------------------------------------------------------- lazy imports
 HEAVY = ("torch", "opacus", "matplotlib", "dpnoise.training", "dpnoise.data", "dpnoise.models",
-         "dpnoise.mechanisms", "dpnoise.experiments.runner")
+         "dpnoise.mechanisms")
 
 
 def heavy_modules_imported_by(code: str) -> str:
@@ -444,7 +385,6 @@ def test_refusing_bad_input_imports_no_torch():
 
 def test_light_choice_lists_match_the_registries():
     from dpnoise.data import DATASETS
-    from dpnoise.experiments import plans, runner
     from dpnoise.mechanisms import MECHANISMS
     from dpnoise.models import MODELS
     from dpnoise.training import GRAD_SAMPLE_MODES
@@ -454,6 +394,4 @@ def test_light_choice_lists_match_the_registries():
     assert train_cli.MECHANISM_CHOICES == tuple(sorted(MECHANISMS))
     assert train_cli.GRAD_SAMPLE_MODE_CHOICES == tuple(GRAD_SAMPLE_MODES)
     assert set(train_cli.TEXT_MODELS) <= set(MODELS)
-    assert reproduce_cli.EXPERIMENT_CHOICES == tuple(plans.EXPERIMENTS)
-    assert reproduce_cli.DEFAULT_THREADS == runner.DEFAULT_THREADS
     assert audit_cli.GRADIENT_MECHANISMS == [m for m in sorted(MECHANISMS) if MECHANISMS[m].needs_per_sample_gradients]

@@ -182,7 +182,7 @@ def test_making_private_twice_is_a_dpnoise_error(digits_train):
 
 def test_every_deliberate_error_is_a_dpnoise_error_and_keeps_its_builtin_base():
     from dpnoise.data import DatasetNotAvailableError, InvalidDatasetError
-    from dpnoise.experiments.errors import PlanMismatchError
+    from reproductions.errors import PlanMismatchError
     from dpnoise.models import InvalidModelError, ModelNotAvailableError
     from dpnoise.training.errors import CheckpointError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dpnoise.cli import checks
+from dpnoise import checks
 
 GRADIENT_MECHANISMS = ["gaussian", "lap2", "laplace-l1"]
 #: --grid of ``audit bound``: the coarse k scan uses grid / 8 points, and 2**26 points already take

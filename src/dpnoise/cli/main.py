@@ -17,17 +17,11 @@ import warnings
 from importlib import import_module
 from typing import Optional, Sequence
 
+from dpnoise.checks import OneLineErrorParser
 from dpnoise.errors import DpnoiseError
 
 #: Subcommand modules (``dpnoise.cli.<name>``), in --help order.
-SUBCOMMANDS = ["account", "calibrate", "walls", "audit", "train", "reproduce"]
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line, ``<prog>: error: <message>`` (status 2)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+SUBCOMMANDS = ["account", "calibrate", "walls", "audit", "train"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpnoise.cli import checks
+from dpnoise import checks
 
 if TYPE_CHECKING:  # annotations only: torch is imported when the command runs
     import torch

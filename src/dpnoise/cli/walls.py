@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from dpnoise.cli import checks
+from dpnoise import checks
 
 ACCOUNTANTS = ("gaussian", "lap2", "lap2-paper")
 STYLE = {"gaussian": "C0-", "lap2": "C3-", "lap2-paper": "C3--"}

@@ -28,8 +28,8 @@ from typing import Any, Iterable, Optional
 from dpnoise.accounting import UnreachableTargetError
 from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.data import dataset_info
-from dpnoise.experiments.errors import PlanMismatchError
-from dpnoise.experiments.records import RunSpec, record_path, write_record
+from reproductions.errors import PlanMismatchError
+from reproductions.records import RunSpec, record_path, write_record
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from dpnoise.accounting import ACCOUNTANTS, OUTPUT_PRIVACY_SCOPE
-from dpnoise.experiments.plans import (
+from reproductions.plans import (
     ALPHA_GRID_ALPHAS,
     DIRICHLET_COLUMNS,
     DIRICHLET_PUBLISHED,
@@ -17,7 +17,7 @@ from dpnoise.experiments.plans import (
     TABLE2_PUBLISHED,
     Column,
 )
-from dpnoise.experiments.records import PairedDifference, format_accuracy, paired_difference
+from reproductions.records import PairedDifference, format_accuracy, paired_difference
 
 Row = dict[str, Any]
 
@@ -186,7 +186,7 @@ def table2_noise_markdown(epsilons: Sequence[float] = TABLE2_EPSILONS) -> str:
     import warnings
 
     from dpnoise.accounting import UnsoundAccountantWarning, calibrate_noise
-    from dpnoise.experiments.plans import TABLE2_SETTINGS as S
+    from reproductions.plans import TABLE2_SETTINGS as S
 
     body = []
     with warnings.catch_warnings():

@@ -1,4 +1,4 @@
-"""Argument checks shared by the subcommands, run before any work.
+"""Argument checks run before any work (command line, training configuration, reproduction runner).
 
 Each check raises :class:`~dpnoise.accounting.validation.InvalidParameterError` (a
 :class:`~dpnoise.errors.DpnoiseError`) whose one-line message starts with the flag, e.g.
@@ -11,6 +11,7 @@ first check, so that registering a subcommand's parser stays fast.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import zipfile
@@ -23,6 +24,7 @@ _FROM_ACCOUNTING = ("InvalidParameterError", "check_delta", "check_positive", "c
 
 __all__ = [
     "InvalidParameterError",
+    "OneLineErrorParser",
     "check_count",
     "check_delta",
     "check_positive",
@@ -40,6 +42,13 @@ __all__ = [
     "output_folder",
     "seed",
 ]
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, ``<prog>: error: <message>`` (status 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
 
 def __getattr__(name: str) -> Any:
     if name in _FROM_ACCOUNTING:

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dpnoise.experiments.plans import Column
+from reproductions.plans import Column
 
 #: Seed 1's MNIST accounting setting for the noise-vs-epsilon figure.
 NOISE_FIGURE_SETTING = dict(delta=1e-5, sample_rate=0.0043, steps=5860, clip=1.0, params=26010)

@@ -1,44 +1,53 @@
-"""``dpnoise reproduce``: run the seeds' experiments into results/ and draw tables/figures into docs/results/."""
+"""``python -m reproductions``: run the papers' experiments and draw their tables and figures.
+
+Records go to ``reproductions/results/`` and tables/figures to ``reproductions/reports/`` of this
+checkout (not of the working directory) unless other folders are given.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
+import warnings
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from typing import TYPE_CHECKING
-
-from dpnoise.cli import checks
+from dpnoise import checks
+from dpnoise.errors import DpnoiseError
 
 if TYPE_CHECKING:
-    from dpnoise.experiments.records import RunSpec
+    from reproductions.records import RunSpec
 
+#: This folder: the default home of records, reports and per-run work folders.
+HERE = Path(__file__).resolve().parent
+DEFAULT_RESULTS_DIR = HERE / "results"
+DEFAULT_REPORTS_DIR = HERE / "reports"
+DEFAULT_WORK_DIR = HERE / "results" / "logs" / "runs"
 DEFAULT_SEEDS = (0, 1, 2)
-#: Choices and defaults kept here so that building the parser imports no torch (importing
-#: dpnoise.experiments loads the runner, which loads the datasets); a test checks them against
-#: dpnoise.experiments.plans.EXPERIMENTS and dpnoise.experiments.runner.DEFAULT_THREADS.
+#: Choices and defaults kept here so that building the parser imports no torch (the runner loads
+#: the datasets); a test checks them against
+#: reproductions.plans.EXPERIMENTS and reproductions.runner.DEFAULT_THREADS.
 EXPERIMENT_CHOICES = ("table2", "finetune", "dirichlet", "figures")
 DEFAULT_THREADS = 1
 EXAMPLES = """examples:
-  # seed 1 Table II on Fashion-MNIST, one seed, two epsilons (T = 5860 steps per run), one run per core
-  dpnoise reproduce --experiment table2 --dataset fashion-mnist --quick
-  # the full table: both datasets, 5 epsilons, seeds 0 1 2, 4 columns
-  dpnoise reproduce --experiment table2
-  # seed 2: Dirichlet vs DP-SGD vs penultimate Gaussian, and the alpha / effective-lr grid
-  dpnoise reproduce --experiment dirichlet --dataset mnist --seeds 0
+  # Lap2 paper's Table II on Fashion-MNIST, one seed, two epsilons (T = 5860 steps per run)
+  python -m reproductions --experiment table2 --dataset fashion-mnist --quick
+  # the full table: both datasets, 5 epsilons, seeds 0 1 2, every column
+  python -m reproductions --experiment table2
+  # Dirichlet-mechanism paper: Dirichlet vs DP-SGD vs penultimate Gaussian, and the alpha grid
+  python -m reproductions --experiment dirichlet --dataset mnist --seeds 0
   # redraw every table and figure from the records (no training)
-  dpnoise reproduce --experiment figures
+  python -m reproductions --experiment figures
 Records: <results>/<experiment>/<run>.json, one per finished run (existing ones are skipped, so a
 killed batch resumes); each states the exact `dpnoise train` command, the steps and the git commit.
 """
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "reproduce",
-        help="reproduce the seeds' experiments (table2, finetune, dirichlet) and figures",
-        description="Run the seeds' experiments, each run a `dpnoise train` invocation (--jobs of them "
+def build_parser() -> argparse.ArgumentParser:
+    p = checks.OneLineErrorParser(
+        prog="python -m reproductions",
+        description="Run the papers' experiments, each run a `dpnoise train` invocation (--jobs of them "
         "at a time), writing one JSON record per finished run into --results-dir, then regenerate that "
         "experiment's aggregate "
         "(mean/std over seeds), markdown table and figures in --figures-dir. 'figures' only redraws "
@@ -61,23 +70,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "experiment's, e.g. 5860 for table2)")
     p.add_argument("--study", choices=("comparison", "alpha-grid", "both"), default="both",
                    help="dirichlet only: the mechanism comparison, the alpha x effective-lr grid, or both")
-    p.add_argument("--results-dir", type=Path, default=Path("results"), help="records (default results/)")
-    p.add_argument("--figures-dir", type=Path, default=Path("docs/results"), help="tables/figures (default docs/results/)")
-    p.add_argument("--page", type=Path, default=Path("docs/RESULTS.md"),
-                   help="results page whose <!-- generated:NAME --> blocks are refreshed with the generated "
-                   "NAME.md tables (default docs/RESULTS.md; skipped if missing)")
-    p.add_argument("--work-dir", type=Path, default=Path("results/logs/runs"),
-                   help="per-run training outputs and checkpoints (default results/logs/runs, git-ignored)")
+    p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR,
+                   help="records (default: reproductions/results/ of this checkout)")
+    p.add_argument("--figures-dir", type=Path, default=DEFAULT_REPORTS_DIR,
+                   help="tables/figures (default: reproductions/reports/ of this checkout)")
+    p.add_argument("--page", type=Path,
+                   help="a markdown page whose <!-- generated:NAME --> blocks are refreshed with the generated "
+                   "NAME.md tables (default: none)")
+    p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
+                   help="per-run training outputs and checkpoints (default: reproductions/results/logs/runs/, "
+                   "git-ignored)")
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch threads per run (default 1)")
     p.add_argument("--jobs", type=int,
                    help="runs trained at the same time, each in its own process (default: the usable CPU "
                    f"cores divided by --threads, at least 1; {usable_cores()} here with one thread)")
     p.add_argument("--dry-run", action="store_true", help="list the runs (and whether they are done), train nothing")
-    p.set_defaults(func=run)
+    return p
 
 
 def usable_cores() -> int:
-    """CPU cores this process may run on (as :func:`dpnoise.experiments.runner.usable_cores`)."""
+    """CPU cores this process may run on (as :func:`reproductions.runner.usable_cores`)."""
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -92,7 +104,7 @@ def choose(given: Optional[Sequence], default: Sequence, quick: bool = False) ->
 
 def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
     """The runs of ``args.experiment`` in execution order."""
-    from dpnoise.experiments import plans
+    from reproductions import plans
 
     quick = args.quick
     seeds = args.seeds or (DEFAULT_SEEDS[:1] if quick else DEFAULT_SEEDS)
@@ -128,11 +140,11 @@ def check_options(args: argparse.Namespace) -> None:
     checks.check_count("--threads", args.threads, 1)
     checks.optional(checks.check_count, "--jobs", args.jobs, 1)
     if args.dataset and args.experiment != "figures":
-        from dpnoise.cli.train import DATASET_CHOICES
-        from dpnoise.experiments import plans
+        from dpnoise.data import DATASETS
+        from reproductions import plans
 
         offered = tuple(plans.FINETUNE_TASKS) if args.experiment == "finetune" else \
-            tuple(d for d in DATASET_CHOICES if d != "sst2")  # table2 and dirichlet train image CNNs/ResNets
+            tuple(d for d in sorted(DATASETS) if d != "sst2")  # table2 and dirichlet train image CNNs/ResNets
         for dataset in args.dataset:
             if dataset not in offered:
                 raise checks.InvalidParameterError(
@@ -143,14 +155,14 @@ def check_options(args: argparse.Namespace) -> None:
     if args.experiment != "figures":
         checks.output_folder("--results-dir", args.results_dir)
         checks.output_folder("--work-dir", args.work_dir)
-    if args.page and args.page.is_file():
+    if args.page:
         checks.output_file("--page", args.page)
 
 
 def run(args: argparse.Namespace) -> int:
     check_options(args)
-    from dpnoise.experiments import reports
-    from dpnoise.experiments.runner import default_jobs, run_specs
+    from reproductions import reports
+    from reproductions.runner import default_jobs, run_specs
 
     # force: an imported library may already have put a WARNING-level handler on the root logger
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", force=True)
@@ -167,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         return finish(args, written)
     specs = planned_specs(args)
     if args.dry_run:
-        from dpnoise.experiments.records import record_path
+        from reproductions.records import record_path
 
         for spec in specs:
             print(f"{'done' if record_path(args.results_dir, spec).exists() else 'todo'}  {spec.name}")
@@ -182,10 +194,22 @@ def run(args: argparse.Namespace) -> int:
 
 def finish(args: argparse.Namespace, written: list[Path]) -> int:
     """Report what was written, and refresh the generated tables on the results page."""
-    from dpnoise.experiments import reports
+    from reproductions import reports
 
     print("wrote " + ", ".join(map(str, written)))
     if args.page and args.page.is_file():
         stems = reports.splice_into_page(args.page, written)
         print(f"updated {args.page}: " + (", ".join(stems) or "no generated blocks"))
     return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parse ``argv`` and run; a :class:`~dpnoise.errors.DpnoiseError` is one line and status 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    warnings.formatwarning = lambda message, *_: f"WARNING: {message}\n"
+    try:
+        return run(args)
+    except DpnoiseError as err:
+        print(f"{parser.prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
-from dpnoise.experiments.records import RunSpec
+from reproductions.records import RunSpec
 
 #: Seed 1 Table I (MNIST / Fashion-MNIST rows): batch 258 of 60,000 gives q = 0.0043 exactly.
 TABLE2_SETTINGS = dict(model="cnn", steps=5860, batch_size=258, delta=1e-5, clip=1.0, optimizer="adam",

@@ -81,7 +81,7 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
     partial.replace(path)
 
 
-#: Derived files kept beside the records (see :mod:`dpnoise.experiments.lower_bounds`).
+#: Derived files kept beside the records (see :mod:`reproductions.lower_bounds`).
 LOWER_BOUNDS_FILE = "lower_bounds.json"
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dpnoise.accounting import ACCOUNTANTS
-from dpnoise.experiments.records import LOWER_BOUNDS_FILE
+from reproductions.records import LOWER_BOUNDS_FILE
 
 logger = logging.getLogger(__name__)
 #: What fixes the bound: the accountant names the mechanism, the rest its parameters.

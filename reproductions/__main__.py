@@ -1,0 +1,7 @@
+"""``python -m reproductions``: see :mod:`reproductions.cli`."""
+
+import sys
+
+from reproductions.cli import main
+
+sys.exit(main())
