@@ -4,15 +4,19 @@ other processes make small convolutions up to ~100x slower than a single thread.
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
 
-# Hypothesis profiles: "ci" (default: few, derandomised examples, so CI is fast and repeatable)
-# and "thorough" (HYPOTHESIS_PROFILE=thorough: many random examples, for a long local run).
-settings.register_profile(
-    "ci", max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile("thorough", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+try:  # hypothesis is test-only: without it, the modules that use it skip themselves (pytest.importorskip)
+    from hypothesis import HealthCheck, settings
+except ImportError:
+    pass
+else:
+    # Hypothesis profiles: "ci" (default: few, derandomised examples, so CI is fast and repeatable)
+    # and "thorough" (HYPOTHESIS_PROFILE=thorough: many random examples, for a long local run).
+    settings.register_profile(
+        "ci", max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+    )
+    settings.register_profile("thorough", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(autouse=True)

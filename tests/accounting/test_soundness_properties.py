@@ -22,8 +22,6 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import assume, example, given, settings
-from hypothesis import strategies as st
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
@@ -37,6 +35,10 @@ from dpnoise.accounting import (
 from dpnoise.accounting.rdp.orders import INTEGER_ORDERS
 
 dp_accounting_pld = pytest.importorskip("dp_accounting.pld.privacy_loss_distribution")
+# test-only library: without it this module is skipped (dpnoise.accounting itself does not need it)
+hypothesis = pytest.importorskip("hypothesis")
+st = pytest.importorskip("hypothesis.strategies")
+assume, example, given, settings = hypothesis.assume, hypothesis.example, hypothesis.given, hypothesis.settings
 
 SOUND = ["gaussian", "laplace-l1", "lap2", "penultimate-gaussian", "dirichlet"]
 ALL = [*SOUND, "lap2-paper"]
