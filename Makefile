@@ -35,9 +35,12 @@ demo: install data
 	$(VENV)/bin/dpnoise train --dataset fashion-mnist --model cnn --mechanism lap2 --epsilon 1 --delta 1e-5 \
 		--epochs 5 --batch-size 256 --clip 1 --lr 3e-3 --threads 1
 
+# Every benchmark (benchmarks/README.md), in quick mode; `make bench BENCH_FLAGS=` for the full runs.
+BENCH_FLAGS ?= --quick
 bench: install data
-	$(PY) benchmarks/bench_accounting.py
-	$(PY) benchmarks/bench_training.py
+	$(PY) benchmarks/bench_accounting.py $(BENCH_FLAGS)
+	$(PY) benchmarks/bench_training.py $(BENCH_FLAGS)
+	$(PY) benchmarks/bench_audit.py $(BENCH_FLAGS)
 
 # The papers' experiments (records in reproductions/results/, tables and figures in
 # reproductions/reports/), e.g. make reproduce ARGS="--experiment table2 --quick".

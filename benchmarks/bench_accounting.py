@@ -1,4 +1,4 @@
-"""Accounting speed against its targets, every figure measured in ONE run (issue 12, part C).
+"""Accounting speed against its targets, every figure measured in ONE run.
 
 Prints one line per figure -- name, measured, target, PASS/MISS:
   * each RDP accountant (lap2-rdp, gaussian-rdp, laplace-l1-rdp, lap2-paper, dirichlet,
@@ -13,8 +13,9 @@ Prints one line per figure -- name, measured, target, PASS/MISS:
     `python -c "import scipy.special, scipy.optimize"` (the floor under the CLI figures)
 
 Setting: the seed's MNIST run (q = 0.0043, T = 5860, delta = 1e-5, n = 26010 parameters for lap2),
-noise 0.8 (sigma, or b/C for the Laplace mechanisms; 1.6 for penultimate-gaussian, whose event
-is sigma/2; r = 0.25 for dirichlet); calibrations to epsilon = 3.42.
+C = 1, noise 0.8 (noise_multiplier sigma, or laplace_scale b for the Laplace mechanisms; sigma = 1.6
+for penultimate-gaussian, whose event is sigma/2; concentration r = 0.25 for dirichlet);
+calibrations to epsilon = 3.42.
 
 "Fresh": before every query or calibration the result caches are cleared (the RDP curve cache,
 the majorization rules, every PLD cache), and each query also gets a new noise and sample rate
@@ -22,8 +23,8 @@ the majorization rules, every PLD cache), and each query also gets a new noise a
 tables that depend on no input (Gauss-Legendre nodes, log-factorials, series coefficients) stay
 warm after the first query; the CLI figures include them, and every import.  dp_accounting is
 imported before any timing, so its import (seconds here) is not counted in the in-process
-figures.  Rounds are interleaved (every accountant once per round, in a fresh shuffled order) so
-that a slow phase of a shared machine hits all of them alike; medians are reported.
+figures.  Rounds are interleaved (benchmarks/timing.py: every accountant once per round, in a fresh
+shuffled order) so that a slow phase of a shared machine hits all of them alike; medians are reported.
 
     .venv/bin/python benchmarks/bench_accounting.py [--quick] [--rounds N]
 """
@@ -33,17 +34,20 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
 import subprocess
 import sys
-import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import dp_accounting  # noqa: F401  (imported once, before any timing)
+from timing import Call, Candidate, interleaved, same
 
-from dpnoise.accounting import UnsoundAccountantWarning, calibrate_noise, get_accountant
+from dpnoise.accounting import (
+    UnsoundAccountantWarning,
+    calibrate_noise,
+    get_accountant,
+    noise_keywords,
+)
 from dpnoise.accounting.pld import distribution as pld_distribution
 from dpnoise.accounting.rdp import registry as rdp_registry
 from dpnoise.accounting.rdp.majorization import majorization_rule
@@ -94,52 +98,36 @@ def clear_caches() -> None:
             value.cache_clear()
 
 
-def seconds(fn: Callable[[], object]) -> float:
-    clear_caches()
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def epsilon(name: str, noise: float, q: float, extra: dict) -> float:
+    """``name``'s epsilon after STEPS steps; ``noise`` in its mechanism's unit (the keyword the registry gives)."""
+    accountant = get_accountant(name)
+    noise_keyword = noise_keywords(accountant.spec.mechanism, noise)
+    return accountant.step(sample_rate=q, steps=STEPS, **noise_keyword, **extra).get_epsilon(DELTA)
 
 
-def interleaved(jobs: dict[str, Callable[[int], Callable[[], object]]], rounds: int) -> dict[str, float]:
-    """Median seconds of every job over ``rounds`` rounds, each round in a fresh shuffled order.
+def fresh_query(name: str) -> Candidate:
+    """Epsilon queries, each on an input no earlier query used (noise and q perturbed by < 1%)."""
+    noise, extra = {**RDP_ACCOUNTANTS, **PLD_ACCOUNTANTS}[name]
 
-    ``jobs[name](k)`` builds round k's call (so that every round can get fresh inputs).
-    """
-    samples: dict[str, list[float]] = {name: [] for name in jobs}
-    order = list(jobs)
-    for k in range(rounds):
-        random.shuffle(order)
-        for name in order:
-            samples[name].append(seconds(jobs[name](k)))
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
-def fresh_query(name: str, noise: float, extra: dict, seed: int) -> Callable[[], float]:
-    """One epsilon query on an input no earlier query used (noise and q perturbed by < 1%)."""
-    rng = random.Random(f"{name}/{seed}")
-    noise_k = noise * (1 + 0.01 * rng.random())
-    q_k = Q * (1 + 0.01 * rng.random())
-
-    def query() -> float:
-        return get_accountant(name).step(noise_k, q_k, steps=STEPS, **extra).get_epsilon(DELTA)
+    def query(k: int) -> Call:
+        rng = random.Random(f"{name}/{k}")
+        noise_k = noise * (1 + 0.01 * rng.random())
+        q_k = Q * (1 + 0.01 * rng.random())
+        return lambda: epsilon(name, noise_k, q_k, extra)
 
     return query
 
 
-def calibration(name: str, compare: bool = False) -> Callable[[int], Callable[[], object]]:
+def calibration(name: str, compare: bool = False) -> Candidate:
     params = PARAMS if name.startswith("lap2") else None
-    return lambda k: (lambda: calibrate_noise(name, TARGET_EPSILON, DELTA, Q, STEPS, params=params, compare=compare))
+    return same(lambda: calibrate_noise(name, TARGET_EPSILON, DELTA, Q, STEPS, params=params, compare=compare))
 
 
-def root_finding(name: str) -> Callable[[int], Callable[[], object]]:
+def root_finding(name: str) -> Candidate:
     """The search a calibration makes, without the side-by-side epsilons of other accountants."""
     noise, extra = RDP_ACCOUNTANTS[name]
 
-    def epsilon_of(x: float) -> float:
-        return get_accountant(name).step(x, Q, steps=STEPS, **extra).get_epsilon(DELTA)
-
-    return lambda k: (lambda: solve_smallest(epsilon_of, TARGET_EPSILON, initial=noise))
+    return same(lambda: solve_smallest(lambda x: epsilon(name, x, Q, extra), TARGET_EPSILON, initial=noise))
 
 
 def dpnoise_command() -> list[str]:
@@ -147,10 +135,8 @@ def dpnoise_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "dpnoise"]
 
 
-def subprocess_seconds(command: list[str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+def process(command: list[str]) -> Candidate:
+    return same(lambda: subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
 
 def report(name: str, measured_s: float, target_s: float) -> bool:
@@ -169,61 +155,52 @@ def main() -> None:
     heavy_rounds = 1 if args.quick else 3  # calibrations and PLD queries
     cli_rounds = 3
     warnings.simplefilter("ignore", UnsoundAccountantWarning)
-    random.seed(0)
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"accounting speed, {os.cpu_count()} CPUs, load average {load:.2f} at start; q={Q}, T={STEPS}, "
           f"delta={DELTA:g}, lap2 n={PARAMS}; dp_accounting imported before timing (not counted in-process)")
     results: list[bool] = []
 
-    # warm-up: one query of each kind (first-call costs of the process, e.g. constant tables)
-    for name, (noise, extra) in {**RDP_ACCOUNTANTS, **PLD_ACCOUNTANTS}.items():
-        seconds(fresh_query(name, noise, extra, -1))
-
-    rdp = interleaved({name: (lambda k, n=name, a=spec: fresh_query(n, a[0], a[1], k))
-                       for name, spec in RDP_ACCOUNTANTS.items()}, rdp_rounds)
+    # every in-process figure clears the caches before each call; query warm-up: one query of each
+    # accountant (first-call costs of the process, e.g. constant tables)
+    rdp = interleaved({name: fresh_query(name) for name in RDP_ACCOUNTANTS}, rdp_rounds, warmup=1, before=clear_caches)
     print(f"RDP accountants, fresh epsilon query (median of {rdp_rounds}, caches cleared, new inputs each time):")
     for name in RDP_ACCOUNTANTS:
-        results.append(report(f"{name} query", rdp[name], 0.010))
+        results.append(report(f"{name} query", rdp.median(name), 0.010))
 
-    cal = interleaved({name: calibration(name) for name in RDP_CALIBRATIONS}, heavy_rounds)
+    cal = interleaved({name: calibration(name) for name in RDP_CALIBRATIONS}, heavy_rounds, before=clear_caches)
     print(f"RDP calibrations, calibrate_noise(name, {TARGET_EPSILON}, ..., compare=False) (median of {heavy_rounds}, "
           "caches cleared):")
     for name in RDP_CALIBRATIONS:
-        results.append(report(f"{name} calibration", cal[name], 0.100))
-    compared = interleaved({name: calibration(name, compare=True) for name in RDP_CALIBRATIONS}, heavy_rounds)
+        results.append(report(f"{name} calibration", cal.median(name), 0.100))
+    compared = interleaved({name: calibration(name, compare=True) for name in RDP_CALIBRATIONS}, heavy_rounds,
+                           before=clear_caches)
     print("  with compare=True (also the epsilon under the mechanism's other accountants, PLD routes among them):")
     for name in RDP_CALIBRATIONS:
-        print(f"  {name + ' calibration + side by side':<52}{compared[name] * 1e3:>9.1f} ms")
+        print(f"  {name + ' calibration + side by side':<52}{compared.median(name) * 1e3:>9.1f} ms")
     if solve_smallest is not None:
-        roots = interleaved({name: root_finding(name) for name in RDP_CALIBRATIONS}, heavy_rounds)
+        roots = interleaved({name: root_finding(name) for name in RDP_CALIBRATIONS}, heavy_rounds, before=clear_caches)
         print("  of which the root finding alone (solve_smallest on the accountant's own epsilon, no other routes):")
         for name in RDP_CALIBRATIONS:
-            print(f"  {name + ' root finding':<52}{roots[name] * 1e3:>9.1f} ms")
+            print(f"  {name + ' root finding':<52}{roots.median(name) * 1e3:>9.1f} ms")
 
-    pld = interleaved({name: (lambda k, n=name, a=spec: fresh_query(n, a[0], a[1], k))
-                       for name, spec in PLD_ACCOUNTANTS.items()}, heavy_rounds)
-    pld_cal = interleaved({name: calibration(name) for name in PLD_ACCOUNTANTS}, heavy_rounds)
+    pld = interleaved({name: fresh_query(name) for name in PLD_ACCOUNTANTS}, heavy_rounds, warmup=1, before=clear_caches)
+    pld_cal = interleaved({name: calibration(name) for name in PLD_ACCOUNTANTS}, heavy_rounds, before=clear_caches)
     print(f"PLD-based accountants (median of {heavy_rounds}, caches cleared):")
     for name in PLD_ACCOUNTANTS:
-        results.append(report(f"{name} query", pld[name], 0.300))
+        results.append(report(f"{name} query", pld.median(name), 0.300))
     for name in PLD_ACCOUNTANTS:
-        results.append(report(f"{name} calibration", pld_cal[name], 3.0))
+        results.append(report(f"{name} calibration", pld_cal.median(name), 3.0))
 
-    commands = {label: dpnoise_command() + argv for label, argv in CLI_COMMANDS.items()}
-    commands.update({label: [sys.executable, "-c", code] for label, code in IMPORT_REFERENCES.items()})
-    samples: dict[str, list[float]] = {label: [] for label in commands}
-    order = list(commands)
-    for _ in range(cli_rounds):
-        random.shuffle(order)
-        for label in order:
-            samples[label].append(subprocess_seconds(commands[label]))
+    commands = {label: process(dpnoise_command() + argv) for label, argv in CLI_COMMANDS.items()}
+    commands.update({label: process([sys.executable, "-c", code]) for label, code in IMPORT_REFERENCES.items()})
+    processes = interleaved(commands, cli_rounds)
     print(f"Whole process, subprocess wall time (median of {cli_rounds}):")
     for label in CLI_COMMANDS:
-        results.append(report(label, statistics.median(samples[label]), 1.0))
+        results.append(report(label, processes.median(label), 1.0))
     print("  for reference (no target):")
     for label in IMPORT_REFERENCES:
-        print(f"  {label:<52}{statistics.median(samples[label]):>9.2f} s")
+        print(f"  {label:<52}{processes.median(label):>9.2f} s")
     print(f"{sum(results)} of {len(results)} figures within target")
 
 

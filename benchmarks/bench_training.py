@@ -11,34 +11,34 @@ Prints (median over interleaved rounds of paired ratios):
 
 Fairness on a shared, noisy machine: every configuration runs on the same pre-drawn batches of
 exactly 256 examples (data loading is excluded), and the configurations are interleaved step by
-step, in a fresh shuffled order for every batch, so slow phases of the machine hit all of them
-alike; ratios are taken per round (paired) and their median is reported.  A "step" is
-zero_grad + forward + loss + backward + optimizer.step (clipping, noise and accounting included).
+step, in a fresh shuffled order for every batch (benchmarks/timing.py), so slow phases of the
+machine hit all of them alike; ratios are taken per round (paired) and their median is reported.
+A "step" is zero_grad + forward + loss + backward + optimizer.step (clipping, noise and accounting
+included).
 
-    .venv/bin/python benchmarks/bench_training.py [--rounds 7] [--steps 10] [--threads 1]
+    .venv/bin/python benchmarks/bench_training.py [--quick] [--rounds 7] [--steps 10] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
-import time
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from opacus import PrivacyEngine as OpacusPrivacyEngine
+from timing import Candidate, interleaved
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
+from dpnoise.accounting import noise_keywords
 from dpnoise.data import load_dataset
 from dpnoise.models.cnn import SeedCNN
 from dpnoise.training import make_private
 
 BATCH_SIZE = 256
-#: noise of each dpnoise mechanism in its own units (the value does not change the step time)
+#: noise of each dpnoise mechanism in its own unit (the value does not change the step time)
 DPNOISE_MECHANISMS = {"gaussian": 1.0, "lap2": 1.0, "laplace-l1": 1.0, "dirichlet": 0.25, "penultimate-gaussian": 2.0}
 
 Step = Callable[[torch.Tensor, torch.Tensor], None]
@@ -84,7 +84,7 @@ def dpnoise_mechanism(mechanism: str, grad_sample_mode: str = "auto") -> Callabl
         model = SeedCNN()
         module, optimizer, _ = make_private(
             model, torch.optim.Adam(model.parameters(), lr=1e-3), loader, mechanism=mechanism,
-            noise=DPNOISE_MECHANISMS[mechanism], max_grad_norm=1.0, delta=1e-5, seed=0,
+            **noise_keywords(mechanism, DPNOISE_MECHANISMS[mechanism]), max_grad_norm=1.0, delta=1e-5, seed=0,
             grad_sample_mode=grad_sample_mode,
         )
         return plain_step(module, optimizer)
@@ -92,30 +92,24 @@ def dpnoise_mechanism(mechanism: str, grad_sample_mode: str = "auto") -> Callabl
     return build
 
 
-def time_step(step: Step, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
-    """Seconds taken by one step on ``batch``."""
-    started = time.perf_counter()
-    step(*batch)
-    return time.perf_counter() - started
+def on_batches(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Candidate:
+    """The i-th call of ``step`` runs on batch i mod len(batches): every round sees the same batches."""
+    return lambda i: (lambda: step(*batches[i % len(batches)]))
 
 
-def interleaved_round(steps: dict[str, Step], batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
-    """Mean seconds per step of every configuration, one batch at a time in shuffled order."""
-    totals = dict.fromkeys(steps, 0.0)
-    order = list(steps)
-    for batch in batches:
-        random.shuffle(order)
-        for name in order:
-            totals[name] += time_step(steps[name], batch)
-    return {name: total / len(batches) for name, total in totals.items()}
+def verdict(ratio: float, target: float) -> str:
+    return "PASS" if ratio <= target else "MISS"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement rounds (default 7)")
-    parser.add_argument("--steps", type=int, default=10, help="steps per configuration per round (default 10)")
+    parser.add_argument("--quick", action="store_true", help="3 rounds x 4 steps (unless given explicitly)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved measurement rounds (default 7)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per configuration per round (default 10)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args()
+    args.rounds = args.rounds or (3 if args.quick else 7)
+    args.steps = args.steps or (4 if args.quick else 10)
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
@@ -129,26 +123,23 @@ def main() -> None:
     builders.update({f"dpnoise-{m}": dpnoise_mechanism(m) for m in DPNOISE_MECHANISMS})
     builders.update({f"dpnoise-{m}-hooks": dpnoise_mechanism(m, "hooks") for m in ("lap2", "laplace-l1")})
     steps = {name: build(loader) for name, build in builders.items()}
-    interleaved_round(steps, batches[:2])  # warm-up
-    per_round = [interleaved_round(steps, batches) for _ in range(args.rounds)]
-
-    def median_ratio(numerator: str, denominator: str) -> float:
-        return statistics.median(r[numerator] / r[denominator] for r in per_round)
+    timings = interleaved({name: on_batches(step, batches) for name, step in steps.items()}, args.rounds,
+                          calls=args.steps, warmup=2)
 
     print(f"seed CNN (26,010 params), Fashion-MNIST, batch {BATCH_SIZE}, {args.threads} thread(s), "
           f"{args.rounds} rounds x {args.steps} steps, interleaved")
     print(f"{'configuration':<30}{'ms/step (median)':>18}{'/ non-private':>15}")
     for name in builders:
-        ms = 1000 * statistics.median(r[name] for r in per_round)
-        print(f"{name:<30}{ms:>18.1f}{median_ratio(name, 'non-private'):>14.2f}x")
-    lap2_vs_opacus = median_ratio("dpnoise-lap2", "opacus-gaussian")
-    dirichlet_vs_plain = median_ratio("dpnoise-dirichlet", "non-private")
-    print(f"lap2 / Opacus Gaussian DP-SGD: {lap2_vs_opacus:.3f}x (target <= 1.05)")
-    print(f"dirichlet / non-private:      {dirichlet_vs_plain:.3f}x (target <= 1.2)")
-    print(f"dpnoise gaussian / Opacus Gaussian: {median_ratio('dpnoise-gaussian', 'opacus-gaussian'):.3f}x")
-    print(f"Opacus ghost clipping / hooks: {median_ratio('opacus-gaussian-ghost', 'opacus-gaussian'):.3f}x")
+        ms = 1000 * timings.median(name)
+        print(f"{name:<30}{ms:>18.1f}{timings.ratio(name, 'non-private'):>14.2f}x")
+    lap2_vs_opacus = timings.ratio("dpnoise-lap2", "opacus-gaussian")
+    dirichlet_vs_plain = timings.ratio("dpnoise-dirichlet", "non-private")
+    print(f"lap2 / Opacus Gaussian DP-SGD: {lap2_vs_opacus:.3f}x (target <= 1.05) {verdict(lap2_vs_opacus, 1.05)}")
+    print(f"dirichlet / non-private:      {dirichlet_vs_plain:.3f}x (target <= 1.2) {verdict(dirichlet_vs_plain, 1.2)}")
+    print(f"dpnoise gaussian / Opacus Gaussian: {timings.ratio('dpnoise-gaussian', 'opacus-gaussian'):.3f}x")
+    print(f"Opacus ghost clipping / hooks: {timings.ratio('opacus-gaussian-ghost', 'opacus-gaussian'):.3f}x")
     for m in ("lap2", "laplace-l1"):
-        print(f"dpnoise {m} book-keeping / hooks: {median_ratio(f'dpnoise-{m}', f'dpnoise-{m}-hooks'):.3f}x")
+        print(f"dpnoise {m} book-keeping / hooks: {timings.ratio(f'dpnoise-{m}', f'dpnoise-{m}-hooks'):.3f}x")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 # Wall time of `dpnoise reproduce --experiment E --quick`, end to end, for each experiment E in turn,
 # from an empty results folder and an empty data/feature cache (as on a fresh machine), into a
 # scratch folder so that the committed records are untouched. Prints one line per experiment.
-#   bash benchmarks/time_quick.sh [SCRATCH=/tmp/quick-timing] [EXPERIMENTS="table2 finetune dirichlet"]
-# Afterwards, benchmarks/compare_reruns.py --reruns SCRATCH/results compares the runs with results/.
+#   bash reproductions/tools/time_quick.sh [SCRATCH=/tmp/quick-timing] [EXPERIMENTS="table2 finetune dirichlet"]
+# Afterwards, reproductions/tools/compare_reruns.py --reruns SCRATCH/results compares the runs with results/.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 scratch=${1:-/tmp/quick-timing}
 experiments=${2:-table2 finetune dirichlet}
 rm -rf "$scratch" && mkdir -p "$scratch"

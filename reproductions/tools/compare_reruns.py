@@ -7,7 +7,7 @@ can amplify such differences.  Prints, per experiment, a markdown row with the n
 in both folders, how many reached exactly the same accuracy, and the median and largest absolute
 difference in points, then every run that differs by more than --show-above points.
 
-    .venv/bin/python benchmarks/compare_reruns.py --reruns results/reruns/2026-11-30-quick
+    .venv/bin/python reproductions/tools/compare_reruns.py --reruns results/reruns/2026-11-30-quick
 """
 
 from __future__ import annotations
