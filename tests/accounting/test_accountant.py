@@ -8,11 +8,13 @@ import pytest
 
 from dpnoise.accounting import (
     ACCOUNTANTS,
+    MECHANISMS,
     InvalidParameterError,
     RdpAccountant,
     UnsoundAccountantWarning,
     accountants_for_mechanism,
     get_accountant,
+    noise_keywords,
 )
 from dpnoise.accounting.events import (
     ComposedEvent,
@@ -34,7 +36,7 @@ given, settings = hypothesis.given, hypothesis.settings
 
 def test_gaussian_epsilon_matches_opacus_accountant():
     OpacusRDPAccountant = pytest.importorskip("opacus.accountants").RDPAccountant
-    ours = get_accountant("gaussian-rdp").step(1.1, 0.01, steps=3000)
+    ours = get_accountant("gaussian-rdp").step(noise_multiplier=1.1, sample_rate=0.01, steps=3000)
     theirs = OpacusRDPAccountant()
     theirs.history = [(1.1, 0.01, 3000)]
     # Opacus uses a coarser order grid, so ours can only be lower (or equal).
@@ -45,16 +47,17 @@ def test_gaussian_epsilon_matches_opacus_accountant():
 def test_steps_compose_additively_and_merge():
     one = get_accountant("lap2-rdp")
     for _ in range(10):
-        one.step(1.0, 0.01, params=1000)
-    many = get_accountant("lap2-rdp").step(1.0, 0.01, params=1000, steps=10)
+        one.step(laplace_scale=1.0, sample_rate=0.01, params=1000)
+    many = get_accountant("lap2-rdp").step(laplace_scale=1.0, sample_rate=0.01, params=1000, steps=10)
     assert one.steps == many.steps == 10 and len(one.history) == 1
     np.testing.assert_allclose(one.get_rdp(), many.get_rdp())
 
 
 def test_mechanisms_mix_in_one_accountant():
-    acc = get_accountant("gaussian-rdp").step(1.0, 0.01, steps=5).step(2.0, 0.02, mechanism="lap2", params=100, steps=3)
-    g = get_accountant("gaussian-rdp").step(1.0, 0.01, steps=5).get_rdp()
-    l2 = get_accountant("lap2-rdp").step(2.0, 0.02, params=100, steps=3).get_rdp()
+    acc = get_accountant("gaussian-rdp").step(noise_multiplier=1.0, sample_rate=0.01, steps=5).step(
+        laplace_scale=2.0, sample_rate=0.02, mechanism="lap2", params=100, steps=3)
+    g = get_accountant("gaussian-rdp").step(noise_multiplier=1.0, sample_rate=0.01, steps=5).get_rdp()
+    l2 = get_accountant("lap2-rdp").step(laplace_scale=2.0, sample_rate=0.02, params=100, steps=3).get_rdp()
     np.testing.assert_allclose(acc.get_rdp(), g + l2)
     assert acc.steps == 8
 
@@ -71,7 +74,8 @@ def test_unsound_accountants_warn_and_sound_ones_do_not():
     for name, spec in ACCOUNTANTS.items():
         acc = get_accountant(name)
         kwargs = {"params": 100} if spec.mechanism == "lap2" else {}
-        acc.step(0.5 if spec.mechanism == "dirichlet" else 1.5, 0.01, steps=10, **kwargs)
+        noise = 0.5 if spec.mechanism == "dirichlet" else 1.5
+        acc.step(sample_rate=0.01, steps=10, **kwargs, **noise_keywords(spec.mechanism, noise))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             acc.get_epsilon(1e-5)
@@ -86,8 +90,8 @@ def test_reported_accountants_for_lap2_are_sound_then_paper():
 
 
 def test_penultimate_gaussian_uses_half_the_noise_multiplier():
-    pen = get_accountant("penultimate-gaussian-rdp").step(2.0, 0.01, steps=100)
-    gauss = get_accountant("gaussian-rdp").step(1.0, 0.01, steps=100)
+    pen = get_accountant("penultimate-gaussian-rdp").step(noise_multiplier=2.0, sample_rate=0.01, steps=100)
+    gauss = get_accountant("gaussian-rdp").step(noise_multiplier=1.0, sample_rate=0.01, steps=100)
     np.testing.assert_allclose(pen.get_rdp(), gauss.get_rdp())
 
 
@@ -101,7 +105,7 @@ def test_penultimate_gaussian_uses_half_the_noise_multiplier():
 def test_state_dict_round_trips(name, noise, q, steps):
     acc = get_accountant(name)
     kwargs = {"params": 123} if name == "lap2" else {"alpha": 2.0} if name == "dirichlet" else {}
-    acc.step(noise, q, steps=steps, **kwargs)
+    acc.step(sample_rate=q, steps=steps, **kwargs, **noise_keywords(name, noise))
     clone = get_accountant(name)
     clone.load_state_dict(acc.state_dict())
     assert clone.steps == acc.steps and clone.history == acc.history
@@ -129,18 +133,18 @@ def test_no_steps_means_zero_epsilon():
 @pytest.mark.parametrize(
     "kwargs,param",
     [
-        (dict(noise=1.0, sample_rate=0.0), "sample_rate"),
-        (dict(noise=1.0, sample_rate=1.5), "sample_rate"),
-        (dict(noise=-1.0, sample_rate=0.1), "noise"),
-        (dict(noise=0.0, sample_rate=0.1), "noise"),
-        (dict(noise=float("nan"), sample_rate=0.1), "noise"),
-        (dict(noise=float("inf"), sample_rate=0.1), "noise"),
-        (dict(noise=1.0, sample_rate=float("nan")), "sample_rate"),
-        (dict(noise=1.0, sample_rate=0.1, steps=-1), "count"),
-        (dict(noise=1.0, sample_rate=0.1, params=0, mechanism="lap2"), "params"),
-        (dict(noise=1.0, sample_rate=0.1, params=2.5, mechanism="lap2"), "params"),
-        (dict(noise=1.0, sample_rate=0.1, clip=0.0, mechanism="lap2", params=10), "clip"),
-        (dict(noise=0.5, sample_rate=0.1, alpha=-1.0, mechanism="dirichlet"), "alpha"),
+        (dict(noise_multiplier=1.0, sample_rate=0.0), "sample_rate"),
+        (dict(noise_multiplier=1.0, sample_rate=1.5), "sample_rate"),
+        (dict(noise_multiplier=-1.0, sample_rate=0.1), "noise_multiplier"),
+        (dict(noise_multiplier=0.0, sample_rate=0.1), "noise_multiplier"),
+        (dict(noise_multiplier=float("nan"), sample_rate=0.1), "noise_multiplier"),
+        (dict(noise_multiplier=float("inf"), sample_rate=0.1), "noise_multiplier"),
+        (dict(noise_multiplier=1.0, sample_rate=float("nan")), "sample_rate"),
+        (dict(noise_multiplier=1.0, sample_rate=0.1, steps=-1), "count"),
+        (dict(laplace_scale=1.0, sample_rate=0.1, params=0, mechanism="lap2"), "params"),
+        (dict(laplace_scale=1.0, sample_rate=0.1, params=2.5, mechanism="lap2"), "params"),
+        (dict(laplace_scale=1.0, sample_rate=0.1, clip=0.0, mechanism="lap2", params=10), "clip"),
+        (dict(concentration=0.5, sample_rate=0.1, alpha=-1.0, mechanism="dirichlet"), "alpha"),
     ],
 )
 def test_bad_step_input_names_the_parameter(kwargs, param):
@@ -148,9 +152,30 @@ def test_bad_step_input_names_the_parameter(kwargs, param):
         get_accountant("gaussian").step(**kwargs)
 
 
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_noise_in_another_unit_is_refused_naming_the_right_keyword(mechanism):
+    """A noise is never read in the wrong unit: only the mechanism's own keyword is accepted."""
+    own = MECHANISMS[mechanism].noise.keyword
+    setting = {"sample_rate": 0.1, "params": 10, "alpha": 1.0}
+    for keyword in {"noise_multiplier", "laplace_scale", "concentration"} - {own}:
+        with pytest.raises(InvalidParameterError, match=f"{keyword} does not apply.*give {own}"):
+            get_accountant(MECHANISMS[mechanism].default_accountant).step(**setting, **{keyword: 0.5})
+    with pytest.raises(InvalidParameterError, match=f"{own} is required"):
+        get_accountant(MECHANISMS[mechanism].default_accountant).step(**setting)
+    with pytest.raises(TypeError):
+        get_accountant(MECHANISMS[mechanism].default_accountant).step(0.5, 0.1)  # no unit-less positional noise
+
+
+def test_every_registered_mechanism_has_sound_default_and_implementation_free_spec():
+    for name, spec in MECHANISMS.items():
+        assert accountants_for_mechanism(name)[0] == spec.default_accountant and ACCOUNTANTS[spec.default_accountant].sound
+        assert all(ACCOUNTANTS[a].mechanism == name for a in spec.accountants)
+        assert (spec.clip_norm_ord is not None) == spec.needs_per_sample_gradients
+
+
 @pytest.mark.parametrize("delta", [0.0, 1.0, 1.5, -1e-5, float("nan")])
 def test_bad_delta_names_the_parameter(delta):
-    acc = get_accountant("gaussian").step(1.0, 0.1, steps=10)
+    acc = get_accountant("gaussian").step(noise_multiplier=1.0, sample_rate=0.1, steps=10)
     with pytest.raises(InvalidParameterError, match="delta"):
         acc.get_epsilon(delta)
 
@@ -159,7 +184,7 @@ def test_unknown_names_list_the_choices():
     with pytest.raises(ValueError, match="choose from"):
         get_accountant("laplace")
     with pytest.raises(ValueError, match="choose from"):
-        get_accountant("gaussian").step(1.0, 0.1, mechanism="cauchy")
+        get_accountant("gaussian").step(noise_multiplier=1.0, sample_rate=0.1, mechanism="cauchy")
 
 
 def test_accounting_imports_without_torch():
@@ -169,7 +194,7 @@ def test_accounting_imports_without_torch():
 
     code = (
         "import sys; import dpnoise.accounting as a; "
-        "a.get_accountant('lap2').step(1.0, 0.01, params=10, steps=3).get_epsilon(1e-5); "
+        "a.get_accountant('lap2').step(laplace_scale=1.0, sample_rate=0.01, params=10, steps=3).get_epsilon(1e-5); "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

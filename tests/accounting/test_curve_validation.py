@@ -50,7 +50,7 @@ def test_a_broken_rdp_function_is_refused_by_the_accountant():
 
         _mechanism_rdp.cache_clear()
         with pytest.raises(InvalidPrivacyCurveError, match="decreases"):
-            get_accountant("gaussian-rdp").step(0.9, 0.01, steps=3).get_epsilon(1e-5)
+            get_accountant("gaussian-rdp").step(noise_multiplier=0.9, sample_rate=0.01, steps=3).get_epsilon(1e-5)
     finally:
         register_rdp(GaussianEvent)(original)
         _mechanism_rdp.cache_clear()

@@ -56,8 +56,8 @@ def test_matches_autodp_exact_subsampled_laplace(q, b):
 def test_upper_bounds_dp_accounting_pld(q, b, steps):
     pld = PLDAccountant()
     pld.compose(SelfComposedDpEvent(PoissonSampledDpEvent(q, LaplaceDpEvent(b)), steps))
-    rdp = get_accountant("laplace-l1-rdp").step(b, q, clip=1.0, steps=steps).get_epsilon(1e-5)
-    default = get_accountant("laplace-l1").step(b, q, clip=1.0, steps=steps).get_epsilon(1e-5)
+    rdp = get_accountant("laplace-l1-rdp").step(laplace_scale=b, sample_rate=q, clip=1.0, steps=steps).get_epsilon(1e-5)
+    default = get_accountant("laplace-l1").step(laplace_scale=b, sample_rate=q, clip=1.0, steps=steps).get_epsilon(1e-5)
     theirs = pld.get_epsilon(1e-5)
     assert rdp >= theirs
     assert rdp <= 1.6 * theirs + 0.05  # RDP is looser than PLD, but not wildly

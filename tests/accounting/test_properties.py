@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from dpnoise.accounting import (
+    ACCOUNTANTS,
+    noise_keywords,
     InvalidParameterError,
     UnreachableTargetError,
     UnsoundAccountantWarning,
@@ -31,7 +33,8 @@ MECHS = {
 
 
 def epsilon(name, noise, q, steps, delta=1e-5):
-    acc = get_accountant(name).step(noise, q, steps=steps, **MECHS[name])
+    mechanism = ACCOUNTANTS[name].mechanism
+    acc = get_accountant(name).step(sample_rate=q, steps=steps, **MECHS[name], **noise_keywords(mechanism, noise))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsoundAccountantWarning)
         return acc.get_epsilon(delta)
@@ -81,7 +84,7 @@ def test_dirichlet_calibration_never_overshoots(target, q, epochs, alpha):
     except UnreachableTargetError:
         return
     assert 0 < result.noise < alpha
-    acc = get_accountant("dirichlet").step(result.noise, q, steps=steps, alpha=alpha)
+    acc = get_accountant("dirichlet").step(concentration=result.noise, sample_rate=q, steps=steps, alpha=alpha)
     assert acc.get_epsilon(1e-5) <= target
 
 
@@ -104,7 +107,7 @@ def test_extreme_inputs_give_numbers(name, noise, q, steps):
 
 @pytest.mark.parametrize("n", [1, 2, 10**12])
 def test_lap2_params_extremes(n):
-    acc = get_accountant("lap2").step(1.0, 0.01, params=n, steps=100)
+    acc = get_accountant("lap2").step(laplace_scale=1.0, sample_rate=0.01, params=n, steps=100)
     assert np.isfinite(acc.get_epsilon(1e-5))
 
 

@@ -26,6 +26,8 @@ from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
 from dpnoise.accounting import (
+    ACCOUNTANTS,
+    noise_keywords,
     UnreachableTargetError,
     UnsoundAccountantWarning,
     calibrate_dirichlet_r,
@@ -65,7 +67,8 @@ def epsilon(name: str, noise: float, q: float, steps: int, delta: float, params:
         kwargs["alpha"] = alpha
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsoundAccountantWarning)
-        return get_accountant(name).step(noise, q, steps=steps, **kwargs).get_epsilon(delta)
+        return get_accountant(name).step(sample_rate=q, steps=steps, **kwargs,
+                                         **noise_keywords(ACCOUNTANTS[name].mechanism, noise)).get_epsilon(delta)
 
 
 def laplace_exact_epsilon(shift: float, delta: float) -> float:
@@ -186,7 +189,7 @@ def test_calibrated_lap2_reaches_target_under_a_second_computation(target, q, st
     # optimistic PLD at noise multiplier 1/M_n with M_n from SciPy's normal quantile.
     from scipy.stats import norm
 
-    rdp = get_accountant("lap2-rdp", orders=INTEGER_ORDERS).step(result.noise, q, params=params, steps=steps)
+    rdp = get_accountant("lap2-rdp", orders=INTEGER_ORDERS).step(laplace_scale=result.noise, sample_rate=q, params=params, steps=steps)
     a = 1.0 / (result.noise * math.sqrt(params))
     mu = math.sqrt(params) * 2 * norm.isf(math.exp(-a / 2) / 2) if a > 1e-3 else math.sqrt(math.pi / 2) / result.noise
     gdp = optimistic_pld_epsilon("gaussian", 1.0 / mu, q, steps, delta)
@@ -200,5 +203,5 @@ def test_calibrated_dirichlet_r_reaches_target_under_a_second_computation(target
         result = calibrate_dirichlet_r(target, 1e-5, q, steps, alpha=alpha)
     except UnreachableTargetError:
         assume(False)
-    second = get_accountant("dirichlet", orders=np.arange(2.0, 129.0)).step(result.noise, q, alpha=alpha, steps=steps)
+    second = get_accountant("dirichlet", orders=np.arange(2.0, 129.0)).step(concentration=result.noise, sample_rate=q, alpha=alpha, steps=steps)
     assert result.epsilon <= target and second.get_epsilon(1e-5) <= target

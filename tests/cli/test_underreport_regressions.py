@@ -28,7 +28,7 @@ def test_laplace_l1_one_step_is_the_laplace_mechanism(capsys):
 @pytest.mark.parametrize("noise", [0.05, 1e-3, 1e-8, 1e-300])
 def test_laplace_l1_epsilon_grows_as_the_noise_vanishes(noise):
     """Was stuck at 11.33 for every b from 0.05 down to 1e-300."""
-    eps = get_accountant("laplace-l1").step(noise, 1.0).get_epsilon(1e-5)
+    eps = get_accountant("laplace-l1").step(laplace_scale=noise, sample_rate=1.0).get_epsilon(1e-5)
     exact = 1.0 / noise + 2 * math.log1p(-1e-5)
     assert eps >= exact * (1 - 1e-12) - 1e-9  # double precision: relative rounding at 1e300
 

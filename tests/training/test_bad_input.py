@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpnoise.accounting import UnreachableTargetError
+from dpnoise.accounting import MECHANISMS, UnreachableTargetError, noise_keywords
 from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.errors import DpnoiseError
 from dpnoise.mechanisms import InvalidMechanismError
@@ -31,7 +31,7 @@ def make(dataset, model=None, **options):
 def test_batch_norm_is_refused_by_name(digits_train, mechanism):
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.BatchNorm1d(8), nn.Linear(8, 10))
     with pytest.raises(UnsupportedLayerError, match=r"2 \(BatchNorm1d\): batch statistics"):
-        make(digits_train, model, mechanism=mechanism, noise=1.0)
+        make(digits_train, model, mechanism=mechanism, **noise_keywords(mechanism, 1.0))
 
 
 def test_layer_opacus_cannot_handle_is_refused_by_name(digits_train):
@@ -42,30 +42,30 @@ def test_layer_opacus_cannot_handle_is_refused_by_name(digits_train):
             self.head = nn.Linear(8, 10)
 
     with pytest.raises(UnsupportedLayerError, match=r"encoder \(LSTM\)"):
-        make(digits_train, WithLstm(), mechanism="gaussian", noise=1.0)
+        make(digits_train, WithLstm(), mechanism="gaussian", noise_multiplier=1.0)
 
 
 def test_epsilon_below_the_reachable_floor(digits_train):
     with pytest.raises(UnreachableTargetError, match="unreachable"):
         make(digits_train, mechanism="dirichlet", target_epsilon=0.05, epochs=50)
     with pytest.raises(PrivacyBudgetExceededError, match="even one step"):
-        make(digits_train, mechanism="gaussian", noise=0.3, target_epsilon=0.01)
+        make(digits_train, mechanism="gaussian", noise_multiplier=0.3, target_epsilon=0.01)
 
 
 def test_inconsistent_options(digits_train):
     with pytest.raises(ValueError, match="unknown mechanism 'laplace'"):
-        make(digits_train, mechanism="laplace", noise=1.0)
-    with pytest.raises(ValueError, match="noise=, or target_epsilon= and epochs="):
+        make(digits_train, mechanism="laplace", noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="laplace_scale=, or target_epsilon= and epochs="):
         make(digits_train, mechanism="lap2", target_epsilon=1.0)
     with pytest.raises(ValueError, match="alpha is a Dirichlet parameter"):
-        make(digits_train, mechanism="lap2", noise=1.0, alpha=1.0)
+        make(digits_train, mechanism="lap2", laplace_scale=1.0, alpha=1.0)
     with pytest.raises(ValueError, match="does not apply to mechanism 'lap2'"):
-        make(digits_train, mechanism="lap2", noise=1.0, accountant="gaussian")
+        make(digits_train, mechanism="lap2", laplace_scale=1.0, accountant="gaussian")
 
 
 def test_fixed_size_batches_are_warned_as_not_covered(digits_train):
     with pytest.warns(UserWarning, match="accountants assume Poisson sampling"):
-        _, _, loader = make(digits_train, mechanism="lap2", noise=1.0, poisson_sampling=False)
+        _, _, loader = make(digits_train, mechanism="lap2", laplace_scale=1.0, poisson_sampling=False)
     assert len(next(iter(loader))[1]) == 64
 
 
@@ -102,23 +102,23 @@ def refused(digits_train, name, **options):
 @pytest.mark.parametrize("value", BAD_POSITIVE)
 @pytest.mark.parametrize("mechanism", ["gaussian", "lap2", "dirichlet"])
 def test_bad_noise_is_refused(digits_train, no_work, mechanism, value):
-    refused(digits_train, "noise", mechanism=mechanism, noise=value)
+    refused(digits_train, MECHANISMS[mechanism].noise.keyword, mechanism=mechanism, **noise_keywords(mechanism, value))
 
 
 @pytest.mark.parametrize("value", BAD_POSITIVE)
 def test_bad_max_grad_norm_is_refused(digits_train, no_work, value):
-    refused(digits_train, "max_grad_norm", mechanism="gaussian", noise=1.0, max_grad_norm=value)
+    refused(digits_train, "max_grad_norm", mechanism="gaussian", noise_multiplier=1.0, max_grad_norm=value)
 
 
 @pytest.mark.parametrize("value", [0, 0.0, 1, 1.0, -1e-5, 2.0, float("nan"), float("inf")])
 def test_bad_delta_is_refused(digits_train, no_work, value):
-    refused(digits_train, "delta", mechanism="gaussian", noise=1.0, delta=value)
+    refused(digits_train, "delta", mechanism="gaussian", noise_multiplier=1.0, delta=value)
 
 
 @pytest.mark.parametrize("value", BAD_POSITIVE)
 def test_bad_target_epsilon_is_refused(digits_train, no_work, value):
     refused(digits_train, "target_epsilon", mechanism="gaussian", target_epsilon=value, epochs=1)
-    refused(digits_train, "target_epsilon", mechanism="gaussian", noise=1.0, target_epsilon=value)
+    refused(digits_train, "target_epsilon", mechanism="gaussian", noise_multiplier=1.0, target_epsilon=value)
 
 
 @pytest.mark.parametrize("value", BAD_POSITIVE)
@@ -132,12 +132,12 @@ def test_epochs_that_overflow_the_step_count_are_refused(digits_train, no_work):
 
 @pytest.mark.parametrize("value", BAD_POSITIVE)
 def test_bad_dirichlet_alpha_is_refused(digits_train, no_work, value):
-    refused(digits_train, "alpha", mechanism="dirichlet", noise=1.0, alpha=value)
+    refused(digits_train, "alpha", mechanism="dirichlet", concentration=1.0, alpha=value)
 
 
 @pytest.mark.parametrize("value", ["1", True, [1.0]])
 def test_non_numbers_are_refused(digits_train, no_work, value):
-    refused(digits_train, "noise", mechanism="gaussian", noise=value)
+    refused(digits_train, "noise", mechanism="gaussian", noise_multiplier=value)
 
 
 def test_batch_larger_than_the_dataset_is_refused(digits_train, no_work):
@@ -145,7 +145,7 @@ def test_batch_larger_than_the_dataset_is_refused(digits_train, no_work):
     model = mlp(hidden=8)
     with pytest.raises(InvalidParameterError, match="batch_size / len"):
         engine.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train, 5000),
-                            mechanism="gaussian", noise=1.0, delta=1e-5)
+                            mechanism="gaussian", noise_multiplier=1.0, delta=1e-5)
 
 
 def test_empty_dataset_is_refused(no_work):
@@ -155,15 +155,15 @@ def test_empty_dataset_is_refused(no_work):
     empty = TensorDataset(torch.zeros(0, 1, 8, 8), torch.zeros(0, dtype=torch.long))
     with pytest.raises(InvalidParameterError, match="empty"):
         make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(empty, batch_size=4),
-                     mechanism="gaussian", noise=1.0, delta=1e-5)
+                     mechanism="gaussian", noise_multiplier=1.0, delta=1e-5)
 
 
 def test_option_errors_are_dpnoise_errors(digits_train):
     for options, error in [
-        (dict(mechanism="laplace", noise=1.0), InvalidMechanismError),
-        (dict(mechanism="lap2", noise=1.0, on_budget_exhausted="ignore"), InvalidTrainingOptionError),
-        (dict(mechanism="lap2", noise=1.0, grad_sample_mode="fast"), InvalidTrainingOptionError),
-        (dict(mechanism="lap2", noise=1.0, accountant="gaussian"), InvalidTrainingOptionError),
+        (dict(mechanism="laplace", noise_multiplier=1.0), InvalidMechanismError),
+        (dict(mechanism="lap2", laplace_scale=1.0, on_budget_exhausted="ignore"), InvalidTrainingOptionError),
+        (dict(mechanism="lap2", laplace_scale=1.0, grad_sample_mode="fast"), InvalidTrainingOptionError),
+        (dict(mechanism="lap2", laplace_scale=1.0, accountant="gaussian"), InvalidTrainingOptionError),
     ]:
         with pytest.raises(error) as caught:
             make(digits_train, **options)
@@ -174,9 +174,9 @@ def test_making_private_twice_is_a_dpnoise_error(digits_train):
     engine = PrivacyEngine(seed=0)
     model = mlp(hidden=8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    engine.make_private(model, optimizer, digits_loader(digits_train, 64), mechanism="lap2", noise=1.0, delta=1e-5)
+    engine.make_private(model, optimizer, digits_loader(digits_train, 64), mechanism="lap2", laplace_scale=1.0, delta=1e-5)
     with pytest.raises(EngineStateError) as caught:
-        engine.make_private(model, optimizer, digits_loader(digits_train, 64), mechanism="lap2", noise=1.0, delta=1e-5)
+        engine.make_private(model, optimizer, digits_loader(digits_train, 64), mechanism="lap2", laplace_scale=1.0, delta=1e-5)
     assert isinstance(caught.value, DpnoiseError) and isinstance(caught.value, RuntimeError)
 
 

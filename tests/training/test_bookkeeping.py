@@ -6,6 +6,7 @@ from opacus import GradSampleModule
 from torch import nn
 from torch.nn import functional as F
 
+from dpnoise.accounting import noise_keywords
 from dpnoise.mechanisms import per_example_norms
 from dpnoise.models import build_model
 from dpnoise.training import make_private
@@ -165,7 +166,7 @@ def test_layers_without_a_grad_sampler_fall_back_to_opacus_hooks(digits_train):
     assert unsupported_bookkeeping_layers(model) == ["0 (ScaledLinear)"]
     with pytest.raises(ValueError, match="ScaledLinear"):
         BookkeepingModule(model)
-    options = dict(mechanism="lap2", noise=1.0, max_grad_norm=1.0, delta=1e-5, seed=0)
+    options = dict(mechanism="lap2", laplace_scale=1.0, max_grad_norm=1.0, delta=1e-5, seed=0)
     module, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train), **options)
     assert isinstance(module, GradSampleModule) and optimizer.privacy_engine.grad_sample_mode == "hooks"
     model = mlp()
@@ -177,7 +178,7 @@ def test_unknown_grad_sample_mode_is_refused(digits_train):
     model = mlp()
     with pytest.raises(ValueError, match="grad_sample_mode"):
         make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train),
-                     mechanism="lap2", noise=1.0, delta=1e-5, grad_sample_mode="ghost")
+                     mechanism="lap2", laplace_scale=1.0, delta=1e-5, grad_sample_mode="ghost")
 
 
 @pytest.mark.parametrize("mechanism", ["lap2", "laplace-l1", "gaussian"])
@@ -190,7 +191,7 @@ def test_training_is_the_same_with_bookkeeping_and_hooks(digits_train, mechanism
         model = build_model("cnn", in_channels=1, input_size=8)
         module, optimizer, loader = make_private(
             model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train, 64),
-            mechanism=mechanism, noise=0.5, max_grad_norm=0.5, delta=1e-5, seed=4, grad_sample_mode=mode,
+            mechanism=mechanism, **noise_keywords(mechanism, 0.5), max_grad_norm=0.5, delta=1e-5, seed=4, grad_sample_mode=mode,
         )
         batches = iter(loader)
         for _ in range(3):

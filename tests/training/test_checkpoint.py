@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpnoise.accounting import ACCOUNTANTS, UnsoundAccountantWarning, get_accountant
+from dpnoise.accounting import ACCOUNTANTS, UnsoundAccountantWarning, get_accountant, noise_keywords
 from dpnoise.errors import DpnoiseError
 from dpnoise.training import (
     CheckpointMismatchError,
@@ -30,7 +30,7 @@ TOTAL_STEPS, INTERRUPT_AT = 10, 4
 def build(dataset, mechanism, seed, noise, model_seed=None, **options):
     model = mlp(hidden=16, seed=seed if model_seed is None else model_seed)  # the seed sets the initial weights
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    return make_private(model, optimizer, digits_loader(dataset, 64), mechanism=mechanism, noise=noise,
+    return make_private(model, optimizer, digits_loader(dataset, 64), mechanism=mechanism, **noise_keywords(mechanism, noise),
                         max_grad_norm=1.0, delta=1e-5, seed=seed, **options)
 
 
@@ -267,8 +267,9 @@ def test_other_formats_are_refused(digits_train, saved, tmp_path):
 def test_single_steps_equal_one_multi_step(name):
     """The ledger check's assumption, for every registered accountant: k steps one by one leave
     the same state as ``step(steps=k)``."""
-    arguments = dict(noise=1.0, sample_rate=0.05, clip=1.0, params=100,
-                     alpha=1.0 if ACCOUNTANTS[name].mechanism == "dirichlet" else None)
+    mechanism = ACCOUNTANTS[name].mechanism
+    arguments = dict(sample_rate=0.05, clip=1.0, params=100, alpha=1.0 if mechanism == "dirichlet" else None,
+                     **noise_keywords(mechanism, 1.0))
     one_by_one, at_once = get_accountant(name), get_accountant(name)
     for _ in range(3):
         one_by_one.step(**arguments)

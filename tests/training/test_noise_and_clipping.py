@@ -8,6 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
+from dpnoise.accounting import noise_keywords
 from dpnoise.mechanisms import get_mechanism, per_example_norms
 from dpnoise.training import BookkeepingModule, NoisyGradientOptimizer, make_private
 
@@ -63,7 +64,7 @@ def one_zero_gradient_step(mechanism: str, noise: float, clip: float) -> torch.T
     model = nn.Linear(20, 400)  # 8400 noise coordinates
     module, optimizer, loader = make_private(
         model, torch.optim.SGD(model.parameters(), lr=0.0), digits_loader(dataset, 50),
-        mechanism=mechanism, noise=noise, max_grad_norm=clip, delta=1e-5, seed=3,
+        mechanism=mechanism, **noise_keywords(mechanism, noise), max_grad_norm=clip, delta=1e-5, seed=3,
     )
     inputs, _ = next(iter(loader))
     optimizer.zero_grad()

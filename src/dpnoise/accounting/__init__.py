@@ -5,6 +5,7 @@
 * :mod:`~dpnoise.accounting.pld` -- privacy loss distributions (dp_accounting), Lap2 via GDP;
 * accountants (``step`` / ``compose`` / ``get_epsilon`` / ``state_dict``): :class:`RdpAccountant`,
   :class:`PldAccountant` and :class:`MinimumAccountant` (the smallest of several sound routes);
+* :data:`MECHANISMS` -- the mechanism registry (noise unit, event, accountants, audit pair);
 * :data:`ACCOUNTANTS` -- named accountants (``gaussian``, ``laplace-l1``, ``lap2``, ``lap2-paper``,
   ``dirichlet``, ...); non-sound ones warn whenever they produce a number;
 * calibrators for sigma, Lap2's (C, b) (seed 1 Algorithm 1) and the Dirichlet r*.
@@ -16,6 +17,7 @@ from dpnoise.accounting.accountant import (
     PrivacyAccountant,
     RdpAccountant,
     UnsoundAccountantWarning,
+    epsilon_after,
     get_accountant,
 )
 from dpnoise.accounting.calibration import (
@@ -28,13 +30,16 @@ from dpnoise.accounting.calibration import (
     clip_from_gradient_norms,
     steps_from_epochs,
 )
-from dpnoise.accounting.registry import (
-    ACCOUNTANTS,
+from dpnoise.accounting.mechanisms import (
     MECHANISMS,
     OUTPUT_PRIVACY_SCOPE,
-    AccountantSpec,
-    accountants_for_mechanism,
+    MechanismSpec,
+    get_mechanism_spec,
+    noise_from_keywords,
+    noise_keywords,
+    register_mechanism,
 )
+from dpnoise.accounting.registry import ACCOUNTANTS, AccountantSpec, accountants_for_mechanism
 from dpnoise.accounting.validation import InvalidParameterError
 
 __all__ = [
@@ -44,6 +49,7 @@ __all__ = [
     "AccountantSpec",
     "CalibrationResult",
     "InvalidParameterError",
+    "MechanismSpec",
     "MinimumAccountant",
     "PldAccountant",
     "PrivacyAccountant",
@@ -56,6 +62,11 @@ __all__ = [
     "calibrate_lap2",
     "calibrate_noise",
     "clip_from_gradient_norms",
+    "epsilon_after",
     "get_accountant",
+    "get_mechanism_spec",
+    "noise_from_keywords",
+    "noise_keywords",
+    "register_mechanism",
     "steps_from_epochs",
 ]

@@ -15,7 +15,8 @@ from typing import Callable, Optional
 import numpy as np
 from scipy.optimize import brentq
 
-from dpnoise.accounting.accountant import UnsoundAccountantWarning, flat_ledger, get_accountant
+from dpnoise.accounting.accountant import UnsoundAccountantWarning, epsilon_after, flat_ledger, get_accountant
+from dpnoise.accounting.mechanisms import get_mechanism_spec, noise_keywords
 from dpnoise.accounting.pld.distribution import pld_epsilon
 from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
 from dpnoise.accounting.registry import accountants_for_mechanism, get_spec
@@ -91,7 +92,12 @@ def solve_smallest(
 
 @dataclass(frozen=True)
 class CalibrationResult:
-    """A calibrated parameter and the epsilon it achieves under each applicable accountant."""
+    """A calibrated parameter and the epsilon it achieves under each applicable accountant.
+
+    ``noise`` is in the mechanism's unit, whose keyword is :attr:`noise_keyword`
+    (``noise_multiplier``, ``laplace_scale`` or ``concentration``); :meth:`noise_arguments`
+    gives ``{keyword: noise}`` for ``make_private`` or an accountant's ``step``.
+    """
 
     mechanism: str
     accountant: str
@@ -106,13 +112,18 @@ class CalibrationResult:
     epsilon_by_accountant: dict[str, float] = field(default_factory=dict)
     initial_guess: Optional[float] = None
 
+    @property
+    def noise_keyword(self) -> str:
+        return get_mechanism_spec(self.mechanism).noise.keyword
+
+    def noise_arguments(self) -> dict[str, float]:
+        return {self.noise_keyword: self.noise}
+
 
 def _epsilon(name: str, noise: float, q: float, steps: int, delta: float, **kw: object) -> float:
-    acc = get_accountant(name)
-    acc.step(noise, q, steps=steps, **kw)  # type: ignore[arg-type]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UnsoundAccountantWarning)
-        return acc.get_epsilon(delta)
+    """Epsilon of ``name`` at ``noise`` in its mechanism's unit (no unsound-accountant warning)."""
+    return epsilon_after(name, steps=steps, delta=delta, sample_rate=q,
+                         **noise_keywords(get_spec(name).mechanism, noise), **kw)
 
 
 def _validate(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> tuple[float, float, float, int]:
@@ -146,20 +157,19 @@ def calibrate_noise(
     params: Optional[int] = None,
     compare: bool = True,
 ) -> CalibrationResult:
-    """Smallest noise (sigma for Gaussian mechanisms, absolute b for Laplace ones) reaching the target.
+    """Smallest noise reaching the target, in the mechanism's unit (:attr:`CalibrationResult.noise_keyword`).
 
     ``compare``: also give the epsilon of that noise under the mechanism's other reported
     accountants (``epsilon_by_accountant``; PLD routes can cost more than the calibration itself).
     """
     eps_t, delta, q, steps = _validate(target_epsilon, delta, sample_rate, steps)
     spec = get_spec(accountant)
-    if spec.mechanism == "dirichlet":
+    if get_mechanism_spec(spec.mechanism).uses_alpha:
         raise InvalidParameterError("use calibrate_dirichlet_r for the Dirichlet mechanism")
     if not spec.sound:
         warnings.warn(spec.warning or "", UnsoundAccountantWarning, stacklevel=2)
     clip = check_positive("clip", clip)
-    # Laplace accountants depend on b / C only: solve for the ratio, then scale by C.
-    scale = clip if spec.mechanism in ("lap2", "laplace-l1") else 1.0
+    scale = _noise_scale(accountant, clip)
     guess = gaussian_initial_noise(eps_t, delta, q, steps)
     ratio = _smallest_ratio(accountant, eps_t, delta, q, steps, clip, params, max(guess, 1e-3))
     noise = ratio * scale
@@ -189,10 +199,13 @@ def _smallest_ratio(
     * an RDP accountant: directly.
     """
     spec = get_spec(accountant)
-    scale = clip if spec.mechanism in ("lap2", "laplace-l1") else 1.0
+    scale = _noise_scale(accountant, clip)
+    noise_keyword = get_mechanism_spec(spec.mechanism).noise.keyword
 
     def ledger(ratio: float):
-        return flat_ledger(get_accountant(accountant).step(ratio * scale, q, clip=clip, params=params, steps=steps).history)
+        acc = get_accountant(accountant).step(sample_rate=q, clip=clip, params=params, steps=steps,
+                                              **{noise_keyword: ratio * scale})
+        return flat_ledger(acc.history)
 
     if spec.kind == "minimum":
         answers, failure = [], None
@@ -216,6 +229,11 @@ def _smallest_ratio(
         return _epsilon(accountant, ratio * scale, q, steps, delta, clip=clip, params=params)
 
     return solve_smallest(eps_of, target, initial=initial)
+
+
+def _noise_scale(accountant: str, clip: float) -> float:
+    """C for mechanisms whose privacy depends on noise / C only (solved as a ratio), else 1."""
+    return clip if get_mechanism_spec(get_spec(accountant).mechanism).noise.per_clip else 1.0
 
 
 def calibrate_gaussian_sigma(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> CalibrationResult:

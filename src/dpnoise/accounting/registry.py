@@ -1,67 +1,13 @@
-"""Named accountants and mechanisms: what the CLI, the trainer and the audits refer to by name."""
+"""Named accountants: how each mechanism of :data:`~dpnoise.accounting.mechanisms.MECHANISMS` is accounted."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Literal, Optional
 
-from dpnoise.accounting.events import (
-    DirichletEvent,
-    GaussianEvent,
-    Lap2Event,
-    LaplaceEvent,
-    MechanismEvent,
-)
+from dpnoise.accounting.mechanisms import MECHANISMS, get_mechanism_spec
 from dpnoise.accounting.rdp.registry import AccountingMethods
-from dpnoise.accounting.validation import InvalidParameterError, check_count, check_positive
-
-#: Printed next to every Dirichlet / penultimate-layer epsilon (docs/theory/dirichlet.md Sec. 5).
-OUTPUT_PRIVACY_SCOPE = (
-    "Scope: this epsilon bounds what the released noisy outputs reveal about the private inputs "
-    "(labels are public). It is NOT a guarantee for the trained model's parameters: the SGD "
-    "update is not a post-processing of the released outputs, since it depends on the private "
-    "input through the network's Jacobian (docs/theory/dirichlet.md Sec. 5)."
-)
-
-
-def _gaussian(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
-    return GaussianEvent(check_positive("noise", noise))
-
-
-def _penultimate_gaussian(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
-    # Each selected example's activation (clipped to norm C) gets N(0, (sigma C)^2); replacing the
-    # private input moves it by up to 2C, so the sensitivity-1 noise multiplier is sigma / 2.
-    return GaussianEvent(check_positive("noise", noise) / 2.0)
-
-
-def _laplace_l1(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
-    return LaplaceEvent(check_positive("noise", noise) / check_positive("clip", clip))
-
-
-def _lap2(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
-    if params is None:
-        raise InvalidParameterError("params (the number of trained parameters n) is required for lap2")
-    return Lap2Event(
-        check_positive("noise", noise) / check_positive("clip", clip), check_count("params", params, 1)
-    )
-
-
-def _dirichlet(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
-    return DirichletEvent(check_positive("noise (r)", noise), check_positive("alpha", 1.0 if alpha is None else alpha))
-
-
-EventFactory = Callable[[float, float, Optional[int], Optional[float]], MechanismEvent]
-
-#: Mechanism name -> factory building its per-step event from (noise, clip, params, alpha).
-#: Units of ``noise``: sigma (multiplier of C) for the Gaussians, absolute Laplace scale b for
-#: laplace-l1 and lap2, r for dirichlet.
-MECHANISMS: dict[str, EventFactory] = {
-    "gaussian": _gaussian,
-    "laplace-l1": _laplace_l1,
-    "lap2": _lap2,
-    "dirichlet": _dirichlet,
-    "penultimate-gaussian": _penultimate_gaussian,
-}
+from dpnoise.accounting.validation import InvalidParameterError
 
 
 AccountantKind = Literal["rdp", "pld", "minimum"]
@@ -81,9 +27,13 @@ class AccountantSpec:
     sound: bool
     description: str
     warning: Optional[str] = None
-    scope: Optional[str] = None
     kind: AccountantKind = "rdp"
     routes: tuple[str, ...] = ()
+
+    @property
+    def scope(self) -> Optional[str]:
+        """What the epsilon covers when it is not the trained model (the mechanism's scope)."""
+        return get_mechanism_spec(self.mechanism).scope
 
 
 _SOUND = AccountingMethods()
@@ -93,16 +43,16 @@ _PLD_NOTE = (
 )
 
 
-def _pld_and_rdp(mechanism: str, pld: str, rdp: str, scope: Optional[str] = None) -> list[AccountantSpec]:
+def _pld_and_rdp(mechanism: str, pld: str, rdp: str) -> list[AccountantSpec]:
     """The default accountant of a Gaussian/Laplace mechanism: min(PLD, RDP), and both routes."""
     return [
         AccountantSpec(
             mechanism, mechanism, _SOUND, True,
             f"The smaller of {mechanism}-pld (primary) and {mechanism}-rdp, per delta (both sound).",
-            scope=scope, kind="minimum", routes=(f"{mechanism}-pld", f"{mechanism}-rdp"),
+            kind="minimum", routes=(f"{mechanism}-pld", f"{mechanism}-rdp"),
         ),
-        AccountantSpec(f"{mechanism}-pld", mechanism, _SOUND, True, f"{pld}: {_PLD_NOTE}.", scope=scope, kind="pld"),
-        AccountantSpec(f"{mechanism}-rdp", mechanism, _SOUND, True, rdp, scope=scope),
+        AccountantSpec(f"{mechanism}-pld", mechanism, _SOUND, True, f"{pld}: {_PLD_NOTE}.", kind="pld"),
+        AccountantSpec(f"{mechanism}-rdp", mechanism, _SOUND, True, rdp),
     ]
 
 
@@ -128,7 +78,6 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
             "Gaussian noise on per-example clipped penultimate activations (reconstruction of Monir "
             "& Ghinita 2024, docs/theory/dirichlet.md Sec. 6): sampled Gaussian RDP at multiplier "
             "sigma/2 (input replacement moves a clipped activation by up to 2C).",
-            scope=OUTPUT_PRIVACY_SCOPE,
         ),
         AccountantSpec(
             "lap2", "lap2", _SOUND, True,
@@ -168,13 +117,11 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
             "Dirichlet mechanism: exact two-vertex base RDP, proven for integer orders "
             "(docs/theory/dirichlet.md Sec. 1.2), with Zhu & Wang (2019, arXiv 1808.00087) general "
             "Poisson subsampling bound. RDP only: no PLD dominating pair is known.",
-            scope=OUTPUT_PRIVACY_SCOPE,
         ),
         AccountantSpec(
             "dirichlet-ponnoprat", "dirichlet", AccountingMethods(dirichlet_base="ponnoprat"), True,
             "Dirichlet mechanism as in the paper: Ponnoprat (2023, arXiv 2110.01984) base RDP + Zhu "
             "& Wang general subsampling (sound, looser than 'dirichlet').",
-            scope=OUTPUT_PRIVACY_SCOPE,
         ),
         AccountantSpec(
             "dirichlet-tight", "dirichlet",
@@ -182,28 +129,16 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
             "Dirichlet with Zhu & Wang's tight subsampling form (docs/theory/dirichlet.md Sec. 2.2).",
             warning="dirichlet-tight assumes a condition of Zhu & Wang's tight bound that is "
             "unproven for the Dirichlet mechanism. Use 'dirichlet' for a guarantee.",
-            scope=OUTPUT_PRIVACY_SCOPE,
         ),
     ]
 }
 
-#: The accountants reported side by side for each mechanism (the default first).
-_REPORTED: dict[str, list[str]] = {
-    "gaussian": ["gaussian", "gaussian-pld", "gaussian-rdp"],
-    "laplace-l1": ["laplace-l1", "laplace-l1-pld", "laplace-l1-rdp"],
-    "lap2": ["lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"],
-    "dirichlet": ["dirichlet", "dirichlet-ponnoprat"],
-    "penultimate-gaussian": ["penultimate-gaussian", "penultimate-gaussian-pld", "penultimate-gaussian-rdp"],
-}
-
-
 def accountants_for_mechanism(mechanism: str, include_options: bool = False) -> list[str]:
     """Names of the accountants that apply to ``mechanism``, the default (sound) one first."""
-    if mechanism not in MECHANISMS:
-        raise InvalidParameterError(f"unknown mechanism {mechanism!r}; choose from {sorted(MECHANISMS)}")
+    reported = list(get_mechanism_spec(mechanism).accountants)
     if include_options:
-        return [n for n, s in ACCOUNTANTS.items() if s.mechanism == mechanism]
-    return list(_REPORTED[mechanism])
+        return reported + [n for n, s in ACCOUNTANTS.items() if s.mechanism == mechanism and n not in reported]
+    return reported
 
 
 def get_spec(name: str) -> AccountantSpec:
@@ -211,3 +146,19 @@ def get_spec(name: str) -> AccountantSpec:
     if name not in ACCOUNTANTS:
         raise InvalidParameterError(f"unknown accountant {name!r}; choose from {sorted(ACCOUNTANTS)}")
     return ACCOUNTANTS[name]
+
+
+def _check_registries() -> None:
+    """Every mechanism's accountants exist and account for it; every accountant's mechanism exists."""
+    for spec in ACCOUNTANTS.values():
+        get_mechanism_spec(spec.mechanism)
+        if any(get_spec(route).mechanism != spec.mechanism for route in spec.routes):
+            raise InvalidParameterError(f"accountant {spec.name!r} has a route of another mechanism")
+    for mechanism in MECHANISMS.values():
+        if any(get_spec(name).mechanism != mechanism.name for name in mechanism.accountants):
+            raise InvalidParameterError(f"mechanism {mechanism.name!r} lists an accountant of another mechanism")
+        if not get_spec(mechanism.default_accountant).sound:
+            raise InvalidParameterError(f"mechanism {mechanism.name!r}: its default accountant must be sound")
+
+
+_check_registries()

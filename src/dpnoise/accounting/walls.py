@@ -14,12 +14,15 @@ from typing import Optional
 import numpy as np
 
 from dpnoise.accounting.accountant import PrivacyAccountant, UnsoundAccountantWarning, get_accountant
+from dpnoise.accounting.mechanisms import noise_keywords
+from dpnoise.accounting.registry import get_spec
 
 
 def _accountant(name: str, noise_multiplier: float, q: float, steps: int, params: int) -> PrivacyAccountant:
-    acc = get_accountant(name)
-    acc.step(noise_multiplier, q, clip=1.0, params=params, steps=steps)
-    return acc
+    """``name`` after ``steps`` steps at noise / C = ``noise_multiplier`` (C = 1)."""
+    mechanism = get_spec(name).mechanism
+    return get_accountant(name).step(sample_rate=q, clip=1.0, params=params, steps=steps,
+                                     **noise_keywords(mechanism, noise_multiplier))
 
 
 @dataclass(frozen=True)

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional, Sequence
 
-from dpnoise.accounting import ACCOUNTANTS, UnsoundAccountantWarning, get_accountant
+from dpnoise.accounting import ACCOUNTANTS, epsilon_after, get_mechanism_spec, noise_keywords
 from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.audit import pld
 
-__all__ = ["audit_bound", "PLD_PAIR"]
-
-#: accounting mechanism -> (PLD pair, factor on noise): the penultimate-layer Gaussian moves a
-#: clipped activation by up to 2C, i.e. a Gaussian pair at multiplier sigma/2.
-PLD_PAIR = {
-    "gaussian": ("gaussian", 1.0),
-    "laplace-l1": ("laplace-l1", 1.0),
-    "lap2": ("lap2", 1.0),
-    "dirichlet": ("dirichlet", 1.0),
-    "penultimate-gaussian": ("gaussian", 0.5),
-}
+__all__ = ["audit_bound"]
 
 
 def audit_bound(
@@ -27,22 +16,20 @@ def audit_bound(
     clip: float = 1.0, params: Optional[int] = None, alpha: Optional[float] = None,
     ks: Optional[Sequence[int]] = None, grid: int = 1 << 21, loss_step: Optional[float] = None,
 ) -> dict:
-    """claimed_epsilon of ``accountant`` vs the exact lower bound; consistent iff lower <= claimed."""
+    """claimed_epsilon of ``accountant`` vs the exact lower bound; consistent iff lower <= claimed.
+
+    ``noise`` is in the unit of the accountant's mechanism; the pair is the mechanism's
+    :attr:`~dpnoise.accounting.mechanisms.MechanismSpec.audit_pair`."""
     spec = ACCOUNTANTS[accountant] if accountant in ACCOUNTANTS else None
     if spec is None:
         raise InvalidParameterError(f"unknown accountant {accountant!r}; choose from {sorted(ACCOUNTANTS)}")
-    if spec.mechanism == "dirichlet" and alpha is None:
+    mechanism = get_mechanism_spec(spec.mechanism)
+    if mechanism.uses_alpha and alpha is None:
         alpha = 1.0
-    acc = get_accountant(accountant)
-    acc.step(noise, sample_rate, clip=clip, params=params, alpha=alpha, steps=steps)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UnsoundAccountantWarning)
-        claimed = float(acc.get_epsilon(delta))
-    pair, factor = PLD_PAIR[spec.mechanism]
-    result = pld.lower_bound(
-        pair, noise * factor, sample_rate, steps, delta, clip=clip, params=params, ks=ks,
-        alpha=alpha, grid=grid, loss_step=loss_step,
-    )
+    claimed = float(epsilon_after(accountant, steps=steps, delta=delta, sample_rate=sample_rate, clip=clip,
+                                  params=params, alpha=alpha, **noise_keywords(spec.mechanism, noise)))
+    result = pld.lower_bound(spec.mechanism, noise, sample_rate, steps, delta, clip=clip, params=params, ks=ks,
+                             alpha=alpha, grid=grid, loss_step=loss_step)
     return {
         "audit": "bound",
         "accountant": accountant,

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
-from dpnoise.accounting import (
-    ACCOUNTANTS,
-    UnsoundAccountantWarning,
-    accountants_for_mechanism,
-    get_accountant,
-)
+from dpnoise.accounting import ACCOUNTANTS, accountants_for_mechanism, epsilon_after, noise_keywords
 
 __all__ = ["audit_record", "claimed_epsilons", "sound_claim"]
 
@@ -19,15 +13,14 @@ def claimed_epsilons(
     mechanism: str, noise: float, sample_rate: float, steps: int, delta: float,
     clip: float = 1.0, params: Optional[int] = None, alpha: Optional[float] = None,
 ) -> dict[str, float]:
-    """Epsilon(delta) of every accountant registered for ``mechanism`` (options included)."""
-    out = {}
-    for name in accountants_for_mechanism(mechanism, include_options=True):
-        acc = get_accountant(name)
-        acc.step(noise, sample_rate, clip=clip, params=params, alpha=alpha, steps=steps)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UnsoundAccountantWarning)
-            out[name] = float(acc.get_epsilon(delta))
-    return out
+    """Epsilon(delta) of every accountant registered for ``mechanism`` (options included).
+
+    ``noise`` is in the mechanism's unit (:data:`dpnoise.accounting.MECHANISMS`)."""
+    return {
+        name: float(epsilon_after(name, steps=steps, delta=delta, sample_rate=sample_rate, clip=clip, params=params,
+                                  alpha=alpha, **noise_keywords(mechanism, noise)))
+        for name in accountants_for_mechanism(mechanism, include_options=True)
+    }
 
 
 def sound_claim(claims: dict[str, float]) -> float:

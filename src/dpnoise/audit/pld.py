@@ -15,14 +15,15 @@ to floating-point round-off of the FFTs, ~1e-13 in delta):
   or Chernoff (composition) tail bounds and carried as ``slack``; a measure enlarged by at most
   ``eta`` per step moves delta by at most (1 + eta)^T - 1, which is subtracted at the end.
 
-Mechanisms (``noise`` units as in docs/ARCHITECTURE.md):
+Pairs (the ``audit_pair`` of each mechanism in :data:`dpnoise.accounting.MECHANISMS`; ``noise``
+in the mechanism's unit times the pair's ``noise_factor``):
 
-* ``gaussian``: the 1-D shift C with noise N(0, sigma^2 C^2): Y = log(dP_v/dP_0) ~ N(-+mu^2/2, mu^2),
+* ``gaussian-shift``: the 1-D shift C with noise N(0, sigma^2 C^2): Y = log(dP_v/dP_0) ~ N(-+mu^2/2, mu^2),
   mu = 1/sigma.
-* ``laplace-l1``: the 1-D shift C with Lap(b) noise.
-* ``lap2``: the L2-feasible shift v = (C/sqrt(k))(1,..,1,0,..) with i.i.d. Lap(b) noise; Y is the sum
+* ``laplace-shift``: the 1-D shift C with Lap(b) noise (L1 clipping).
+* ``laplace-spread``: the L2-feasible shift v = (C/sqrt(k))(1,..,1,0,..) with i.i.d. Lap(b) noise; Y is the sum
   of k i.i.d. clipped-linear terms (|z| - |z - u|)/b, obtained by FFT convolution (spec lap2 §3).
-* ``dirichlet``: the vertex pair Dir(r e_1 + alpha) vs Dir(r e_2 + alpha) (spec dirichlet §1.2, the
+* ``dirichlet-vertex``: the vertex pair Dir(r e_1 + alpha) vs Dir(r e_2 + alpha) (spec dirichlet §1.2, the
   limit of feasible softmax outputs); Y = r log(G_1/G_2) = r logit(Beta), independent of d.
 
 Subsampling (one Bernoulli draw per example and step): add direction P = (1-q) P_0 + q P_v, Q = P_0,
@@ -39,6 +40,7 @@ import scipy.fft
 import scipy.special
 from scipy.stats import norm
 
+from dpnoise.accounting import get_mechanism_spec
 from dpnoise.accounting.validation import InvalidParameterError
 
 __all__ = [
@@ -55,10 +57,10 @@ __all__ = [
     "lower_bound",
     "default_k_grid",
     "shift_laws",
-    "MECHANISMS",
+    "PAIR_FAMILIES",
 ]
 
-MECHANISMS = ("gaussian", "laplace-l1", "lap2", "dirichlet")
+PAIR_FAMILIES = ("gaussian-shift", "laplace-shift", "laplace-spread", "dirichlet-vertex")
 
 #: tail mass allowed (per tail) when truncating or wrapping distributions
 TAIL_MASS = 1e-30
@@ -335,30 +337,30 @@ def _coarsen(dist: LossDistribution, factor: int) -> LossDistribution:
 
 
 def shift_laws(
-    mechanism: str, noise: float, clip: float = 1.0, k: int = 1, alpha: float | None = None,
+    family: str, noise: float, clip: float = 1.0, k: int = 1, alpha: float | None = None,
     grid: int = 1 << 20,
 ) -> ShiftLaws:
-    """The worst-case pair's Y laws for ``mechanism`` (see module docstring for the pairs)."""
+    """The Y laws of the pair ``family`` (one of :data:`PAIR_FAMILIES`, see the module docstring)."""
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        laws = _shift_laws(mechanism, noise, clip, k, alpha, grid)
+        laws = _shift_laws(family, noise, clip, k, alpha, grid)
     if not (np.isfinite(laws.step) and laws.step > 0):
         raise InvalidParameterError(
-            f"noise {noise:g} (clip {clip:g}) is out of the numerical range of the {mechanism} lower bound")
+            f"noise {noise:g} (clip {clip:g}) is out of the numerical range of the {family} lower bound")
     return laws
 
 
-def _shift_laws(mechanism: str, noise: float, clip: float, k: int, alpha: float | None, grid: int) -> ShiftLaws:
-    if mechanism == "gaussian":
+def _shift_laws(family: str, noise: float, clip: float, k: int, alpha: float | None, grid: int) -> ShiftLaws:
+    if family == "gaussian-shift":
         return gaussian_shift_laws(noise, grid)
-    if mechanism == "laplace-l1":
+    if family == "laplace-shift":
         return laplace_shift_laws(clip / noise, 1, grid)
-    if mechanism == "lap2":
+    if family == "laplace-spread":
         return laplace_shift_laws(clip / (np.sqrt(k) * noise), k, grid)
-    if mechanism == "dirichlet":
+    if family == "dirichlet-vertex":
         if alpha is None:
-            raise InvalidParameterError("the dirichlet pair needs alpha")
+            raise InvalidParameterError("the dirichlet-vertex pair needs alpha")
         return dirichlet_shift_laws(noise, alpha, grid)
-    raise InvalidParameterError(f"unknown mechanism {mechanism!r}; expected one of {MECHANISMS}")
+    raise InvalidParameterError(f"unknown pair family {family!r}; expected one of {PAIR_FAMILIES}")
 
 
 def epsilon_lower_bound(
@@ -406,11 +408,14 @@ def lower_bound(
 ) -> BoundResult:
     """Best exact lower bound on eps(delta) over the feasible pairs of ``mechanism``.
 
-    For ``lap2`` the pairs are the shifts (C/sqrt(k))(1,..,1,0,..) for k in ``ks`` (default: a
-    geometric grid up to ``params``); every other mechanism has one pair.  Both adjacency directions
-    are evaluated; the maximum over pairs and directions is reported.
+    ``noise`` is in the mechanism's unit; the pairs are its registered ``audit_pair``.  For the
+    ``laplace-spread`` family (lap2) they are the shifts (C/sqrt(k))(1,..,1,0,..) for k in ``ks``
+    (default: a geometric grid up to ``params``); every other family has one pair.  Both adjacency
+    directions are evaluated; the maximum over pairs and directions is reported.
     """
-    if mechanism == "lap2":
+    pair = get_mechanism_spec(mechanism).audit_pair
+    family, noise = pair.family, noise * pair.noise_factor
+    if family == "laplace-spread":
         if ks is None:
             if params is None:
                 raise InvalidParameterError("lap2 needs params (or an explicit k grid)")
@@ -423,12 +428,12 @@ def lower_bound(
     coarse = len(ks) > 1  # scan all k coarsely (still valid lower bounds), refine the worst one
     scan = []
     for k in ks:
-        laws = shift_laws(mechanism, noise, clip, k, alpha, grid // 8 if coarse else grid)
+        laws = shift_laws(family, noise, clip, k, alpha, grid // 8 if coarse else grid)
         eps = epsilon_lower_bound(laws, sample_rate, steps, delta, 4 * step if coarse else step, max_grid)
         scan.extend({"k": int(k), "direction": d, "epsilon": e, "coarse": coarse} for d, e in eps.items())
     if coarse:
         worst = max(scan, key=lambda row: row["epsilon"])["k"]
-        laws = shift_laws(mechanism, noise, clip, worst, alpha, grid)
+        laws = shift_laws(family, noise, clip, worst, alpha, grid)
         eps = epsilon_lower_bound(laws, sample_rate, steps, delta, step, max_grid)
         scan.extend({"k": worst, "direction": d, "epsilon": e, "coarse": False} for d, e in eps.items())
     best = max(scan, key=lambda row: row["epsilon"])

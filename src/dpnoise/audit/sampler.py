@@ -23,6 +23,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from dpnoise.accounting import MECHANISMS, get_mechanism_spec
 from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.audit.claims import audit_record, claimed_epsilons
 from dpnoise.audit.stats import threshold_audit
@@ -31,16 +32,17 @@ from dpnoise.mechanisms.registry import NoiseSampler
 
 __all__ = ["canary_direction", "likelihood_ratio", "audit_sampler"]
 
-GRADIENT_MECHANISMS = ("gaussian", "lap2", "laplace-l1")
+#: the mechanisms whose released value is a noisy sum of clipped per-example gradients
+GRADIENT_MECHANISMS = tuple(name for name, spec in sorted(MECHANISMS.items()) if spec.perturbs == "gradients")
 
 
 def canary_direction(mechanism: str, dim: int) -> np.ndarray:
     """Unit vector (in the mechanism's clipping norm) of the worst-case canary shift.
 
-    lap2 / gaussian: (1,..,1)/sqrt(dim) (for lap2 the k = dim shift of spec lap2 §3; for the
-    Gaussian every L2 direction is equivalent); laplace-l1: e_1 (the 1-D shift).
+    L2 clipping: (1,..,1)/sqrt(dim) (for Laplace noise the k = dim shift of spec lap2 §3; for
+    Gaussian noise every L2 direction is equivalent); L1 clipping: e_1 (the 1-D shift).
     """
-    if mechanism == "laplace-l1":
+    if get_mechanism_spec(mechanism).clip_norm_ord == 1:
         return np.eye(1, dim).ravel()
     return np.full(dim, 1.0 / np.sqrt(dim))
 
@@ -51,7 +53,7 @@ SCORE_DECIMALS = 9
 
 def likelihood_ratio(mechanism: str, x: np.ndarray, shift: np.ndarray, noise: float, clip: float) -> np.ndarray:
     """log(p_shift(x)/p_0(x)) per row of ``x`` under the claimed noise, rounded to 1e-9."""
-    if mechanism == "gaussian":
+    if get_mechanism_spec(mechanism).noise_distribution == "gaussian":
         score = (x @ shift - shift @ shift / 2.0) / np.float64(noise * clip) ** 2  # inf, not OverflowError
     else:
         score = (np.abs(x) - np.abs(x - shift)).sum(axis=1) / noise

@@ -74,7 +74,7 @@ def audit_one_run(
 ) -> dict:
     """One-run white-box canary audit of DP-SGD training with ``mechanism`` (gaussian, lap2, laplace-l1)."""
     mech = get_mechanism(mechanism)
-    if mech.releases != "gradients":
+    if not mech.needs_per_sample_gradients:
         raise InvalidParameterError(f"one-run audit needs a gradient mechanism, got {mechanism!r}")
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import warnings
 
 from dpnoise.accounting import (
     ACCOUNTANTS,
-    UnsoundAccountantWarning,
     accountants_for_mechanism,
+    epsilon_after,
     get_accountant,
+    get_mechanism_spec,
+    noise_keywords,
 )
 from dpnoise.accounting.validation import InvalidParameterError
-from dpnoise.cli.common import accountant_lines, add_setting_options, emit, resolve_setting
+from dpnoise.cli.common import accountant_lines, add_setting_options, emit, noise_help, resolve_setting
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,30 +23,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Compute epsilon(delta) of a Poisson-sampled training run. For lap2 and "
         "lap2-paper both Lap2 accountants are shown side by side (epsilon_by_accountant).",
     )
-    p.add_argument("--noise", type=float, required=True,
-                   help="noise parameter: absolute Laplace scale b (lap2, lap2-paper, laplace-l1), "
-                   "noise multiplier sigma with std sigma*C (gaussian, penultimate-gaussian), or "
-                   "the Dirichlet scale r (dirichlet)")
+    p.add_argument("--noise", type=float, required=True, help=noise_help())
     add_setting_options(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     mechanism, accountant, q, steps, kwargs = resolve_setting(args)
-    if mechanism == "dirichlet" and args.noise >= kwargs["alpha"]:
+    if get_mechanism_spec(mechanism).uses_alpha and args.noise >= kwargs["alpha"]:
         raise InvalidParameterError(
-            f"--noise (r = {args.noise:g}) must be < --alpha ({kwargs['alpha']:g}) for dirichlet: "
+            f"--noise (r = {args.noise:g}) must be < --alpha ({kwargs['alpha']:g}) for {mechanism}: "
             "otherwise no Renyi order >= 2 is admissible"
         )
-    acc = get_accountant(accountant)
-    acc.step(args.noise, q, steps=steps, **kwargs)
+    setting = {"sample_rate": q, **kwargs, **noise_keywords(mechanism, args.noise)}
+    acc = get_accountant(accountant).step(steps=steps, **setting)
     epsilon, bound = acc.get_epsilon_and_bound(args.delta)
-    by_acc = {}
-    for name in accountants_for_mechanism(mechanism):
-        other = get_accountant(name).step(args.noise, q, steps=steps, **kwargs)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UnsoundAccountantWarning)
-            by_acc[name] = other.get_epsilon(args.delta)
+    by_acc = {name: epsilon_after(name, steps=steps, delta=args.delta, **setting)
+              for name in accountants_for_mechanism(mechanism)}
     spec = ACCOUNTANTS[accountant]
     payload = {
         "mechanism": mechanism,

@@ -6,8 +6,9 @@ import argparse
 from typing import Any
 
 from dpnoise import checks
+from dpnoise.accounting.mechanisms import MECHANISMS
 
-GRADIENT_MECHANISMS = ["gaussian", "lap2", "laplace-l1"]
+GRADIENT_MECHANISMS = [name for name, spec in sorted(MECHANISMS.items()) if spec.perturbs == "gradients"]
 #: --grid of ``audit bound``: the coarse k scan uses grid / 8 points, and 2**26 points already take
 #: gigabytes in the FFT composition
 GRID_RANGE = (64, 1 << 26)

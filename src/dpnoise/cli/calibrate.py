@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from dpnoise.accounting import ACCOUNTANTS, calibrate_dirichlet_r, calibrate_lap2, calibrate_noise
+from dpnoise.accounting import ACCOUNTANTS, calibrate_dirichlet_r, calibrate_noise, get_mechanism_spec
 from dpnoise.accounting.validation import check_positive
 from dpnoise.cli.common import accountant_lines, add_setting_options, emit, resolve_setting
 
@@ -15,9 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "calibrate",
         help="find the smallest noise (largest Dirichlet r) reaching a target epsilon",
         description="Calibrate the noise to a target (epsilon, delta); the result never overshoots "
-        "the target. Lap2 runs the seed's Algorithm 1 (b for the given C, with the epsilon under "
-        "every Lap2 accountant); dirichlet finds r* by Brent's method and reports an unreachable "
-        "floor.",
+        "the target. Lap2 runs the Lap2 paper's Algorithm 1 (b for the given C, with the epsilon "
+        "under every Lap2 accountant); dirichlet finds r* by Brent's method and reports an "
+        "unreachable floor.",
     )
     p.add_argument("--epsilon", type=float, required=True, help="target epsilon > 0")
     add_setting_options(p)
@@ -27,20 +27,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     mechanism, accountant, q, steps, kwargs = resolve_setting(args)
     target = check_positive("--epsilon", args.epsilon)
-    if mechanism == "dirichlet":
+    mechanism_spec = get_mechanism_spec(mechanism)
+    if mechanism_spec.uses_alpha:
         result = calibrate_dirichlet_r(target, args.delta, q, steps, alpha=kwargs["alpha"], accountant=accountant)
-    elif mechanism == "lap2":
-        result = calibrate_lap2(target, args.delta, q, steps, kwargs["params"], clip=kwargs["clip"], accountant=accountant)
     else:
-        result = calibrate_noise(accountant, target, args.delta, q, steps, clip=kwargs["clip"])
+        result = calibrate_noise(accountant, target, args.delta, q, steps, clip=kwargs["clip"], params=kwargs["params"])
     spec = ACCOUNTANTS[accountant]
-    payload = dataclasses.asdict(result) | {"sound": spec.sound, "warning": spec.warning, "scope": spec.scope}
-    if mechanism == "dirichlet":
+    payload = dataclasses.asdict(result) | {"sound": spec.sound, "warning": spec.warning, "scope": spec.scope,
+                                            result.noise_keyword: result.noise}
+    if mechanism_spec.uses_alpha:
         payload["r"] = result.noise
-        lines = [f"dirichlet (alpha = {result.alpha:g}): r* = {result.noise:.6g}, epsilon = {result.epsilon:.4f}"]
+        lines = [f"{mechanism} (alpha = {result.alpha:g}): r* = {result.noise:.6g}, epsilon = {result.epsilon:.4f}"]
     else:
-        unit = "b (absolute Laplace scale)" if mechanism in ("lap2", "laplace-l1") else "sigma (noise multiplier)"
-        lines = [f"{accountant}: noise {unit} = {result.noise:.6g} with clip C = {result.clip:g}, epsilon = {result.epsilon:.4f}"]
+        lines = [f"{accountant}: {result.noise_keyword} = {result.noise:.6g} ({mechanism_spec.noise.unit}) "
+                 f"with clip C = {result.clip:g}, epsilon = {result.epsilon:.4f}"]
     lines[0] += f" at delta = {result.delta:g} ({steps} steps at q = {q:.6g})"
     lines += accountant_lines(result.epsilon_by_accountant)
     if spec.scope:

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from dpnoise.accounting import ACCOUNTANTS, MECHANISMS, accountants_for_mechanism, steps_from_epochs
+from dpnoise.accounting.mechanisms import get_mechanism_spec
 from dpnoise.accounting.validation import (
     InvalidParameterError,
     check_count,
@@ -16,21 +17,30 @@ from dpnoise.accounting.validation import (
     check_sample_rate,
 )
 
-MECHANISM_CHOICES = ["gaussian", "laplace-l1", "lap2", "lap2-paper", "dirichlet", "penultimate-gaussian"]
+#: --mechanism: a mechanism, or an accountant name standing for its mechanism and that accountant
+MECHANISM_CHOICES = [*MECHANISMS, *(name for name in ACCOUNTANTS if name not in MECHANISMS)]
+
+
+def mechanism_help() -> str:
+    """One clause per registered mechanism: its name and description."""
+    return "; ".join(f"{name}: {spec.description}" for name, spec in MECHANISMS.items())
+
+
+def noise_help() -> str:
+    """The unit of --noise for each registered mechanism."""
+    return "noise in the mechanism's unit: " + "; ".join(
+        f"{name}: {spec.noise.unit}" for name, spec in MECHANISMS.items())
 
 
 def add_setting_options(p: argparse.ArgumentParser) -> None:
     """--mechanism, sampling, steps, delta, clip, params, alpha, json."""
-    p.add_argument("--mechanism", required=True, choices=MECHANISM_CHOICES,
-                   help="mechanism and accountant: gaussian (sampled Gaussian DP-SGD), laplace-l1 "
-                   "(Laplace noise, L1 clipping), lap2 (L2-clipped Laplace, sound accountant), "
-                   "lap2-paper (L2-clipped Laplace, the seed's published accountant: NOT a valid "
-                   "bound in general), dirichlet (Dirichlet output mechanism), penultimate-gaussian "
-                   "(Gaussian noise on clipped penultimate activations)")
+    p.add_argument("--mechanism", required=True, choices=MECHANISM_CHOICES, metavar="MECHANISM",
+                   help=f"{mechanism_help()}. An accountant name (e.g. lap2-paper) stands for its "
+                   "mechanism with --accountant NAME")
     p.add_argument("--accountant", choices=sorted(ACCOUNTANTS), metavar="NAME",
-                   help="accountant to use instead of the mechanism's default (which is the smallest "
-                   "of its sound routes: PLD and RDP for gaussian, laplace-l1 and penultimate-gaussian; "
-                   "lap2-rdp and lap2-gdp for lap2). One of: " + ", ".join(sorted(ACCOUNTANTS)))
+                   help="accountant to use instead of the mechanism's default (the smallest of its sound "
+                   "routes, e.g. PLD and RDP for gaussian). One of: " + ", ".join(
+                       f"{name}{'' if spec.sound else ' (NOT sound)'}" for name, spec in ACCOUNTANTS.items()))
     p.add_argument("--clip", type=float, default=1.0,
                    help="clipping norm C (L2 for lap2/gaussian, L1 for laplace-l1); default 1. "
                    "Laplace accountants depend on noise/clip only")
@@ -51,7 +61,9 @@ def add_setting_options(p: argparse.ArgumentParser) -> None:
 def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dict[str, Any]]:
     """(mechanism, accountant, q, steps, step kwargs) from parsed options; errors name the option."""
     accountant = args.mechanism
-    mechanism = "lap2" if accountant == "lap2-paper" else accountant
+    mechanism = ACCOUNTANTS[accountant].mechanism if accountant in ACCOUNTANTS else accountant
+    if accountant not in ACCOUNTANTS:
+        accountant = get_mechanism_spec(mechanism).default_accountant
     if args.accountant is not None:
         if ACCOUNTANTS[args.accountant].mechanism != mechanism:
             raise InvalidParameterError(
@@ -72,15 +84,15 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
         steps = check_count("--steps", args.steps, 1)
     else:
         steps = steps_from_epochs(args.epochs, q)
+    spec = get_mechanism_spec(mechanism)
     params = None
-    if mechanism == "lap2":
+    if spec.needs_params:
         if args.params is None:
-            raise InvalidParameterError("--params (number of trained parameters n >= 1) is required for lap2")
+            raise InvalidParameterError(f"--params (number of trained parameters n >= 1) is required for {mechanism}")
         params = check_count("--params", args.params, 1)
     kwargs: dict[str, Any] = {"clip": check_positive("--clip", args.clip), "params": params}
-    if mechanism == "dirichlet":
+    if spec.uses_alpha:
         kwargs["alpha"] = check_positive("--alpha", args.alpha)
-    assert mechanism in MECHANISMS
     return mechanism, accountant, q, steps, kwargs
 
 

@@ -262,7 +262,7 @@ def check_against_registries(args: argparse.Namespace) -> None:
         raise checks.InvalidParameterError(
             f"--batch-size must be <= {train_size} (the training set's size; q = batch / N <= 1), got {args.batch_size}")
     checks.finite_steps("--epochs", args.epochs, args.batch_size / train_size)
-    applicable = accountants_for_mechanism(MECHANISMS[args.mechanism].accounted_as, include_options=True)
+    applicable = accountants_for_mechanism(args.mechanism, include_options=True)
     for flag, name in (("--accountant", args.accountant), ("--calibrate-with", args.calibrate_with)):
         if name is not None and name not in applicable:
             raise checks.InvalidParameterError(
@@ -274,7 +274,7 @@ def train(args: argparse.Namespace) -> int:
     import torch
     from torch.utils.data import DataLoader
 
-    from dpnoise.accounting import UnsoundAccountantWarning
+    from dpnoise.accounting import UnsoundAccountantWarning, noise_keywords
     from dpnoise.errors import DpnoiseError
     from dpnoise.training import PrivacyEngine, load_checkpoint
     from dpnoise.training.report import RunHistory, write_run_outputs
@@ -289,7 +289,7 @@ def train(args: argparse.Namespace) -> int:
     engine = PrivacyEngine(seed=args.seed)
     module, optimizer, loader = engine.make_private(
         model, optimizer, DataLoader(train_set, batch_size=args.batch_size),
-        mechanism=args.mechanism, delta=args.delta, noise=args.noise, target_epsilon=args.epsilon,
+        mechanism=args.mechanism, delta=args.delta, **noise_keywords(args.mechanism, args.noise), target_epsilon=args.epsilon,
         epochs=args.epochs, max_grad_norm=args.clip,
         alpha=args.alpha if args.mechanism == "dirichlet" else None,
         accountant=args.accountant, calibrate_with=args.calibrate_with, on_budget_exhausted="stop",
@@ -400,7 +400,7 @@ def summarize(
         "train_size": train_size,
         "params": setup.params,
         "noise": setup.noise,
-        "noise_unit": MECHANISMS[setup.mechanism].noise_unit,
+        "noise_unit": MECHANISMS[setup.mechanism].spec.noise.unit,
         "clip": setup.clip,
         "sample_rate": setup.sample_rate,
         "batch_size": args.batch_size,

@@ -1,6 +1,7 @@
 """Torch privacy mechanisms: per-example clipping, noise samplers, Dirichlet and penultimate outputs.
 
-See :mod:`dpnoise.mechanisms.registry` for the list of training mechanisms and their noise units.
+What each mechanism is (noise unit, accountants) is registered in :data:`dpnoise.accounting.MECHANISMS`;
+:mod:`dpnoise.mechanisms.registry` attaches the torch implementations by name.
 """
 
 from dpnoise.mechanisms.clipping import clip_factors, clipped_sum, per_example_norms
@@ -14,7 +15,7 @@ from dpnoise.mechanisms.dirichlet import (
 from dpnoise.mechanisms.errors import InvalidMechanismError
 from dpnoise.mechanisms.noise import gaussian_noise, laplace_noise
 from dpnoise.mechanisms.penultimate import PenultimateGaussian
-from dpnoise.mechanisms.registry import MECHANISMS, Mechanism, get_mechanism, register_mechanism
+from dpnoise.mechanisms.registry import MECHANISMS, Mechanism, get_mechanism, implement_mechanism
 
 __all__ = [
     "MECHANISMS",
@@ -29,8 +30,8 @@ __all__ = [
     "dirichlet_nll",
     "gaussian_noise",
     "get_mechanism",
+    "implement_mechanism",
     "kappa",
     "laplace_noise",
     "per_example_norms",
-    "register_mechanism",
 ]

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Optional
 
 from dpnoise.accounting import (
     ACCOUNTANTS,
     CalibrationResult,
-    UnsoundAccountantWarning,
     calibrate_dirichlet_r,
     calibrate_noise,
-    get_accountant,
+    epsilon_after,
+    get_mechanism_spec,
 )
 
 #: Upper end of the step search in :func:`steps_within_budget` (a budget never reached).
@@ -35,18 +34,9 @@ def calibrate_training_noise(
     Algorithm 1 for ``lap2``); Dirichlet: the largest admissible r.  Raises
     ``dpnoise.accounting.UnreachableTargetError`` when the target is below the reachable floor.
     """
-    if ACCOUNTANTS[accountant].mechanism == "dirichlet":
+    if get_mechanism_spec(ACCOUNTANTS[accountant].mechanism).uses_alpha:
         return calibrate_dirichlet_r(target_epsilon, delta, sample_rate, steps, alpha=alpha, accountant=accountant)
     return calibrate_noise(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params)
-
-
-def epsilon_after(accountant: str, step_arguments: dict[str, Any], steps: int, delta: float) -> float:
-    """Epsilon of a fresh ``accountant`` after ``steps`` identical steps (no warnings)."""
-    acc = get_accountant(accountant)
-    acc.step(**step_arguments, steps=steps)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UnsoundAccountantWarning)
-        return acc.get_epsilon(delta)
 
 
 def steps_within_budget(accountant: str, step_arguments: dict[str, Any], target_epsilon: float, delta: float) -> int:
@@ -55,7 +45,7 @@ def steps_within_budget(accountant: str, step_arguments: dict[str, Any], target_
     Epsilon is non-decreasing in T, so this brackets by doubling and then bisects.
     """
     def fits(steps: int) -> bool:
-        return epsilon_after(accountant, step_arguments, steps, delta) <= target_epsilon
+        return epsilon_after(accountant, steps=steps, delta=delta, **step_arguments) <= target_epsilon
 
     if not fits(1):
         return 0

@@ -28,6 +28,8 @@ from dpnoise.accounting import (
     UnsoundAccountantWarning,
     accountants_for_mechanism,
     get_accountant,
+    noise_from_keywords,
+    noise_keywords,
     steps_from_epochs,
 )
 from dpnoise.accounting.validation import check_delta, check_positive, check_sample_rate
@@ -120,7 +122,9 @@ class PrivacyEngine:
         *,
         mechanism: str,
         delta: float,
-        noise: Optional[float] = None,
+        noise_multiplier: Optional[float] = None,
+        laplace_scale: Optional[float] = None,
+        concentration: Optional[float] = None,
         target_epsilon: Optional[float] = None,
         epochs: Optional[float] = None,
         max_grad_norm: float = 1.0,
@@ -137,11 +141,13 @@ class PrivacyEngine:
             module: the model (in training mode). Batch normalisation is refused.
             optimizer: a torch optimizer over ``module``'s parameters.
             data_loader: its dataset and ``batch_size`` (the expected batch size) are used.
-            mechanism: a name from :data:`dpnoise.mechanisms.MECHANISMS`.
+            mechanism: a name from :data:`dpnoise.accounting.MECHANISMS`.
             delta: the target delta.
-            noise: the mechanism's noise in its own units (Gaussian: multiplier sigma of C;
-                Laplace: absolute scale b; Dirichlet: scale r; penultimate: sigma of C).
-                Omit it to calibrate from ``target_epsilon`` and ``epochs``.
+            noise_multiplier / laplace_scale / concentration: the noise, under the keyword of the
+                mechanism's unit and only that one (see the registry): ``noise_multiplier`` sigma
+                (noise std sigma * C) for ``gaussian`` and ``penultimate-gaussian``,
+                ``laplace_scale`` b (absolute) for ``lap2`` and ``laplace-l1``, ``concentration``
+                r for ``dirichlet``.  Omit it to calibrate from ``target_epsilon`` and ``epochs``.
             target_epsilon: the budget. Steps past it are refused (``on_budget_exhausted``).
             epochs: planned epochs (needed to calibrate ``noise``); ``planned_steps`` becomes
                 ceil(epochs / sample_rate), the step count the calibration assumed.
@@ -173,12 +179,16 @@ class PrivacyEngine:
         mech = get_mechanism(mechanism)
         delta = check_delta("delta", delta)
         max_grad_norm = check_positive("max_grad_norm", max_grad_norm)
-        noise = None if noise is None else check_positive("noise", noise)
+        noise_keyword = mech.spec.noise.keyword
+        noise = noise_from_keywords(mech.name, required=False, noise_multiplier=noise_multiplier,
+                                    laplace_scale=laplace_scale, concentration=concentration)
+        noise = None if noise is None else check_positive(noise_keyword, noise)
         target_epsilon = None if target_epsilon is None else check_positive("target_epsilon", target_epsilon)
         epochs = None if epochs is None else check_positive("epochs", epochs)
         if noise is None and (target_epsilon is None or epochs is None):
-            raise InvalidTrainingOptionError("give either noise=, or target_epsilon= and epochs= to calibrate it")
-        if mech.name == "dirichlet":
+            raise InvalidTrainingOptionError(
+                f"give either {noise_keyword}=, or target_epsilon= and epochs= to calibrate it")
+        if mech.spec.uses_alpha:
             alpha = 1.0 if alpha is None else check_positive("alpha", alpha)
         elif alpha is not None:
             raise InvalidTrainingOptionError(f"alpha is a Dirichlet parameter; mechanism {mech.name!r} does not take it")
@@ -241,8 +251,8 @@ class PrivacyEngine:
         mech: Mechanism, accountant: Optional[str], calibrate_with: Optional[str]
     ) -> tuple[str, tuple[str, ...]]:
         """(primary accountant, all recorded accountants); warns about unsound choices."""
-        recorded = accountants_for_mechanism(mech.accounted_as)
-        applicable = accountants_for_mechanism(mech.accounted_as, include_options=True)
+        recorded = accountants_for_mechanism(mech.name)
+        applicable = accountants_for_mechanism(mech.name, include_options=True)
         for name in (accountant, calibrate_with):
             if name is not None and name not in applicable:
                 raise InvalidTrainingOptionError(
@@ -321,11 +331,11 @@ class PrivacyEngine:
         """Keyword arguments of ``acc.step`` for one training step."""
         setup = self.setup
         arguments = dict(
-            mechanism=self.mechanism.accounted_as,
-            noise=setup.noise,
+            mechanism=self.mechanism.name,
             sample_rate=setup.sample_rate,
             clip=setup.clip,
             params=setup.params,
+            **noise_keywords(self.mechanism.name, setup.noise),
         )
         if setup.alpha is not None:
             arguments["alpha"] = setup.alpha

@@ -1,0 +1,225 @@
+"""The mechanism registry: the single source of truth for what each mechanism is (torch-free).
+
+One :class:`MechanismSpec` per mechanism states its noise parameter and unit, what it perturbs,
+its per-step DP event, its accountants (the sound default first), the worst-case pair of the
+exact lower-bound audit and how its noise is calibrated.  The command line's ``--mechanism`` and
+``--accountant`` choices, the accountants, the calibrators and the audits all read it; the torch
+side (:mod:`dpnoise.mechanisms`) attaches a noise sampler or a module wrapper by name.
+Adding a mechanism is one :func:`register_mechanism` call here plus its math (an event and its
+RDP or PLD), and one implementation on the torch side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal, Optional
+
+from dpnoise.accounting.events import DirichletEvent, GaussianEvent, Lap2Event, LaplaceEvent, MechanismEvent
+from dpnoise.accounting.validation import InvalidParameterError, check_count, check_positive
+
+#: Printed next to every Dirichlet / penultimate-layer epsilon (docs/theory/dirichlet.md Sec. 5).
+OUTPUT_PRIVACY_SCOPE = (
+    "Scope: this epsilon bounds what the released noisy outputs reveal about the private inputs "
+    "(labels are public). It is NOT a guarantee for the trained model's parameters: the SGD "
+    "update is not a post-processing of the released outputs, since it depends on the private "
+    "input through the network's Jacobian (docs/theory/dirichlet.md Sec. 5)."
+)
+
+
+@dataclass(frozen=True)
+class NoiseParameter:
+    """How a mechanism's noise is given: its keyword in the Python API and its unit.
+
+    ``per_clip``: the mechanism's privacy depends on the noise only through noise / C (an
+    absolute scale, e.g. the Laplace b); otherwise the noise is already relative to C (the noise
+    multiplier sigma) or does not involve C (the Dirichlet r).
+    """
+
+    keyword: str
+    unit: str
+    per_clip: bool
+
+
+NOISE_MULTIPLIER = NoiseParameter(
+    "noise_multiplier", "noise multiplier sigma: the noise std is sigma * C", per_clip=False)
+LAPLACE_SCALE = NoiseParameter(
+    "laplace_scale", "absolute Laplace scale b per coordinate (privacy depends on b / C)", per_clip=True)
+CONCENTRATION = NoiseParameter(
+    "concentration", "Dirichlet concentration r of Dir(r softmax + alpha): smaller r is more private",
+    per_clip=False)
+NOISE_PARAMETERS = {p.keyword: p for p in (NOISE_MULTIPLIER, LAPLACE_SCALE, CONCENTRATION)}
+
+#: (noise in the mechanism's unit, clip C, number of parameters n, Dirichlet alpha) -> per-step event
+EventFactory = Callable[[float, float, Optional[int], Optional[float]], MechanismEvent]
+
+
+@dataclass(frozen=True)
+class AuditPair:
+    """The worst-case neighbouring pair of :func:`dpnoise.audit.pld.lower_bound`.
+
+    ``family``: "gaussian-shift", "laplace-shift" (a one-coordinate shift of C), "laplace-spread"
+    (the shifts (C / sqrt(k))(1,..,1,0,..) over k, for L2 clipping with i.i.d. Laplace noise) or
+    "dirichlet-vertex"; ``noise_factor`` converts the mechanism's noise to the pair's (the
+    penultimate-layer Gaussian moves a clipped activation by up to 2C: sigma / 2).
+    """
+
+    family: Literal["gaussian-shift", "laplace-shift", "laplace-spread", "dirichlet-vertex"]
+    noise_factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class MechanismSpec:
+    """What one mechanism is: noise, what it perturbs, how it is accounted, audited, calibrated."""
+
+    name: str
+    description: str
+    noise: NoiseParameter
+    #: "gradients": the sum of clipped per-example gradients is perturbed (per-sample gradients
+    #: needed); "outputs": each example's model output is perturbed (no per-sample gradients).
+    perturbs: Literal["gradients", "outputs"]
+    #: "gaussian", "laplace" or "dirichlet": the law of the noise.
+    noise_distribution: Literal["gaussian", "laplace", "dirichlet"]
+    event: EventFactory
+    #: accountants reported side by side, the sound default first (names in ``ACCOUNTANTS``)
+    accountants: tuple[str, ...]
+    audit_pair: AuditPair
+    #: per-example clipping norm order (2 or 1) of a gradient mechanism's clipping (None: outputs)
+    clip_norm_ord: Optional[int] = None
+    #: the event needs the number of trained parameters n (Lap2)
+    needs_params: bool = False
+    #: the event takes the Dirichlet offset alpha; calibration then searches r in (0, alpha)
+    uses_alpha: bool = False
+    #: what the epsilon covers when it is not the trained model (output mechanisms)
+    scope: Optional[str] = None
+
+    @property
+    def default_accountant(self) -> str:
+        return self.accountants[0]
+
+    @property
+    def needs_per_sample_gradients(self) -> bool:
+        return self.perturbs == "gradients"
+
+    def build_event(self, noise: float, clip: float = 1.0, params: Optional[int] = None,
+                    alpha: Optional[float] = None) -> MechanismEvent:
+        """The per-step event of this mechanism at ``noise`` (in :attr:`noise`'s unit)."""
+        return self.event(noise, clip, params, alpha)
+
+
+MECHANISMS: dict[str, MechanismSpec] = {}
+
+
+def register_mechanism(spec: MechanismSpec) -> MechanismSpec:
+    """Add ``spec`` to :data:`MECHANISMS` (its name must be new)."""
+    if spec.name in MECHANISMS:
+        raise InvalidParameterError(f"mechanism {spec.name!r} is already registered")
+    if (spec.clip_norm_ord is None) == (spec.perturbs == "gradients"):
+        raise InvalidParameterError(f"mechanism {spec.name!r}: a clip_norm_ord is given iff it perturbs gradients")
+    if not spec.accountants:
+        raise InvalidParameterError(f"mechanism {spec.name!r} needs at least one accountant")
+    MECHANISMS[spec.name] = spec
+    return spec
+
+
+def get_mechanism_spec(name: str) -> MechanismSpec:
+    """The registered mechanism ``name``; the error lists the known ones."""
+    if name not in MECHANISMS:
+        raise InvalidParameterError(f"unknown mechanism {name!r}; choose from {', '.join(sorted(MECHANISMS))}")
+    return MECHANISMS[name]
+
+
+def noise_from_keywords(mechanism: str, *, required: bool = True, **noise: Optional[float]) -> Optional[float]:
+    """The one noise value given among ``noise_multiplier`` / ``laplace_scale`` / ``concentration``.
+
+    Only the keyword of ``mechanism``'s unit may be set (not None); any other raises, naming the
+    keyword the mechanism takes, so a noise is never read in the wrong unit.  Without it: an
+    error if ``required``, else None (e.g. the noise is to be calibrated).
+    """
+    spec = get_mechanism_spec(mechanism)
+    unknown = sorted(set(noise) - set(NOISE_PARAMETERS))
+    if unknown:
+        raise InvalidParameterError(f"unknown noise keyword {unknown[0]!r}; choose from {sorted(NOISE_PARAMETERS)}")
+    given = {k: v for k, v in noise.items() if v is not None}
+    wrong = sorted(set(given) - {spec.noise.keyword})
+    if wrong:
+        raise InvalidParameterError(
+            f"{wrong[0]} does not apply to mechanism {mechanism!r}: give {spec.noise.keyword} ({spec.noise.unit})")
+    if spec.noise.keyword not in given and required:
+        raise InvalidParameterError(f"{spec.noise.keyword} is required for mechanism {mechanism!r} ({spec.noise.unit})")
+    return given.get(spec.noise.keyword)
+
+
+def noise_keywords(mechanism: str, noise: float) -> dict[str, float]:
+    """``{keyword: noise}`` for ``mechanism`` (e.g. ``{"laplace_scale": 0.5}`` for lap2)."""
+    return {get_mechanism_spec(mechanism).noise.keyword: noise}
+
+
+def _gaussian_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
+    return GaussianEvent(check_positive("noise_multiplier", noise))
+
+
+def _penultimate_gaussian_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
+    # Each selected example's activation (clipped to norm C) gets N(0, (sigma C)^2); replacing the
+    # private input moves it by up to 2C, so the sensitivity-1 noise multiplier is sigma / 2.
+    return GaussianEvent(check_positive("noise_multiplier", noise) / 2.0)
+
+
+def _laplace_l1_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
+    return LaplaceEvent(check_positive("laplace_scale", noise) / check_positive("clip", clip))
+
+
+def _lap2_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
+    if params is None:
+        raise InvalidParameterError("params (the number of trained parameters n) is required for lap2")
+    return Lap2Event(check_positive("laplace_scale", noise) / check_positive("clip", clip),
+                     check_count("params", params, 1))
+
+
+def _dirichlet_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
+    return DirichletEvent(check_positive("concentration", noise),
+                          check_positive("alpha", 1.0 if alpha is None else alpha))
+
+
+register_mechanism(MechanismSpec(
+    name="gaussian",
+    description="DP-SGD: per-example L2 clipping to C, Gaussian noise on the sum",
+    noise=NOISE_MULTIPLIER, perturbs="gradients", noise_distribution="gaussian", clip_norm_ord=2,
+    event=_gaussian_event,
+    accountants=("gaussian", "gaussian-pld", "gaussian-rdp"),
+    audit_pair=AuditPair("gaussian-shift"),
+))
+register_mechanism(MechanismSpec(
+    name="laplace-l1",
+    description="Laplace DP-SGD baseline: exact per-example L1 clipping to C, Laplace noise on the sum",
+    noise=LAPLACE_SCALE, perturbs="gradients", noise_distribution="laplace", clip_norm_ord=1,
+    event=_laplace_l1_event,
+    accountants=("laplace-l1", "laplace-l1-pld", "laplace-l1-rdp"),
+    audit_pair=AuditPair("laplace-shift"),
+))
+register_mechanism(MechanismSpec(
+    name="lap2",
+    description="Lap2: per-example L2 clipping to C, i.i.d. Laplace noise on the sum",
+    noise=LAPLACE_SCALE, perturbs="gradients", noise_distribution="laplace", clip_norm_ord=2,
+    event=_lap2_event, needs_params=True,
+    accountants=("lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"),
+    audit_pair=AuditPair("laplace-spread"),
+))
+register_mechanism(MechanismSpec(
+    name="dirichlet",
+    description="Dirichlet output mechanism: p~ ~ Dir(r softmax(z) + alpha), loss -log p~_y",
+    noise=CONCENTRATION, perturbs="outputs", noise_distribution="dirichlet",
+    event=_dirichlet_event, uses_alpha=True,
+    accountants=("dirichlet", "dirichlet-ponnoprat"),
+    audit_pair=AuditPair("dirichlet-vertex"),
+    scope=OUTPUT_PRIVACY_SCOPE,
+))
+register_mechanism(MechanismSpec(
+    name="penultimate-gaussian",
+    description="Penultimate-layer Gaussian (Monir & Ghinita, reconstructed): clip activations to C, "
+    "add N(0, sigma^2 C^2)",
+    noise=NOISE_MULTIPLIER, perturbs="outputs", noise_distribution="gaussian",
+    event=_penultimate_gaussian_event,
+    accountants=("penultimate-gaussian", "penultimate-gaussian-pld", "penultimate-gaussian-rdp"),
+    audit_pair=AuditPair("gaussian-shift", noise_factor=0.5),
+    scope=OUTPUT_PRIVACY_SCOPE,
+))
