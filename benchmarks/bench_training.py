@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 
 from dpnoise.accounting import noise_keywords
 from dpnoise.data import load_dataset
-from dpnoise.models.cnn import SeedCNN
+from dpnoise.models.cnn import TFPrivacyTutorialCNN
 from dpnoise.training import make_private
 
 BATCH_SIZE = 256
@@ -56,12 +56,12 @@ def plain_step(module: nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def non_private(loader: DataLoader) -> Step:
-    model = SeedCNN()
+    model = TFPrivacyTutorialCNN()
     return plain_step(model, torch.optim.Adam(model.parameters(), lr=1e-3))
 
 
 def opacus_gaussian(loader: DataLoader) -> Step:
-    model = SeedCNN()
+    model = TFPrivacyTutorialCNN()
     module, optimizer, _ = OpacusPrivacyEngine().make_private(
         module=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-3), data_loader=loader,
         noise_multiplier=1.0, max_grad_norm=1.0,
@@ -70,7 +70,7 @@ def opacus_gaussian(loader: DataLoader) -> Step:
 
 
 def opacus_gaussian_ghost(loader: DataLoader) -> Step:
-    model = SeedCNN()
+    model = TFPrivacyTutorialCNN()
     # ghost clipping runs its second backward pass inside the loss Opacus wraps
     module, optimizer, criterion, _ = OpacusPrivacyEngine().make_private(
         module=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-3), data_loader=loader,
@@ -81,7 +81,7 @@ def opacus_gaussian_ghost(loader: DataLoader) -> Step:
 
 def dpnoise_mechanism(mechanism: str, grad_sample_mode: str = "auto") -> Callable[[DataLoader], Step]:
     def build(loader: DataLoader) -> Step:
-        model = SeedCNN()
+        model = TFPrivacyTutorialCNN()
         module, optimizer, _ = make_private(
             model, torch.optim.Adam(model.parameters(), lr=1e-3), loader, mechanism=mechanism,
             **noise_keywords(mechanism, DPNOISE_MECHANISMS[mechanism]), max_grad_norm=1.0, delta=1e-5, seed=0,

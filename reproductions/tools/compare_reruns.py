@@ -7,7 +7,7 @@ can amplify such differences.  Prints, per experiment, a markdown row with the n
 in both folders, how many reached exactly the same accuracy, and the median and largest absolute
 difference in points, then every run that differs by more than --show-above points.
 
-    .venv/bin/python reproductions/tools/compare_reruns.py --reruns results/reruns/2026-11-30-quick
+    .venv/bin/python -m reproductions.tools.compare_reruns --reruns reproductions/results/reruns/2026-11-30-quick
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import argparse
 import statistics
 from pathlib import Path
 
-from dpnoise.experiments.records import load_records
+from reproductions.cli import DEFAULT_RESULTS_DIR
+from reproductions.records import load_records
 
 EXPERIMENTS = ("table2", "finetune", "dirichlet", "dirichlet-alpha")
 
@@ -34,7 +35,8 @@ def compare(records: dict[str, float], reruns: dict[str, float]) -> list[tuple[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=Path, default=Path("results"), help="committed records (default results/)")
+    parser.add_argument("--records", type=Path, default=DEFAULT_RESULTS_DIR,
+                        help="committed records (default reproductions/results/)")
     parser.add_argument("--reruns", type=Path, required=True, help="results folder of the re-run")
     parser.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), help="experiments to compare")
     parser.add_argument("--show-above", type=float, default=1.0, help="list runs differing by more points")

@@ -6,7 +6,7 @@ from opacus import GradSampleModule
 from opacus.validators import ModuleValidator
 from torch import nn
 
-from dpnoise.models import MODELS, ResNetGN, SeedCNN, build_model, count_trainable_parameters
+from dpnoise.models import MODELS, ResNetGN, TFPrivacyTutorialCNN, build_model, count_trainable_parameters
 
 from per_example_reference import single_example_gradients
 
@@ -30,7 +30,7 @@ def test_seed_cnn_adapts_to_digits_and_rgb():
     small = build_model("cnn", in_channels=1, input_size=8)
     assert small(torch.randn(2, 1, 8, 8)).shape == (2, 10)
     assert count_trainable_parameters(small) == 9_258
-    rgb = SeedCNN(num_classes=5, in_channels=3, input_size=32)
+    rgb = TFPrivacyTutorialCNN(num_classes=5, in_channels=3, input_size=32)
     assert rgb(torch.randn(2, 3, 32, 32)).shape == (2, 5)
 
 

@@ -2,7 +2,7 @@
 under a head) and a frozen EfficientNet-Lite0 under a trainable head.  All are compatible with Opacus
 per-example gradients in their trainable parts."""
 
-from dpnoise.models.cnn import SeedCNN
+from dpnoise.models.cnn import TFPrivacyTutorialCNN
 from dpnoise.models.efficientnet_lite import EfficientNetLite0, FrozenFeatureClassifier, pretrained_efficientnet_lite0
 from dpnoise.models.errors import InvalidModelError, ModelNotAvailableError
 from dpnoise.models.features import FeatureClassifier, extract_features
@@ -20,7 +20,7 @@ __all__ = [
     "MiniLMSentenceClassifier",
     "ModelNotAvailableError",
     "ResNetGN",
-    "SeedCNN",
+    "TFPrivacyTutorialCNN",
     "build_minilm",
     "build_minilm_features",
     "build_model",

@@ -1,11 +1,11 @@
-"""The seeds' 4-layer CNN (TensorFlow Privacy MNIST tutorial), with a variant for tiny inputs."""
+"""The 4-layer CNN of the TensorFlow Privacy MNIST tutorial (used by the Lap2 paper), with a variant for tiny inputs."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-# Below this side length the seed geometry (8x8 stride-2 kernel, then 4x4 stride 2) leaves
+# Below this side length the tutorial's geometry (8x8 stride-2 kernel, then 4x4 stride 2) leaves
 # nothing to convolve, so a small-kernel variant of the same four layers is used.
 SMALL_INPUT_LIMIT = 16
 
@@ -13,10 +13,9 @@ SMALL_INPUT_LIMIT = 16
 class MaxPool2dChannelsLast(nn.MaxPool2d):
     """``nn.MaxPool2d`` computed in channels-last layout, output returned in the input's layout.
 
-    Same values and gradients (the max is exact). torch's CPU kernel for the seed CNN's stride-1
-    pooling is faster in that layout (the first pooling layer alone: ~11 vs ~20 ms forward +
-    backward at batch 258); a whole DP step with per-example gradients is ~8% faster on one core
-    (``benchmarks/bench_pooling.py``: median paired ratio 0.92 over 21 rounds).
+    Same values and gradients (the max is exact). torch's CPU kernel for this CNN's stride-1
+    pooling is faster in that layout: a whole DP step with per-example gradients took ~8% less
+    time on one core (median paired ratio 0.92 over 21 interleaved rounds).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -24,7 +23,7 @@ class MaxPool2dChannelsLast(nn.MaxPool2d):
         return pooled.contiguous()
 
 
-class SeedCNN(nn.Module):
+class TFPrivacyTutorialCNN(nn.Module):
     """Conv 16@8x8/2 (pad 3), MaxPool 2/1, Conv 32@4x4/2, MaxPool 2/1, Dense 32, Dense classes.
 
     On 1x28x28 inputs this is exactly the tutorial's network: 26,010 trainable parameters.  The

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from dpnoise.models.cnn import SeedCNN
+from dpnoise.models.cnn import TFPrivacyTutorialCNN
 from dpnoise.models.efficientnet_lite import FrozenFeatureClassifier, pretrained_efficientnet_lite0
 from dpnoise.models.errors import InvalidModelError
 from dpnoise.models.minilm import build_minilm, build_minilm_features
@@ -15,7 +15,7 @@ from dpnoise.models.resnet_gn import SMALL_RESNET_WIDTHS, ResNetGN
 
 
 def _cnn(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
-    return SeedCNN(num_classes, in_channels or 1, input_size or 28, **options)
+    return TFPrivacyTutorialCNN(num_classes, in_channels or 1, input_size or 28, **options)
 
 
 def _resnet_gn(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:

@@ -1,0 +1,1 @@
+"""Checks of the reproduction runner itself (see reproductions/README.md)."""
