@@ -8,7 +8,7 @@
 * :data:`MECHANISMS` -- the mechanism registry (noise unit, event, accountants, audit pair);
 * :data:`ACCOUNTANTS` -- named accountants (``gaussian``, ``laplace-l1``, ``lap2``, ``lap2-paper``,
   ``dirichlet``, ...); non-sound ones warn whenever they produce a number;
-* calibrators for sigma, Lap2's (C, b) (seed 1 Algorithm 1) and the Dirichlet r*.
+* calibrators for sigma, Lap2's (C, b) (Lap2 paper Algorithm 1) and the Dirichlet r*.
 """
 
 from dpnoise.accounting.accountant import (

@@ -140,7 +140,7 @@ def gaussian_initial_noise(target_epsilon: float, delta: float, sample_rate: flo
 
     From the small-q sampled-Gaussian RDP D_a ~ a q^2 / sigma^2 and eps ~ min_a [T a q^2 / sigma^2
     + log(1/delta) / (a - 1)], minimised at a ~ sigma sqrt(log(1/delta) / T) / q.  By Gaussian
-    domination (spec lap2.md §4 (b)) it is also the starting ratio b*/C for Lap2: the seed's
+    domination (docs/theory/lap2.md §4 (b)) it is also the starting ratio b*/C for Lap2: the Lap2 paper's
     garbled b* ~ (2 q / eps) T log(1/delta) C with the square root restored.
     """
     return 2.0 * sample_rate * math.sqrt(steps * math.log(1.0 / delta)) / target_epsilon
@@ -242,7 +242,7 @@ def calibrate_gaussian_sigma(target_epsilon: float, delta: float, sample_rate: f
 
 
 def clip_from_gradient_norms(norms: np.ndarray, percentile: float = 50.0) -> float:
-    """C as a percentile of per-example gradient norms (seed 1 Sec. IV-B).
+    """C as a percentile of per-example gradient norms (Lap2 paper Sec. IV-B).
 
     Compute ``norms`` on PUBLIC or held-out data: a percentile of the private data's norms is
     itself a release that this library does not account for.
@@ -263,7 +263,7 @@ def calibrate_lap2(
     accountant: str = "lap2",
     compare: bool = True,
 ) -> CalibrationResult:
-    """Seed 1 Algorithm 1: (C, b) for a target epsilon.
+    """Lap2 paper, Algorithm 1: (C, b) for a target epsilon.
 
     Every Lap2 accountant depends on C and b through b / C only, so for any clipping norm C the
     smallest admissible b is C times one root (Brent on a log scale).  C itself is a utility choice
@@ -284,10 +284,10 @@ def calibrate_dirichlet_r(
     alpha: float = 1.0,
     accountant: str = "dirichlet",
 ) -> CalibrationResult:
-    """Largest r in (0, alpha) with h(r) <= target (spec dirichlet.md §3), by Brent on log(1/r).
+    """Largest r in (0, alpha) with h(r) <= target (docs/theory/dirichlet.md §3), by Brent on log(1/r).
 
     h is non-decreasing in r with near-jumps at r = alpha/(a-1); the answer is checked and stepped
-    left if needed.  A target below the floor lim_{r->0} h(r) (spec §2.3) raises
+    left if needed.  A target below the floor lim_{r->0} h(r) (docs/theory/dirichlet.md §2.3) raises
     :class:`UnreachableTargetError` stating the floor.
     """
     eps_t, delta, q, steps = _validate(target_epsilon, delta, sample_rate, steps)
@@ -307,7 +307,7 @@ def calibrate_dirichlet_r(
         raise UnreachableTargetError(
             f"epsilon={eps_t:g} is unreachable for the Dirichlet mechanism: as r -> 0 the "
             f"subsampled bound keeps a floor of epsilon={floor:.4g} (q={q:g}, steps={steps}, "
-            f"delta={delta:g}; spec dirichlet.md §2.3). Raise epsilon, or use fewer steps or a "
+            f"delta={delta:g}; docs/theory/dirichlet.md §2.3). Raise epsilon, or use fewer steps or a "
             f"smaller sample rate."
         ) from err
     r = 1.0 / inv_r

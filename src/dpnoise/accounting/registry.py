@@ -115,8 +115,8 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
         AccountantSpec(
             "dirichlet", "dirichlet", AccountingMethods(dirichlet_base="exact-vertex"), True,
             "Dirichlet mechanism: exact two-vertex base RDP, proven for integer orders "
-            "(docs/theory/dirichlet.md Sec. 1.2), with Zhu & Wang (2019, arXiv 1808.00087) general "
-            "Poisson subsampling bound. RDP only: no PLD dominating pair is known.",
+            "(docs/theory/dirichlet.md Sec. 1.2), with the general Poisson subsampling bound of Zhu & "
+            "Wang (ICML 2019, 'Poisson Subsampled Renyi Differential Privacy'). RDP only: no PLD dominating pair is known.",
         ),
         AccountantSpec(
             "dirichlet-ponnoprat", "dirichlet", AccountingMethods(dirichlet_base="ponnoprat"), True,

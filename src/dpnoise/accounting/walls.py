@@ -1,4 +1,4 @@
-"""Privacy walls (seed 1, Sec. IV-A, Figs. 3-4; spec lap2.md §8).
+"""Privacy walls (Lap2 paper, Sec. IV-A, Figs. 3-4; docs/theory/lap2.md §8).
 
 * Right wall: along the calibration curve noise(eps), the slope W_R(eps) = |d log noise / d log eps|
   (1 is the ideal noise ~ 1/eps scaling; the wall is where it departs).

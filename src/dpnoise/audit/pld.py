@@ -22,8 +22,8 @@ in the mechanism's unit times the pair's ``noise_factor``):
   mu = 1/sigma.
 * ``laplace-shift``: the 1-D shift C with Lap(b) noise (L1 clipping).
 * ``laplace-spread``: the L2-feasible shift v = (C/sqrt(k))(1,..,1,0,..) with i.i.d. Lap(b) noise; Y is the sum
-  of k i.i.d. clipped-linear terms (|z| - |z - u|)/b, obtained by FFT convolution (spec lap2 §3).
-* ``dirichlet-vertex``: the vertex pair Dir(r e_1 + alpha) vs Dir(r e_2 + alpha) (spec dirichlet §1.2, the
+  of k i.i.d. clipped-linear terms (|z| - |z - u|)/b, obtained by FFT convolution (docs/theory/lap2.md §3).
+* ``dirichlet-vertex``: the vertex pair Dir(r e_1 + alpha) vs Dir(r e_2 + alpha) (docs/theory/dirichlet.md §1.2, the
   limit of feasible softmax outputs); Y = r log(G_1/G_2) = r logit(Beta), independent of d.
 
 Subsampling (one Bernoulli draw per example and step): add direction P = (1-q) P_0 + q P_v, Q = P_0,

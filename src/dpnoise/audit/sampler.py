@@ -39,7 +39,7 @@ GRADIENT_MECHANISMS = tuple(name for name, spec in sorted(MECHANISMS.items()) if
 def canary_direction(mechanism: str, dim: int) -> np.ndarray:
     """Unit vector (in the mechanism's clipping norm) of the worst-case canary shift.
 
-    L2 clipping: (1,..,1)/sqrt(dim) (for Laplace noise the k = dim shift of spec lap2 §3; for
+    L2 clipping: (1,..,1)/sqrt(dim) (for Laplace noise the k = dim shift of docs/theory/lap2.md §3; for
     Gaussian noise every L2 direction is equivalent); L1 clipping: e_1 (the 1-D shift).
     """
     if get_mechanism_spec(mechanism).clip_norm_ord == 1:

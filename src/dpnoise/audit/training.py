@@ -10,7 +10,7 @@
    ratio sum_t log(1 - q + q e^{Y_t}) of the claimed noise; it guesses "in" for the top and "out"
    for the bottom scores and converts the number of correct guesses into an epsilon lower bound
    (:func:`dpnoise.audit.stats.one_run_epsilon`).
-2. :func:`audit_dirichlet_leakage` -- spec dirichlet §5.  One Dirichlet-mechanism SGD step on a
+2. :func:`audit_dirichlet_leakage` -- docs/theory/dirichlet.md §5.  One Dirichlet-mechanism SGD step on a
    batch of B known examples, with or without the target.  The head's update lies in the span of
    the included examples' penultimate features, so an adversary who knows the others measures the
    update's component outside their span: zero without the target, non-zero with it.  The
@@ -121,7 +121,7 @@ def audit_dirichlet_leakage(
     r: float = 0.1, alpha: float = 1.0, trials: int = 400, batch: int = 8, features: int = 32,
     inputs: int = 16, classes: int = 10, delta: float = 1e-5, confidence: float = 0.95, seed: int = 0,
 ) -> dict:
-    """Membership test on one Dirichlet-mechanism update (spec dirichlet §5), ``trials`` per side.
+    """Membership test on one Dirichlet-mechanism update (docs/theory/dirichlet.md §5), ``trials`` per side.
 
     The feature map h(x) = tanh(A x) is fixed; the head W (classes x features) takes one SGD step on
     the summed loss -log p~_y.  Score: ||dW (I - P)||_F / ||dW||_F, P the projector onto the span

@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "a feasible worst-case pair, versus the accountant's epsilon.")
     b.add_argument("--mechanism", required=True, metavar="ACCOUNTANT",
                    help="accountant whose claim is checked, any of `dpnoise account`'s (e.g. gaussian, "
-                   "laplace-l1, lap2, lap2-paper: the seed's published one, dirichlet)")
+                   "laplace-l1, lap2, lap2-paper: the Lap2 paper's published one, dirichlet)")
     b.add_argument("--noise", type=float, required=True,
                    help="sigma (gaussian, multiplier of C), absolute Laplace scale b (lap2*, "
                    "laplace-l1) or Dirichlet scale r (dirichlet*)")
@@ -88,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=run_training)
 
     d = kinds.add_parser("dirichlet-leakage", help="membership test on a Dirichlet-mechanism update",
-                         description="Spec dirichlet §5: an adversary who knows the other batch "
+                         description="docs/theory/dirichlet.md §5: an adversary who knows the other batch "
                          "members tests the update's component outside their feature span. The "
                          "Dirichlet epsilon covers the released outputs only, not the parameters.")
     d.add_argument("--noise", type=float, default=0.1, help="Dirichlet scale r; default 0.1")

@@ -1,4 +1,4 @@
-"""The Dirichlet output mechanism (seed 2, Algorithm 1; spec dirichlet.md §4).
+"""The Dirichlet output mechanism (Dirichlet-mechanism paper, Algorithm 1; docs/theory/dirichlet.md §4).
 
 For each example in the batch the model's softmax output s = softmax(z) is replaced by a sample
 p~ ~ Dir(r s + alpha 1_d); the training loss is the NLL of the public label on p~, -log p~_y.
@@ -12,8 +12,8 @@ which stays finite in float32 even for tiny concentrations (where Gamma(a) itsel
 Both terms are reparameterised (torch's Gamma sampler has a pathwise gradient), so gradients flow
 from the loss to the logits.
 
-Effective learning rate (spec §4): E[d(-log p~_y)/dz_j] = kappa (s_j - 1[j = y]) with
-kappa = r s_y psi'(r s_y + alpha); the seed sets gamma = gamma_eff / kappa(s_y = 0.9).
+Effective learning rate (docs/theory/dirichlet.md §4): E[d(-log p~_y)/dz_j] = kappa (s_j - 1[j = y]) with
+kappa = r s_y psi'(r s_y + alpha); the paper sets gamma = gamma_eff / kappa(s_y = 0.9).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from dpnoise.accounting.validation import check_positive
 
-#: The seed's reference value of the true-class probability for the effective learning rate.
+#: The Dirichlet-mechanism paper's reference value of the true-class probability for the effective learning rate.
 KAPPA_REFERENCE_PROBABILITY = 0.9
 
 
@@ -59,7 +59,7 @@ def dirichlet_nll(
 
 
 def kappa(true_class_probability: float, r: float, alpha: float) -> float:
-    """Gradient attenuation kappa(s_y; r, alpha) = r s_y psi'(r s_y + alpha) (spec §4)."""
+    """Gradient attenuation kappa(s_y; r, alpha) = r s_y psi'(r s_y + alpha) (docs/theory/dirichlet.md §4)."""
     scaled = r * true_class_probability
     return float(scaled * polygamma(1, scaled + alpha))
 
@@ -70,7 +70,7 @@ def dirichlet_learning_rate(
     alpha: float,
     true_class_probability: float = KAPPA_REFERENCE_PROBABILITY,
 ) -> float:
-    """Learning rate gamma with gamma * kappa(s_y) equal to ``target_effective_lr`` (seed heuristic)."""
+    """Learning rate gamma with gamma * kappa(s_y) equal to ``target_effective_lr`` (the Dirichlet-mechanism paper's heuristic)."""
     check_positive("effective learning rate", target_effective_lr)
     return target_effective_lr / kappa(true_class_probability, r, alpha)
 

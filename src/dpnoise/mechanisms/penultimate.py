@@ -1,4 +1,4 @@
-"""Penultimate-layer Gaussian baseline (Monir & Ghinita 2024; spec dirichlet.md §6).
+"""Penultimate-layer Gaussian baseline (Monir & Ghinita 2024; docs/theory/dirichlet.md §6).
 
 RECONSTRUCTION (the paper's exact sensitivity and accountant were not recovered): in training mode
 the input of the classifier's output layer (the penultimate activations h(x)) is clipped per
@@ -8,7 +8,7 @@ Accounting: labels are public and an example's input may be REPLACED, so the cli
 one example move by at most 2C; the release is a Gaussian mechanism with L2 sensitivity 2C and noise
 std sigma C, i.e. a Gaussian with noise multiplier sigma / 2, Poisson-subsampled (the
 ``penultimate-gaussian`` accountant of :mod:`dpnoise.accounting` takes sigma and does the halving).  This is a conservative reading; like the Dirichlet mechanism it covers the
-released noisy activations, not the trained parameters (spec §5).
+released noisy activations, not the trained parameters (docs/theory/dirichlet.md §5).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Renyi-DP accounting: one module per mechanism, plus subsampling and conversion.
 
 Order convention: every curve is indexed by the Renyi order ``a > 1`` and holds the Renyi
-divergence ``D_a``.  A *log-moment* ``M(a) = (a - 1) D_a = log E_Q[(P/Q)^a]``.  The seeds'
+divergence ``D_a``.  A *log-moment* ``M(a) = (a - 1) D_a = log E_Q[(P/Q)^a]``.  The papers'
 moments-accountant function is ``alpha(lam) = lam * D_{lam+1} = M(lam + 1)``.
 """
 

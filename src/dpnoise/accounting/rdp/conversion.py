@@ -2,7 +2,7 @@
 
     eps(delta) = min_a [ D_a + log((a-1)/a) - (log delta + log a)/(a-1) ]
 
-For a = lam + 1 this is the seed's form T alpha(lam)/lam + log(lam/(lam+1)) - (log delta + log(lam+1))/lam.
+For a = lam + 1 this is the Lap2 paper's form T alpha(lam)/lam + log(lam/(lam+1)) - (log delta + log(lam+1))/lam.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Dirichlet mechanism (Ponnoprat 2023) under Poisson subsampling (Zhu & Wang 2019); spec dirichlet.md §1-3.
+"""Dirichlet mechanism (Ponnoprat 2023) under Poisson subsampling (Zhu & Wang 2019); docs/theory/dirichlet.md §1-3.
 
 Mechanism: p~ ~ Dir(r s + alpha 1_d) for a softmax vector s; labels public, inputs private.
 """
@@ -29,7 +29,7 @@ def dirichlet_max_order(r: float, alpha: float) -> float:
 def ponnoprat_rdp(r: float, alpha: float, orders: np.ndarray) -> np.ndarray:
     """eps_P(a) = a r^2 psi'(alpha - (a-1) r)  for 1 < a < 1 + alpha/r, +inf beyond.
 
-    Ponnoprat (TMLR 2023) RDP bound with Delta_2^2 = 2, Delta_inf = 1 (spec dirichlet.md §1.1).
+    Ponnoprat (TMLR 2023) RDP bound with Delta_2^2 = 2, Delta_inf = 1 (docs/theory/dirichlet.md §1.1).
     """
     a = np.asarray(orders, dtype=float)
     ok = a < dirichlet_max_order(r, alpha)
@@ -66,7 +66,7 @@ def sampled_dirichlet_rdp(
     """RDP of the Poisson-subsampled Dirichlet mechanism at integer orders (+inf elsewhere).
 
     ``general``: Zhu & Wang (2019) Thm 9, valid for any mechanism (the default).  ``tight``: their
-    tight form, whose extra condition is unproven for the Dirichlet mechanism (spec §2.2).
+    tight form, whose extra condition is unproven for the Dirichlet mechanism (docs/theory/dirichlet.md §2.2).
     """
     base_fn = {"ponnoprat": ponnoprat_rdp, "exact-vertex": exact_vertex_rdp}[base]
     combine = {"general": log_moment_zhu_wang_general, "tight": log_moment_add_direction}[subsampling]

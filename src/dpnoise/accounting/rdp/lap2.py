@@ -1,4 +1,4 @@
-"""Lap2: L2-clipped Laplace DP-SGD (seed 1) -- the paper's accountant and a sound one.
+"""Lap2: L2-clipped Laplace DP-SGD (Mohammady et al., arXiv 2602.23516) -- the paper's accountant and a sound one.
 
 ``noise_multiplier = b / C`` (b: absolute Laplace scale on the sum of clipped gradients, C: L2
 clipping norm); ``num_params = n``.  Integer orders only (+inf at fractional orders).
@@ -36,10 +36,10 @@ _ORDER_GROUP = 64
 
 
 def majorization_log_moments(noise_multiplier: float, num_params: int, max_order: int) -> np.ndarray:
-    """Bound (a) of spec lap2.md §4: sum_i log F(x_i / b, eta) >= sup_{||v||_2 <= C} S_eta(v).
+    """Bound (a) of docs/theory/lap2.md §4: sum_i log F(x_i / b, eta) >= sup_{||v||_2 <= C} S_eta(v).
 
     log F(., eta) is convex increasing with value 0 at 0, and |v| sorted is weakly submajorized
-    by x (seed 1, Lemma III.6), so the majorization sum bounds the base log-moment.  The sum is
+    by x (Lap2 paper, Lemma III.6), so the majorization sum bounds the base log-moment.  The sum is
     evaluated with the rigorous ``upper`` rule of :mod:`dpnoise.accounting.rdp.majorization`.
     """
     rule = majorization_rule(int(num_params), "upper")
@@ -47,7 +47,7 @@ def majorization_log_moments(noise_multiplier: float, num_params: int, max_order
 
 
 def lap2_base_log_moments(noise_multiplier: float, num_params: int, max_order: int) -> np.ndarray:
-    """R(eta) = min(majorization bound (a), Gaussian-domination bound (b)) (spec lap2.md §4).
+    """R(eta) = min(majorization bound (a), Gaussian-domination bound (b)) (docs/theory/lap2.md §4).
 
     (b): log F(u, eta) <= eta (eta-1) u^2 / (2 b^2) for u >= 0 (proof in the spec), so
     S_eta(v) <= eta (eta-1) C^2 / (2 b^2) for every ||v||_2 <= C, whatever n.
@@ -76,7 +76,7 @@ def lap2_add_only_rdp(
 def lap2_sound_rdp(
     q: float, noise_multiplier: float, num_params: int, orders: np.ndarray
 ) -> np.ndarray:
-    """The default, sound Lap2 accountant (spec lap2.md §4), both adjacency directions.
+    """The default, sound Lap2 accountant (docs/theory/lap2.md §4), both adjacency directions.
 
     Per order: min( max(add-direction expansion, remove-direction lemma), Zhu-Wang general bound ),
     each fed with R(eta) = min(majorization, Gaussian domination).  Each of the three is a proven
@@ -123,7 +123,7 @@ def _paper_log_moments(q: float, t: np.ndarray, orders: np.ndarray) -> np.ndarra
 def lap2_paper_rdp(
     q: float, noise_multiplier: float, num_params: int, orders: np.ndarray
 ) -> np.ndarray:
-    """The seed's accountant exactly as published (seed 1, Thm III.7; spec lap2.md §3).
+    """The Lap2 paper's accountant exactly as published (Lap2 paper, Thm III.7; docs/theory/lap2.md §3).
 
     alpha(lam) = sum_{i=1}^n log sum_{eta=0}^{lam+1} w_eta F(x_i, eta), i.e. D_a = alpha(a-1)/(a-1).
     NOT a valid privacy bound in general: it subsamples every coordinate independently, whereas the

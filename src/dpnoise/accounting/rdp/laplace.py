@@ -1,4 +1,4 @@
-"""Laplace moments (seed 1, Thm III.2) and the Laplace mechanism with L1 clipping (spec lap2.md §1, §5)."""
+"""Laplace moments (Lap2 paper, Thm III.2) and the Laplace mechanism with L1 clipping (docs/theory/lap2.md §1, §5)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def log_laplace_moment_excess(t: np.ndarray, eta: np.ndarray) -> np.ndarray:
     """log(F(t, eta) - 1), broadcasting over t = u/b >= 0 and integer eta >= 0 (-inf at eta in {0, 1}).
 
     F(t, eta) = E[(p_u/p_0)^eta] = [eta e^{(eta-1)t} + (eta-1) e^{-eta t}] / (2 eta - 1)
-    (spec lap2.md §1).  Since F - 1 = [eta g((eta-1)t) + (eta-1) g(-eta t)]/(2 eta - 1) with
+    (docs/theory/lap2.md §1).  Since F - 1 = [eta g((eta-1)t) + (eta-1) g(-eta t)]/(2 eta - 1) with
     g(x) = e^x - 1 - x >= 0, small t is computed without cancellation; large t via logaddexp.
     """
     t, eta = np.broadcast_arrays(np.asarray(t, dtype=float), np.asarray(eta, dtype=float))
@@ -49,7 +49,7 @@ def log_laplace_moment_excess(t: np.ndarray, eta: np.ndarray) -> np.ndarray:
 
 
 def log_laplace_moment(t: np.ndarray, eta: np.ndarray) -> np.ndarray:
-    """log F(t, eta) (spec lap2.md §1), accurate for all t >= 0."""
+    """log F(t, eta) (docs/theory/lap2.md §1), accurate for all t >= 0."""
     return np.logaddexp(0.0, log_laplace_moment_excess(t, eta))
 
 
@@ -173,7 +173,7 @@ def laplace_moment_excess_grid(t: np.ndarray, max_eta: int) -> np.ndarray:
 
 
 def sampled_laplace_rdp(q: float, noise_multiplier: float, orders: np.ndarray) -> np.ndarray:
-    """RDP of the Poisson-sampled Laplace mechanism with L1 clipping (spec lap2.md §5).
+    """RDP of the Poisson-sampled Laplace mechanism with L1 clipping (docs/theory/lap2.md §5).
 
     Worst case is a 1-D shift of C (L1 ball); ``noise_multiplier = b / C``.  Exact binomial
     expansion of the add direction = Zhu & Wang (2019)'s tight form, which holds for Laplace.

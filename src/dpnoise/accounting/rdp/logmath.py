@@ -49,7 +49,7 @@ def log_binomial_weights(q: float, orders: np.ndarray) -> np.ndarray:
     """log w[a, eta] = log[C(a, eta) (1-q)^(a-eta) q^eta], eta = 0..max(a); -inf for eta > a.
 
     The Binomial(a, q) weights of the subsampled moment expansions (Mironov et al. 2019, Eq. (3);
-    seed 1, Thm III.2).  ``orders`` must be integers.
+    Lap2 paper, Thm III.2).  ``orders`` must be integers.
     """
     a_int = _integer_orders(orders)
     max_order = int(a_int.max())

@@ -1,6 +1,6 @@
 """Sums over the majorization vector x_i = C (sqrt(i) - sqrt(i-1)), i = 1..n, without looping over n.
 
-Seed 1, Lemma III.6; spec lap2.md §2 and §9.  A :class:`MajorizationRule` is a list of points
+Lap2 paper, Lemma III.6; docs/theory/lap2.md §2 and §9.  A :class:`MajorizationRule` is a list of points
 s_p (real indices, x(s) = C / (sqrt(s) + sqrt(s-1))) and weights w_p such that, for the smooth
 summands g(i) = phi(x_i) used here (phi increasing, so g decreasing in i),
 

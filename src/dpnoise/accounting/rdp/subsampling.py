@@ -30,7 +30,7 @@ def log_moment_add_direction(
 ) -> np.ndarray:
     """Exact binomial expansion E_Q[((1-q) + q P/Q)^a] = sum_eta C(a,eta)(1-q)^(a-eta) q^eta E_Q[(P/Q)^eta].
 
-    Mironov, Talwar, Zhang (2019), Sec. 3.3, Eq. (3); seed 1 Thm III.2.  This is the add direction
+    Mironov, Talwar, Zhang (2019), Sec. 3.3, Eq. (3); Lap2 paper, Thm III.2.  This is the add direction
     D_a((1-q)Q + qP || Q).  It is also Zhu & Wang (2019)'s *tight* form (their Thm 6 under its
     extra condition, met by Gaussian and Laplace), since sum_eta w_eta = 1.
     """
@@ -46,7 +46,7 @@ def log_moment_zhu_wang_general(
 
     (a-1) eps(a) <= log{ (1-q)^(a-1)(aq - q + 1) + C(a,2) q^2 (1-q)^(a-2) e^{eps(2)}
                          + 3 sum_{l=3}^{a} C(a,l)(1-q)^(a-l) q^l e^{(l-1) eps(l)} }
-    (spec dirichlet.md §2.1), rewritten as log1p of non-negative terms:
+    (docs/theory/dirichlet.md §2.1), rewritten as log1p of non-negative terms:
     w_2 (e^{R_2} - 1) + sum_{l>=3} w_l (3 e^{R_l} - 1).
     """
     R = np.asarray(base_log_moments, dtype=float)
@@ -60,7 +60,7 @@ def log_moment_zhu_wang_general(
 
 
 def log_negative_binomial_excess(q: float, lam: np.ndarray) -> np.ndarray:
-    """log c_lam, c_lam = (1-q)^(-lam) - 1 - lam q  (spec lap2.md §4, remove direction).
+    """log c_lam, c_lam = (1-q)^(-lam) - 1 - lam q  (docs/theory/lap2.md §4, remove direction).
 
     Direct formula when lam q > 0.01; otherwise the positive series
     c_lam = sum_{k>=2} C(lam+k-1, k) q^k (negative binomial expansion), which avoids cancellation.
@@ -88,7 +88,7 @@ def log_negative_binomial_excess(q: float, lam: np.ndarray) -> np.ndarray:
 def log_moment_remove_direction_bound(
     q: float, orders: np.ndarray, log_second_moment: float
 ) -> np.ndarray:
-    """Remove direction, elementary lemma (spec lap2.md §4):
+    """Remove direction, elementary lemma (docs/theory/lap2.md §4):
 
     E_mu[(Q/mu)^a] = E_Q[(1-q+qX)^-(a-1)] <= 1 + c_{a-1} (E_Q X^2 - 1),  X = P/Q, mu = (1-q)Q + qP,
     with ``log_second_moment >= log E_Q X^2``.  Infinite at q = 1 (the lemma needs q < 1).
