@@ -1,0 +1,248 @@
+"""The configuration of a private training run (:func:`dpnoise.training.train_private`).
+
+A :class:`TrainingConfig` groups what ``dpnoise train`` takes as flags: the data, the model, the
+mechanism and its noise, the privacy target, the optimiser, the schedule, the output folder, the
+device, the seed and the threads.  :func:`check_config` checks every field before any work and
+raises :class:`InvalidConfigError`, whose message names the field by its dotted path
+(``privacy.epsilon must be finite and > 0, got nan``); a front end that calls the fields
+otherwise (the command line: its flags) renders the same message with its own names through
+:meth:`InvalidConfigError.named`.
+
+This module imports no torch (the package :mod:`dpnoise.training` does).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+from dpnoise import checks
+from dpnoise.accounting.validation import InvalidParameterError
+
+#: learning rate of each optimiser when none is given
+DEFAULT_LR = {"adam": 1e-3, "sgd": 0.1}
+#: models that take token ids (text datasets); every other model takes images
+TEXT_MODELS = ("minilm", "minilm-features")
+#: MiniLM-L6 has 512 positions; [CLS] and [SEP] take two
+MAX_LENGTH_RANGE = (2, 512)
+#: file name of the checkpoint written into the output folder after every epoch
+CHECKPOINT_NAME = "checkpoint.pt"
+
+#: renders a field's dotted path (``privacy.epsilon``) as a front end names it
+Naming = Callable[[str], str]
+
+
+class InvalidConfigError(InvalidParameterError):
+    """An invalid :class:`TrainingConfig`: ``str(error)`` names the fields by their dotted paths,
+    :meth:`named` by whatever ``naming`` maps a path to (e.g. the command line's flags)."""
+
+    def __init__(self, describe: Callable[[Naming], str]) -> None:
+        self._describe = describe
+        super().__init__(describe(str))
+
+    def named(self, naming: Naming) -> str:
+        """The message with every field called ``naming(path)``."""
+        return self._describe(naming)
+
+    def __reduce__(self):  # the message survives pickling (process pools); the renaming does not
+        return (InvalidParameterError, (str(self),))
+
+
+def _as_path(config: object, name: str) -> None:
+    """Store a path given as a string as a :class:`~pathlib.Path` (frozen dataclass field)."""
+    value = getattr(config, name)
+    if isinstance(value, (str, os.PathLike)) and not isinstance(value, Path):
+        object.__setattr__(config, name, Path(value))
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """A packaged dataset (``dpnoise.data.DATASETS``) and its subsets."""
+
+    name: str
+    #: train on a deterministic class-balanced subset of this size
+    limit: Optional[int] = None
+    #: evaluate on a class-balanced test subset of this size
+    test_limit: Optional[int] = None
+    #: folder with the dataset files instead of the default place
+    root: Optional[Path] = None
+    #: token length for text datasets
+    max_length: int = 64
+
+    def __post_init__(self) -> None:
+        _as_path(self, "root")
+
+
+@dataclass(frozen=True)
+class MechanismConfig:
+    """The mechanism (``dpnoise.mechanisms.MECHANISMS``), its noise and clipping."""
+
+    name: str
+    #: the noise in the mechanism's own unit (see the mechanism registry,
+    #: :data:`dpnoise.accounting.MECHANISMS`); None: calibrated from the privacy target
+    noise: Optional[float] = None
+    #: clipping norm C (unused by dirichlet)
+    clip: float = 1.0
+    #: Dirichlet offset (dirichlet only)
+    alpha: float = 1.0
+    #: per-example gradients of gradient mechanisms: "auto", "bookkeeping" or "hooks"
+    grad_sample_mode: str = "auto"
+
+
+@dataclass(frozen=True)
+class PrivacyTarget:
+    """The budget: ``epsilon`` (None with a fixed ``MechanismConfig.noise``) at ``delta``."""
+
+    delta: float
+    #: calibrates the noise for the planned steps (unless the noise is given) and stops training
+    #: before the budget is exceeded
+    epsilon: Optional[float] = None
+    #: primary accountant (budget and headline epsilon); None: the mechanism's sound default
+    accountant: Optional[str] = None
+    #: accountant that calibrates the noise; None: the primary
+    calibrate_with: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimiser over the trainable parameters."""
+
+    name: str = "adam"
+    #: None: ``DEFAULT_LR[name]`` (or the Dirichlet heuristic with ``effective_lr``)
+    lr: Optional[float] = None
+    #: dirichlet only, instead of ``lr``: lr = effective_lr / kappa(s_y=0.9; r, alpha)
+    effective_lr: Optional[float] = None
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How long: ceil(epochs / q) Poisson-sampled steps at q = batch_size / N."""
+
+    epochs: float
+    #: expected (Poisson) batch size
+    batch_size: int
+    #: stop after this many steps in total (the noise is still calibrated for ``epochs``)
+    max_steps: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where the run's files go and where it resumes from."""
+
+    #: metrics.json, steps.csv, epochs.csv, curves.png and a checkpoint after every epoch
+    folder: Optional[Path] = None
+    #: continue from a checkpoint written into an output folder
+    resume: Optional[Path] = None
+    #: a progress bar on stderr
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _as_path(self, "folder")
+        _as_path(self, "resume")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Everything a private training run needs (:func:`dpnoise.training.train_private`)."""
+
+    data: DataConfig
+    mechanism: MechanismConfig
+    privacy: PrivacyTarget
+    schedule: Schedule
+    #: a name from ``dpnoise.models.MODELS``
+    model: str = "cnn"
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    #: seed for model init, Poisson sampling and noise
+    seed: int = 0
+    #: torch CPU threads (None: torch's choice)
+    threads: Optional[int] = None
+    #: torch device of the model and batches; only "cpu" so far
+    device: str = "cpu"
+
+    @classmethod
+    def from_fields(cls, values: Mapping[str, Any]) -> "TrainingConfig":
+        """A configuration from ``{dotted path: value}`` (``{"data.name": "digits", "seed": 0, ...}``);
+        paths that are left out keep their defaults."""
+        groups: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        top: dict[str, Any] = {}
+        for path, value in values.items():
+            group, _, name = path.rpartition(".")
+            known = {f.name for f in fields(SECTIONS[group] if group in SECTIONS else cls)}
+            if group not in ("", *SECTIONS) or name not in known or (not group and name in SECTIONS):
+                raise InvalidParameterError(f"unknown configuration field {path!r}")
+            (groups[group] if group else top)[name] = value
+        return cls(**{name: SECTIONS[name](**group) for name, group in groups.items() if group}, **top)
+
+
+#: the groups of a :class:`TrainingConfig` (field name -> its dataclass)
+SECTIONS: dict[str, type] = {"data": DataConfig, "mechanism": MechanismConfig, "privacy": PrivacyTarget,
+                             "schedule": Schedule, "optimizer": OptimizerConfig, "output": OutputConfig}
+
+
+def check_field(path: str, check: str, value: Any, *extra: Any) -> Any:
+    """``dpnoise.checks.<check>(path, value, *extra)``; its error becomes an :class:`InvalidConfigError`
+    (whose :meth:`~InvalidConfigError.named` runs the check again under the other name)."""
+    try:
+        return getattr(checks, check)(path, value, *extra)
+    except InvalidParameterError:
+        def describe(naming: Naming) -> str:
+            try:
+                getattr(checks, check)(naming(path), value, *extra)
+            except InvalidParameterError as err:
+                return str(err)
+            raise AssertionError("a check refused a value once and accepted it the second time")
+
+        raise InvalidConfigError(describe) from None
+
+
+def _optional(path: str, check: str, value: Any, *extra: Any) -> Any:
+    return None if value is None else check_field(path, check, value, *extra)
+
+
+def check_config(config: TrainingConfig) -> None:
+    """Check every field that needs no registry (finite, in range, paths usable) before any work.
+
+    The checks that need the dataset sizes or the mechanism's accountants are in
+    :func:`dpnoise.training.preparation.check_against_registries`.
+    """
+    data, mech, privacy, opt, schedule, out = (config.data, config.mechanism, config.privacy, config.optimizer,
+                                               config.schedule, config.output)
+    if privacy.epsilon is None and mech.noise is None:
+        raise InvalidConfigError(lambda n: f"give {n('privacy.epsilon')} (calibrate the noise) or "
+                                           f"{n('mechanism.noise')} (fixed noise), or both")
+    if opt.effective_lr is not None and (mech.name != "dirichlet" or opt.lr is not None):
+        raise InvalidConfigError(lambda n: f"{n('optimizer.effective_lr')} applies to {n('mechanism.name')} "
+                                           f"dirichlet without {n('optimizer.lr')}")
+    _optional("privacy.epsilon", "check_positive", privacy.epsilon)
+    _optional("mechanism.noise", "check_positive", mech.noise)
+    check_field("privacy.delta", "check_delta", privacy.delta)
+    check_field("mechanism.clip", "check_positive", mech.clip)
+    check_field("mechanism.alpha", "check_positive", mech.alpha)
+    check_field("schedule.epochs", "check_positive", schedule.epochs)
+    check_field("schedule.batch_size", "check_count", schedule.batch_size, 1)
+    _optional("optimizer.lr", "check_positive", opt.lr)
+    _optional("optimizer.effective_lr", "check_positive", opt.effective_lr)
+    check_field("optimizer.momentum", "fraction", opt.momentum)
+    check_field("optimizer.weight_decay", "nonnegative", opt.weight_decay)
+    check_field("optimizer.label_smoothing", "fraction", opt.label_smoothing)
+    _optional("schedule.max_steps", "check_count", schedule.max_steps, 1)
+    _optional("data.limit", "check_count", data.limit, 1)
+    _optional("data.test_limit", "check_count", data.test_limit, 1)
+    check_field("data.max_length", "count_in", data.max_length, *MAX_LENGTH_RANGE)
+    check_field("seed", "seed", config.seed)
+    _optional("threads", "check_count", config.threads, 1)
+    _optional("data.root", "existing_folder", data.root)
+    _optional("output.folder", "output_folder", out.folder)
+    _optional("output.resume", "checkpoint_file", out.resume)
+    if opt.name not in DEFAULT_LR:
+        raise InvalidConfigError(lambda n: f"{n('optimizer.name')} must be one of {', '.join(DEFAULT_LR)}, "
+                                           f"got {opt.name!r}")
+    if config.device != "cpu":
+        raise InvalidConfigError(lambda n: f"{n('device')} must be 'cpu' (other devices are not supported yet), "
+                                           f"got {config.device!r}")

@@ -1,0 +1,134 @@
+"""Data, model and optimiser of a private training run, prepared from a :class:`TrainingConfig`.
+
+Images are normalised, text is tokenised for MiniLM, and the ``*-features`` models are split into a
+frozen public encoder (run once over the data, its features cached) and the linear head that is
+trained privately.  The data and model registries are imported when a function runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dpnoise.training.config import DEFAULT_LR, TEXT_MODELS, InvalidConfigError, TrainingConfig, check_field
+
+if TYPE_CHECKING:  # annotations only
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset
+
+    from dpnoise.models import FeatureClassifier
+    from dpnoise.training.engine import PrivacyEngine
+
+
+def check_against_registries(config: TrainingConfig) -> None:
+    """The checks that need the registries: names, the dataset's sizes, the mechanism's accountants."""
+    from dpnoise.accounting import accountants_for_mechanism
+    from dpnoise.data import DATASETS, dataset_info
+    from dpnoise.mechanisms import MECHANISMS
+    from dpnoise.models import MODELS
+    from dpnoise.training.engine import GRAD_SAMPLE_MODES
+
+    data, mechanism, privacy, schedule = config.data, config.mechanism, config.privacy, config.schedule
+    for path, value, known in (("data.name", data.name, sorted(DATASETS)), ("model", config.model, MODELS),
+                               ("mechanism.name", mechanism.name, sorted(MECHANISMS)),
+                               ("mechanism.grad_sample_mode", mechanism.grad_sample_mode, GRAD_SAMPLE_MODES)):
+        if value not in known:
+            raise InvalidConfigError(lambda n, path=path, value=value, known=known:
+                                     f"{n(path)} must be one of {', '.join(known)}, got {value!r}")
+    info = dataset_info(data.name)
+    if (config.model in TEXT_MODELS) != (info.modality == "text"):
+        raise InvalidConfigError(lambda n: f"{n('model')} {config.model} cannot be trained on the {info.modality} "
+                                           f"dataset {data.name}")
+    if config.model == "efficientnet-lite0-features" and info.input_shape[0] != 3:
+        raise InvalidConfigError(lambda n: f"{n('model')} {config.model} needs RGB images; {data.name} is not RGB")
+    for path, limit, size in (("data.limit", data.limit, info.train_size),
+                              ("data.test_limit", data.test_limit, info.test_size)):
+        if limit is not None and limit > size:
+            raise InvalidConfigError(lambda n, path=path, limit=limit, size=size:
+                                     f"{n(path)} must be <= {size} (the {data.name} split's size), got {limit}")
+    train_size = data.limit or info.train_size
+    if schedule.batch_size > train_size:
+        raise InvalidConfigError(lambda n: f"{n('schedule.batch_size')} must be <= {train_size} (the training "
+                                           f"set's size; q = batch / N <= 1), got {schedule.batch_size}")
+    check_field("schedule.epochs", "finite_steps", schedule.epochs, schedule.batch_size / train_size)
+    applicable = accountants_for_mechanism(mechanism.name, include_options=True)
+    for path, name in (("privacy.accountant", privacy.accountant), ("privacy.calibrate_with", privacy.calibrate_with)):
+        if name is not None and name not in applicable:
+            raise InvalidConfigError(lambda n, path=path, name=name:
+                                     f"{n(path)} {name!r} does not apply to {n('mechanism.name')} {mechanism.name}; "
+                                     f"choose from {', '.join(applicable)}")
+
+
+def load_splits(config: TrainingConfig, normalize: bool = True) -> tuple[Dataset, Dataset]:
+    """Train and test datasets of (input, label) tensors; text is tokenised for MiniLM."""
+    from dpnoise.data import dataset_info, load_dataset
+
+    data = config.data
+    train_set = load_dataset(data.name, "train", data.root, limit=data.limit, normalize=normalize)
+    test_set = load_dataset(data.name, "test", data.root, limit=data.test_limit, normalize=normalize)
+    if dataset_info(data.name).modality == "text":
+        from dpnoise.data import minilm_tokenizer, tokenize
+
+        tokenizer = minilm_tokenizer()
+        train_set = tokenize(train_set, data.max_length, tokenizer)
+        test_set = tokenize(test_set, data.max_length, tokenizer)
+    return train_set, test_set
+
+
+def model_for_dataset(config: TrainingConfig) -> nn.Module:
+    """``config.model`` sized for ``config.data`` (classes, channels, image side)."""
+    from dpnoise.data import dataset_info
+    from dpnoise.models import build_model
+
+    info = dataset_info(config.data.name)
+    image = info.modality == "image"
+    return build_model(config.model, num_classes=info.num_classes,
+                       in_channels=info.input_shape[0] if image else None,
+                       input_size=info.input_shape[-1] if image else None)
+
+
+def frozen_features(model: FeatureClassifier, config: TrainingConfig) -> tuple[Dataset, Dataset]:
+    """Train and test features of ``model``'s frozen encoder (computed once, then read from the cache)."""
+    from dpnoise.models import extract_features
+
+    train_inputs, test_inputs = load_splits(config, normalize=False)
+    return extract_features(model, train_inputs), extract_features(model, test_inputs)
+
+
+def prepare_model_and_data(config: TrainingConfig) -> tuple[nn.Module, Dataset, Dataset]:
+    """The trainable model sized for the dataset, with its train and test data.
+
+    For the ``*-features`` models the frozen public encoder (ImageNet EfficientNet-Lite0 with
+    BatchNorm in eval mode, or MiniLM-L6 sentence embeddings) maps each example to features once,
+    and only the linear head is trained privately.  The model is moved to ``config.device``.
+    """
+    from dpnoise.models import FeatureClassifier
+
+    model = model_for_dataset(config)
+    if not isinstance(model, FeatureClassifier):
+        return (model.to(config.device), *load_splits(config))
+    return (model.head.to(config.device), *frozen_features(model, config))
+
+
+def build_optimizer(config: TrainingConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """``config.optimizer`` over ``model``'s trainable parameters."""
+    import torch
+
+    opt = config.optimizer
+    lr = opt.lr if opt.lr is not None else DEFAULT_LR[opt.name]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if opt.name == "adam":
+        return torch.optim.Adam(trainable, lr=lr, weight_decay=opt.weight_decay)
+    return torch.optim.SGD(trainable, lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
+
+
+def apply_dirichlet_learning_rate(config: TrainingConfig, optimizer: torch.optim.Optimizer,
+                                  engine: PrivacyEngine) -> None:
+    """With ``effective_lr``: lr = effective lr / kappa(0.9; r, alpha) (spec dirichlet.md §4)."""
+    from dpnoise.mechanisms import dirichlet_learning_rate
+
+    if config.optimizer.effective_lr is None:
+        return
+    lr = dirichlet_learning_rate(config.optimizer.effective_lr, engine.setup.noise, engine.setup.alpha)
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -1,0 +1,170 @@
+"""The result of a private training run: :class:`TrainingResult` and its human-readable report.
+
+``TrainingResult.summary()`` is the dictionary that ``dpnoise train --json`` prints and that
+``metrics.json`` holds under ``"summary"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from dpnoise.training.report import RunHistory
+
+if TYPE_CHECKING:  # annotations only
+    import torch
+
+    from dpnoise.training.config import TrainingConfig
+    from dpnoise.training.engine import PrivacyEngine
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    """What a private training run reached, under which privacy setting, and what it wrote."""
+
+    #: test accuracy at the last evaluation (None if no epoch was evaluated)
+    test_accuracy: Optional[float]
+    #: epsilon under the primary accountant
+    epsilon: float
+    epsilon_by_accountant: dict[str, float]
+    #: whether each accountant's epsilon is a proven upper bound
+    sound_by_accountant: dict[str, bool]
+    #: the primary accountant (budget and headline epsilon)
+    accountant: str
+    delta: float
+    target_epsilon: Optional[float]
+    #: optimizer steps taken (across resumes) and planned (ceil(epochs / q))
+    steps: int
+    planned_steps: int
+    #: whether the run stopped at the privacy budget
+    budget_exhausted: bool
+    mechanism: str
+    dataset: str
+    model: str
+    train_size: int
+    #: trainable parameters n
+    params: int
+    #: the noise, in the mechanism's own unit (``noise_unit``)
+    noise: float
+    noise_unit: str
+    clip: float
+    sample_rate: float
+    batch_size: int
+    epochs: float
+    optimizer: str
+    #: learning rate in use (after the Dirichlet heuristic, if any)
+    lr: float
+    seed: int
+    #: what the epsilon covers when it is not the trained parameters (output mechanisms), else None
+    scope: Optional[str]
+    grad_sample_mode: Optional[str]
+    wall_time_s: float
+    #: Dirichlet only: alpha and kappa(0.9; r, alpha)
+    alpha: Optional[float] = None
+    kappa_at_0_9: Optional[float] = None
+    #: the accountant that calibrated the noise (None: the noise was given)
+    calibrated_with: Optional[str] = None
+    #: the curves: per-step (loss, batch accuracy, quick epsilon) and per-epoch (test accuracy,
+    #: epsilon by accountant) records
+    history: RunHistory = field(default_factory=RunHistory)
+    #: files written into the output folder
+    files: tuple[Path, ...] = ()
+
+    def summary(self) -> dict[str, Any]:
+        """The run's result as one JSON-able dictionary (``dpnoise train --json``)."""
+        summary = {name: getattr(self, name) for name in SUMMARY_FIELDS}
+        if self.alpha is not None:
+            summary["alpha"] = self.alpha
+            summary["kappa_at_0.9"] = self.kappa_at_0_9
+        if self.calibrated_with is not None:
+            summary["calibrated_with"] = self.calibrated_with
+        if self.files:
+            summary["files"] = [str(p) for p in self.files]
+        return summary
+
+    def metrics(self) -> dict[str, Any]:
+        """What ``metrics.json`` holds: the summary (without the files) and the history."""
+        summary = self.summary()
+        summary.pop("files", None)
+        return {"summary": summary, **self.history.to_dict()}
+
+
+#: fields of :class:`TrainingResult` that every summary has, in its order
+SUMMARY_FIELDS = (
+    "test_accuracy", "epsilon", "epsilon_by_accountant", "sound_by_accountant", "accountant", "delta",
+    "target_epsilon", "steps", "planned_steps", "budget_exhausted", "mechanism", "dataset", "model", "train_size",
+    "params", "noise", "noise_unit", "clip", "sample_rate", "batch_size", "epochs", "optimizer", "lr", "seed",
+    "scope", "grad_sample_mode", "wall_time_s",
+)
+
+
+def summarize(
+    config: TrainingConfig, engine: PrivacyEngine, optimizer: torch.optim.Optimizer, history: RunHistory,
+    train_size: int, wall_time: float,
+) -> TrainingResult:
+    """The run's result, read from the engine, the optimizer and the history."""
+    from dpnoise.accounting import ACCOUNTANTS
+    from dpnoise.mechanisms import MECHANISMS, kappa
+    from dpnoise.mechanisms.dirichlet import KAPPA_REFERENCE_PROBABILITY
+
+    setup = engine.setup
+    by_accountant = engine.epsilon_by_accountant()
+    return TrainingResult(
+        test_accuracy=history.epochs[-1].test_accuracy if history.epochs else None,
+        epsilon=by_accountant[setup.accountant],
+        epsilon_by_accountant=by_accountant,
+        sound_by_accountant={name: ACCOUNTANTS[name].sound for name in by_accountant},
+        accountant=setup.accountant,
+        delta=setup.delta,
+        target_epsilon=setup.target_epsilon,
+        steps=engine.steps,
+        planned_steps=engine.planned_steps,
+        budget_exhausted=engine.budget_exhausted,
+        mechanism=setup.mechanism,
+        dataset=config.data.name,
+        model=config.model,
+        train_size=train_size,
+        params=setup.params,
+        noise=setup.noise,
+        noise_unit=MECHANISMS[setup.mechanism].spec.noise.unit,
+        clip=setup.clip,
+        sample_rate=setup.sample_rate,
+        batch_size=config.schedule.batch_size,
+        epochs=config.schedule.epochs,
+        optimizer=config.optimizer.name,
+        lr=optimizer.param_groups[0]["lr"],
+        seed=config.seed,
+        scope=engine.scope_statement,
+        grad_sample_mode=engine.grad_sample_mode,
+        wall_time_s=wall_time,
+        alpha=setup.alpha,
+        kappa_at_0_9=(kappa(KAPPA_REFERENCE_PROBABILITY, setup.noise, setup.alpha)
+                      if setup.alpha is not None else None),
+        calibrated_with=engine.calibration.accountant if engine.calibration is not None else None,
+        history=history,
+    )
+
+
+def report_lines(summary: dict[str, Any]) -> list[str]:
+    """Human-readable report of a summary (:meth:`TrainingResult.summary`, or metrics.json's)."""
+    lines = [
+        f"test accuracy: {summary['test_accuracy']:.4f}  ({summary['dataset']}, model {summary['model']}, "
+        f"{summary['steps']} steps, {summary['wall_time_s']:.0f} s)",
+        f"mechanism {summary['mechanism']}: noise {summary['noise']:.6g} ({summary['noise_unit']}), "
+        f"clip {summary['clip']:g}, sample rate {summary['sample_rate']:.6g}, lr {summary['lr']:.3g}",
+        f"epsilon at delta={summary['delta']:g}:",
+    ]
+    for name, eps in summary["epsilon_by_accountant"].items():
+        role = "primary" if name == summary["accountant"] else "side by side"
+        validity = "proven upper bound" if summary["sound_by_accountant"][name] else "NOT a valid privacy bound"
+        if summary["scope"] and summary["sound_by_accountant"][name]:
+            validity += " for the released outputs only, see scope"
+        lines.append(f"  {name:>22}: {eps:.4f}  ({role}; {validity})")
+    if summary["budget_exhausted"]:
+        lines.append(f"stopped at the privacy budget epsilon={summary['target_epsilon']:g} after {summary['steps']} steps")
+    if summary["scope"]:
+        lines.append(summary["scope"])
+    if summary.get("files"):
+        lines.append("wrote " + ", ".join(summary["files"]))
+    return lines
