@@ -1,19 +1,16 @@
-"""Run one :class:`RunSpec` through ``dpnoise train`` and write its JSON record.
+"""Run one :class:`RunSpec` through :func:`dpnoise.training.train_private` and write its JSON record.
 
-Every run is exactly a ``dpnoise train`` command line (recorded in the record, so any number can be
-reproduced by hand); it runs in this process with one torch thread and its outputs (metrics.json,
-CSVs, curves, checkpoint) go to a work folder.  A run whose record exists is skipped, so a killed
-batch resumes where it stopped.
+Every run is exactly a ``dpnoise train`` command line (:func:`train_argv`, recorded in the record, so
+any number can be reproduced by hand): :func:`train_config` builds the same configuration that
+command builds.  It runs in this process with one torch thread and its outputs (metrics.json, CSVs,
+curves, checkpoint) go to a work folder.  A run whose record exists is skipped, so a killed batch
+resumes where it stopped.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import datetime
 import functools
-import io
-import json
 import logging
 import multiprocessing
 import os
@@ -23,13 +20,16 @@ import subprocess
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from dpnoise.accounting import UnreachableTargetError
 from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.data import dataset_info
 from reproductions.errors import PlanMismatchError
 from reproductions.records import RunSpec, record_path, write_record
+
+if TYPE_CHECKING:  # annotations only: torch is imported by the first run
+    from dpnoise.training import TrainingConfig, TrainingResult
 
 logger = logging.getLogger(__name__)
 
@@ -47,20 +47,26 @@ def epochs_for_steps(spec: RunSpec) -> float:
     return spec.steps * spec.batch_size / train_size(spec)
 
 
+def number(value: float) -> str:
+    """``value`` as a command-line number: short (``%g``) where that reads back exactly, else in full."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))
+
+
 def train_argv(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> list[str]:
-    """The ``dpnoise train`` arguments (after ``train``) that run ``spec``."""
+    """The ``dpnoise train`` arguments (after ``train``) that run ``spec`` (:func:`train_config`)."""
     argv = [
         "--dataset", spec.dataset, "--model", spec.model, "--mechanism", spec.mechanism,
-        "--epsilon", f"{spec.target_epsilon:g}", "--delta", f"{spec.delta:g}",
+        "--epsilon", number(spec.target_epsilon), "--delta", number(spec.delta),
         "--accountant", spec.calibrated_with, "--calibrate-with", spec.calibrated_with,
         "--epochs", repr(epochs_for_steps(spec)), "--batch-size", str(spec.batch_size),
-        "--clip", f"{spec.clip:g}", "--optimizer", spec.optimizer,
-        "--weight-decay", f"{spec.weight_decay:g}", "--label-smoothing", f"{spec.label_smoothing:g}",
+        "--clip", number(spec.clip), "--optimizer", spec.optimizer,
+        "--weight-decay", number(spec.weight_decay), "--label-smoothing", number(spec.label_smoothing),
         "--seed", str(spec.seed), "--threads", str(threads), "--out", str(out_dir), "--json", "--no-progress",
     ]
-    argv += ["--effective-lr", f"{spec.effective_lr:g}"] if spec.effective_lr is not None else ["--lr", f"{spec.lr:g}"]
+    argv += ["--effective-lr", number(spec.effective_lr)] if spec.effective_lr is not None else ["--lr", number(spec.lr)]
     if spec.alpha is not None:
-        argv += ["--alpha", f"{spec.alpha:g}"]
+        argv += ["--alpha", number(spec.alpha)]
     if spec.train_limit is not None:
         argv += ["--limit", str(spec.train_limit)]
     if spec.test_limit is not None:
@@ -68,13 +74,28 @@ def train_argv(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> 
     return argv
 
 
-def train_parser() -> argparse.ArgumentParser:
-    """A parser holding only the ``train`` subcommand of the ``dpnoise`` CLI."""
-    from dpnoise.cli import train as train_cli
+def train_config(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> TrainingConfig:
+    """The configuration that :func:`train_argv`'s command line builds (the same values: numbers are
+    floats, as the command line parses them)."""
+    from dpnoise.training import (DataConfig, MechanismConfig, OptimizerConfig, OutputConfig, PrivacyTarget,
+                                  Schedule, TrainingConfig)
 
-    parser = argparse.ArgumentParser(prog="dpnoise")
-    train_cli.register(parser.add_subparsers(dest="command", required=True))
-    return parser
+    alpha = {} if spec.alpha is None else {"alpha": float(spec.alpha)}
+    return TrainingConfig(
+        data=DataConfig(spec.dataset, limit=spec.train_limit, test_limit=spec.test_limit),
+        model=spec.model,
+        mechanism=MechanismConfig(spec.mechanism, clip=float(spec.clip), **alpha),
+        privacy=PrivacyTarget(delta=float(spec.delta), epsilon=float(spec.target_epsilon),
+                              accountant=spec.calibrated_with, calibrate_with=spec.calibrated_with),
+        schedule=Schedule(epochs=epochs_for_steps(spec), batch_size=spec.batch_size),
+        optimizer=OptimizerConfig(spec.optimizer, weight_decay=float(spec.weight_decay),
+                                  label_smoothing=float(spec.label_smoothing),
+                                  **({"effective_lr": float(spec.effective_lr)} if spec.effective_lr is not None
+                                     else {"lr": float(spec.lr)})),
+        output=OutputConfig(folder=Path(out_dir), progress=False),
+        seed=spec.seed,
+        threads=threads,
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,14 +115,11 @@ def git_state(repo: Path) -> dict[str, Any]:
     return {"git_commit": git("rev-parse", "HEAD"), "git_src_dirty": bool(git("status", "--porcelain", "--", "src"))}
 
 
-def run_training(spec: RunSpec, out_dir: Path, threads: int) -> dict[str, Any]:
-    """Run ``dpnoise train`` for ``spec`` in this process; return its ``metrics.json`` content."""
-    from dpnoise.cli import train as train_cli
+def run_training(spec: RunSpec, out_dir: Path, threads: int) -> TrainingResult:
+    """Train ``spec`` in this process (what ``dpnoise train`` with :func:`train_argv` does)."""
+    from dpnoise.training import train_private
 
-    args = train_parser().parse_args(["train", *train_argv(spec, out_dir, threads)])
-    with contextlib.redirect_stdout(io.StringIO()):
-        train_cli.train(args)
-    return json.loads((out_dir / "metrics.json").read_text())
+    return train_private(train_config(spec, out_dir, threads))
 
 
 #: Record field <- field of the ``dpnoise train`` summary.
@@ -113,9 +131,9 @@ RECORD_FROM_SUMMARY = {
 }
 
 
-def build_record(spec: RunSpec, metrics: Optional[dict[str, Any]], reason: Optional[str],
+def build_record(spec: RunSpec, result: Optional[TrainingResult], reason: Optional[str],
                  command: str, wall_time: float, threads: int, code_state: dict[str, Any]) -> dict[str, Any]:
-    """The JSON record of a finished run (``metrics`` None: the target was unreachable).
+    """The JSON record of a finished run (``result`` None: the target was unreachable).
 
     ``code_state`` is :func:`git_state` taken when the run started.
     """
@@ -123,7 +141,7 @@ def build_record(spec: RunSpec, metrics: Optional[dict[str, Any]], reason: Optio
         **spec.to_dict(),
         "name": spec.name,
         "steps_planned": spec.steps,
-        "status": "ok" if metrics is not None else "unreachable",
+        "status": "ok" if result is not None else "unreachable",
         "command": command,
         "wall_time_s": wall_time,
         "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -131,16 +149,16 @@ def build_record(spec: RunSpec, metrics: Optional[dict[str, Any]], reason: Optio
         "torch_threads": threads,
         **code_state,
     }
-    if metrics is None:
+    if result is None:
         record["reason"] = reason
         return record
-    summary = metrics["summary"]
+    summary = result.summary()
     if summary["planned_steps"] != spec.steps:
         raise PlanMismatchError(f"{spec.name}: dpnoise train planned {summary['planned_steps']} steps, not {spec.steps}")
     record.update({key: summary[source] for key, source in RECORD_FROM_SUMMARY.items()})
     record["kappa_at_0_9"] = summary.get("kappa_at_0.9")  # Dirichlet runs only
     record["grad_sample_mode"] = summary.get("grad_sample_mode")  # None in records made before it was recorded
-    record["curve"] = [{"step": e["step"], "test_accuracy": e["test_accuracy"]} for e in metrics["epochs"]]
+    record["curve"] = [{"step": e.step, "test_accuracy": e.test_accuracy} for e in result.history.epochs]
     return record
 
 
@@ -204,10 +222,10 @@ def produce_record(spec: RunSpec, path: Path, work_dir: Path, threads: int, repo
     logger.info("run %s: %s", spec.name, command)
     started, code_state = time.perf_counter(), git_state(repo)
     try:
-        metrics, reason = run_training(spec, out_dir, threads), None
+        result, reason = run_training(spec, out_dir, threads), None
     except UnreachableTargetError as err:
-        metrics, reason = None, str(err)
-    write_record(path, build_record(spec, metrics, reason, command, time.perf_counter() - started, threads, code_state))
+        result, reason = None, str(err)
+    write_record(path, build_record(spec, result, reason, command, time.perf_counter() - started, threads, code_state))
     logger.info("wrote %s", path)
     return path
 
@@ -234,8 +252,8 @@ def warm_feature_caches(specs: Iterable[RunSpec], results_dir: Path, work_dir: P
     many feature sets were computed or found cached."""
     import torch
 
-    from dpnoise.cli import train as train_cli
     from dpnoise.models import FeatureClassifier
+    from dpnoise.training import preparation
 
     seen, warmed, previous_threads = set(), 0, torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -245,11 +263,11 @@ def warm_feature_caches(specs: Iterable[RunSpec], results_dir: Path, work_dir: P
             if key in seen or record_path(results_dir, spec).exists():
                 continue
             seen.add(key)
-            args = train_parser().parse_args(["train", *train_argv(spec, work_dir / spec.experiment / spec.name)])
-            model = train_cli.model_for_dataset(args)
+            config = train_config(spec, work_dir / spec.experiment / spec.name)
+            model = preparation.model_for_dataset(config)
             if isinstance(model, FeatureClassifier):
                 logger.info("features of %s on %s (%d threads, cached for the runs)", spec.model, spec.dataset, threads)
-                train_cli.frozen_features(model, args)
+                preparation.frozen_features(model, config)
                 warmed += 1
     finally:
         torch.set_num_threads(previous_threads)

@@ -218,14 +218,14 @@ class StubEncoder:
 def test_features_are_computed_once_per_dataset_and_model_before_parallel_runs(tmp_path, monkeypatch):
     import torch
 
-    from dpnoise.cli import train as train_cli
+    from dpnoise.training import preparation
 
-    built_by_cli = train_cli.model_for_dataset
-    monkeypatch.setattr(train_cli, "model_for_dataset",
-                        lambda args: StubEncoder() if args.model == "minilm-features" else built_by_cli(args))
+    built_by_library = preparation.model_for_dataset
+    monkeypatch.setattr(preparation, "model_for_dataset",
+                        lambda config: StubEncoder() if config.model == "minilm-features" else built_by_library(config))
     computed = []
-    monkeypatch.setattr(train_cli, "frozen_features",
-                        lambda model, args: computed.append((args.dataset, args.limit, torch.get_num_threads())))
+    monkeypatch.setattr(preparation, "frozen_features", lambda model, config: computed.append(
+        (config.data.name, config.data.limit, torch.get_num_threads())))
     threads_before = torch.get_num_threads()
     head = dict(TINY, model="minilm-features", mechanism="gaussian", calibrated_with="gaussian")
     specs = [RunSpec(seed=0, **head), RunSpec(seed=1, **head), RunSpec(seed=0, **dict(head, train_limit=100)),
