@@ -1,17 +1,23 @@
-"""Figures of the reproduction: accuracy vs epsilon, convergence, noise needed vs epsilon, walls."""
+"""Figures of the reproduction: accuracy vs epsilon, convergence, noise needed vs epsilon, walls.
+
+Every figure uses constrained layout, one legend below the panels (so no curve hides behind it),
+and log axes labelled only at chosen ticks (:func:`log_scale`): matplotlib otherwise labels the
+minor ticks of an axis spanning less than a decade, and those labels overlap.
+"""
 
 from __future__ import annotations
 
+import math
 import statistics
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from reproductions.plans import Column
 
-#: Seed 1's MNIST accounting setting for the noise-vs-epsilon figure.
+#: The Lap2 paper's MNIST accounting setting (its Table I) for the noise-vs-epsilon figure.
 NOISE_FIGURE_SETTING = dict(delta=1e-5, sample_rate=0.0043, steps=5860, clip=1.0, params=26010)
 NOISE_FIGURE_EPSILONS = tuple(np.geomspace(0.1, 8.0, 12))
 
@@ -26,10 +32,60 @@ def pyplot():
     return plt
 
 
+def panels(count: int, width: float, height: float, max_columns: int = 3):
+    """A figure with ``count`` panels, at most ``max_columns`` per row (unused panels hidden),
+    laid out by constrained layout; returns the figure and the list of the ``count`` axes."""
+    plt = pyplot()
+    count = max(count, 1)
+    columns = min(count, max_columns)
+    rows = math.ceil(count / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False,
+                             layout="constrained")
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[count:]:
+        ax.set_visible(False)
+    return fig, flat[:count]
+
+
+def nice_log_ticks(low: float, high: float) -> list[float]:
+    """The values 1, 2 and 5 times a power of ten within [low, high] (if there is none: the geometric
+    midpoint to two digits, so that the axis has one label)."""
+    ticks = [m * 10.0 ** k for k in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1)
+             for m in (1, 2, 5)]
+    inside = [t for t in ticks if low <= t * (1 + 1e-9) and t <= high * (1 + 1e-9)]
+    return inside or [float(f"{math.sqrt(low * high):.2g}")]
+
+
+def log_scale(ax, which: str = "x", ticks: Optional[Sequence[float]] = None) -> None:
+    """Put ``ax``'s x (or y) axis on a log scale, labelled in plain numbers only at ``ticks`` (e.g.
+    the epsilons that were run) or, by default, at the 1-2-5 values inside the current limits; the
+    minor ticks stay unlabelled.  Call after plotting (the default ticks depend on the limits)."""
+    from matplotlib import ticker
+
+    getattr(ax, f"set_{which}scale")("log")
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    if ticks is None:
+        ticks = nice_log_ticks(*sorted(getattr(ax, f"get_{which}lim")()))
+    axis.set_major_locator(ticker.FixedLocator(sorted(set(ticks))))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_locator(ticker.LogLocator(base=10, subs=tuple(range(2, 10))))
+    axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def shared_legend(fig, axes, columns: int = 3) -> None:
+    """One legend below all panels, each label once (in first-seen order)."""
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if entries:
+        fig.legend(list(entries.values()), list(entries), loc="outside lower center",
+                   ncol=min(columns, len(entries)), fontsize=8, frameon=False)
+
+
 def save_figure(fig, title: str, out: Path) -> Path:
-    """Title, lay out, write ``out`` as PNG and free the figure."""
+    """Title, write ``out`` as PNG and free the figure (the layout is the figure's own, constrained)."""
     fig.suptitle(title)
-    fig.tight_layout()
     fig.savefig(out, dpi=110)
     pyplot().close(fig)
     return out
@@ -44,23 +100,26 @@ def column_rows(rows: Sequence[dict[str, Any]], dataset: str, column: Column) ->
 
 def accuracy_vs_epsilon(rows: Sequence[dict[str, Any]], datasets: Sequence[str], columns: Sequence[Column],
                         published: dict[str, dict[float, dict[str, float]]], out: Path, title: str) -> Path:
-    """One panel per dataset: our mean accuracy (error bars: std over seeds) and, dashed, the seed's."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4.2), squeeze=False)
-    for ax, dataset in zip(axes[0], datasets):
+    """One panel per dataset: our mean accuracy (error bars: std over seeds) and, dashed, the paper's."""
+    fig, axes = panels(len(datasets), 5.6, 4.0)
+    for ax, dataset in zip(axes, datasets):
+        epsilons = set()
         for i, column in enumerate(columns):
             mine = column_rows(rows, dataset, column)
             if mine:
                 ax.errorbar([r["target_epsilon"] for r in mine], [100 * r["accuracy_mean"] for r in mine],
                             yerr=[100 * (r["accuracy_std"] or 0.0) for r in mine], fmt="o-", color=f"C{i}",
                             capsize=3, label=f"{column.label} (ours)")
+                epsilons.update(r["target_epsilon"] for r in mine)
             paper = sorted((eps, values[column.calibrated_with]) for eps, values in published.get(dataset, {}).items()
                            if column.calibrated_with in values)
             if paper:
-                ax.plot(*zip(*paper), "x--", color=f"C{i}", alpha=0.6, label=f"{column.label} (seed)")
-        ax.set(xscale="log", xlabel="target epsilon (delta = 1e-5)", ylabel="test accuracy (%)", title=dataset)
+                ax.plot(*zip(*paper), "x--", color=f"C{i}", alpha=0.6, label=f"{column.label} (paper)")
+                epsilons.update(eps for eps, _ in paper)
+        ax.set(xlabel="target epsilon (delta = 1e-5)", ylabel="test accuracy (%)", title=dataset)
+        log_scale(ax, "x", sorted(epsilons) or None)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    shared_legend(fig, axes)
     return save_figure(fig, title, out)
 
 
@@ -76,20 +135,28 @@ def mean_curve(records: Sequence[dict[str, Any]]) -> tuple[list[int], list[float
 
 def convergence(records: Sequence[dict[str, Any]], dataset: str, columns: Sequence[Column], out: Path,
                 title: str) -> Path:
-    """Seed 1 Fig. 8 style: test accuracy vs step, one panel per epsilon, one line per column."""
-    plt = pyplot()
+    """The Lap2 paper's Fig. 8 style: test accuracy vs step, one panel per epsilon, one line per column
+    (the mean over the seeds run; the legend gives their number, n, or its range over the panels)."""
+    from matplotlib.lines import Line2D
+
     ok = [r for r in records if r["dataset"] == dataset and r["status"] == "ok"]
     epsilons = sorted({r["target_epsilon"] for r in ok}, reverse=True)
-    fig, axes = plt.subplots(1, max(len(epsilons), 1), figsize=(4.2 * max(len(epsilons), 1), 3.8), squeeze=False)
-    for ax, eps in zip(axes[0], epsilons):
+    fig, axes = panels(len(epsilons), 4.6, 3.4)
+    seeds_run: dict[int, list[int]] = {}
+    for ax, eps in zip(axes, epsilons):
         for i, column in enumerate(columns):
             mine = [r for r in ok if r["target_epsilon"] == eps and r["mechanism"] == column.mechanism
                     and r["calibrated_with"] == column.calibrated_with]
             if mine:
-                ax.plot(*mean_curve(mine), ".-", color=f"C{i}", label=f"{column.label} (n={len(mine)})")
+                ax.plot(*mean_curve(mine), ".-", color=f"C{i}")
+                seeds_run.setdefault(i, []).append(len(mine))
         ax.set(xlabel="step", ylabel="test accuracy (%)", title=f"{dataset}, target eps {eps:g}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    labels = [f"{columns[i].label}, n={min(n)}" + (f"-{max(n)}" if max(n) > min(n) else "")
+              for i, n in sorted(seeds_run.items())]
+    if labels:
+        fig.legend([Line2D([], [], color=f"C{i}", marker=".") for i in sorted(seeds_run)], labels,
+                   loc="outside lower center", ncol=min(3, len(labels)), fontsize=8, frameon=False)
     return save_figure(fig, title, out)
 
 
@@ -111,45 +178,43 @@ def noise_vs_epsilon(out: Path, epsilons: Sequence[float] = NOISE_FIGURE_EPSILON
     deviation of the noise on the summed gradient (sigma C for Gaussian, sqrt(2) b for Laplace),
     which is what training sees.  Returns the curves.
     """
-    plt = pyplot()
     curves = {name: noise_needed(name, epsilons) for name in ("gaussian", "lap2", "lap2-paper")}
     std_factor = {"gaussian": 1.0, "lap2": np.sqrt(2.0), "lap2-paper": np.sqrt(2.0)}
     style = {"gaussian": "C0o-", "lap2": "C3o-", "lap2-paper": "C3x--"}
-    fig, (ax_p, ax_s) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_p, ax_s) = panels(2, 5.5, 4.0)
     for name, values in curves.items():
-        ax_p.loglog(epsilons, values, style[name], label=name + (" (NOT a valid bound)" if name == "lap2-paper" else ""))
-        ax_s.loglog(epsilons, std_factor[name] * np.asarray(values), style[name], label=name)
+        label = name + (" (NOT a valid bound)" if name == "lap2-paper" else "")
+        ax_p.plot(epsilons, values, style[name], label=label)
+        ax_s.plot(epsilons, std_factor[name] * np.asarray(values), style[name], label=label)
     ax_p.set(xlabel="target epsilon", ylabel="sigma (Gaussian) or b (Laplace)", title="noise parameter")
     ax_s.set(xlabel="target epsilon", ylabel="noise std per coordinate", title="noise standard deviation")
     for ax in (ax_p, ax_s):
+        log_scale(ax, "x")
+        log_scale(ax, "y")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
+    shared_legend(fig, (ax_p, ax_s))
     s = NOISE_FIGURE_SETTING
-    fig.suptitle(f"Noise needed for (eps, delta={s['delta']:g}): q={s['sample_rate']}, T={s['steps']}, "
-                 f"C={s['clip']:g}, n={s['params']} (seed 1 MNIST setting)")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, f"Noise needed for (eps, delta={s['delta']:g}): q={s['sample_rate']}, T={s['steps']}, "
+                f"C={s['clip']:g}, n={s['params']} (Lap2 paper, MNIST setting)", out)
     return {"epsilons": list(map(float, epsilons)), **curves}
 
 
 def alpha_grid_figure(rows: Sequence[dict[str, Any]], out: Path) -> Path:
-    """Seed 2 Fig. 2 (reduced): accuracy vs learning rate (left) and vs effective lr (right) per alpha."""
-    plt = pyplot()
+    """The Dirichlet-mechanism paper's Fig. 2 (reduced): accuracy vs learning rate (left) and vs
+    effective lr (right) per alpha."""
     ok = [r for r in rows if r["status"] == "ok"]
-    fig, (ax_lr, ax_eff) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_lr, ax_eff) = panels(2, 5.5, 4.0)
     for i, alpha in enumerate(sorted({r["alpha"] for r in ok})):
         mine = sorted((r for r in ok if r["alpha"] == alpha), key=lambda r: r["effective_lr"])
         acc = [100 * r["accuracy_mean"] for r in mine]
         ax_lr.plot([r["lr"] for r in mine], acc, "o-", color=f"C{i}", label=f"alpha={alpha:g}")
         ax_eff.plot([r["effective_lr"] for r in mine], acc, "o-", color=f"C{i}", label=f"alpha={alpha:g}")
-    ax_lr.set(xscale="log", xlabel="learning rate gamma", ylabel="test accuracy (%)", title="vs learning rate")
-    ax_eff.set(xscale="log", xlabel="effective lr gamma * kappa(0.9; r, alpha)", title="vs effective learning rate")
+    ax_lr.set(xlabel="learning rate gamma", ylabel="test accuracy (%)", title="vs learning rate")
+    ax_eff.set(xlabel="effective lr gamma * kappa(0.9; r, alpha)", ylabel="test accuracy (%)",
+               title="vs effective learning rate")
+    log_scale(ax_lr, "x")
+    log_scale(ax_eff, "x", sorted({r["effective_lr"] for r in ok}) or None)
     for ax in (ax_lr, ax_eff):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("Dirichlet mechanism at eps = 1 (r = r*(alpha)), SGD")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    shared_legend(fig, (ax_lr, ax_eff))
+    return save_figure(fig, "Dirichlet mechanism at eps = 1 (r = r*(alpha)), SGD", out)

@@ -2,7 +2,7 @@
 
 A run calibrated by ``lap2-paper`` claims its target epsilon; :func:`dpnoise.audit.bound.audit_bound`
 computes, for the same noise, sampling rate, steps and model size, a proven lower bound on the true
-epsilon (exact PLD of a feasible pair, spec lap2 §3).  A lower bound above the target refutes the
+epsilon (exact PLD of a feasible pair, docs/theory/lap2.md §3).  A lower bound above the target refutes the
 claim.  Bounds are cached per experiment in ``lower_bounds.json`` (they take seconds to a minute
 each and are the same for every seed and dataset that share the setting).
 """

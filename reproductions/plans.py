@@ -1,12 +1,12 @@
-"""The experiments of the two seeds as lists of :class:`RunSpec`, and the numbers the seeds publish.
+"""The experiments of the two papers as lists of :class:`RunSpec`, and the numbers the papers publish.
 
-* ``table2`` -- seed 1 (Lap2) Table II with its Table I settings (CNN, q = 258/60000 = 0.0043,
-  C = 1, delta = 1e-5, lr 1e-3, label smoothing 0.15, weight decay 1e-4, T = 5860). The seed does
+* ``table2`` -- the Lap2 paper's Table II with its Table I settings (CNN, q = 258/60000 = 0.0043,
+  C = 1, delta = 1e-5, lr 1e-3, label smoothing 0.15, weight decay 1e-4, T = 5860). The paper does
   not name its optimizer; Adam is used (stated in every record).
-* ``dirichlet`` -- seed 2: Dirichlet vs DP-SGD (Gaussian) vs penultimate-layer Gaussian at
+* ``dirichlet`` -- the Dirichlet-mechanism paper: Dirichlet vs DP-SGD (Gaussian) vs penultimate-layer Gaussian at
   eps in {1, 2, 4, 8} (reduced epochs, stated in the records; CIFAR-10 on a half-width GroupNorm ResNet).
-* ``dirichlet-alpha`` -- seed 2 Fig. 2, reduced: alpha x effective learning rate at eps = 1 (SGD).
-* ``finetune`` -- seed 1's fine-tuning stand-ins: a linear head on frozen EfficientNet-Lite0
+* ``dirichlet-alpha`` -- the Dirichlet-mechanism paper's Fig. 2, reduced: alpha x effective learning rate at eps = 1 (SGD).
+* ``finetune`` -- the Lap2 paper's fine-tuning stand-ins: a linear head on frozen EfficientNet-Lite0
   features (CIFAR-10 JPEG copy) and on frozen MiniLM-L6 sentence embeddings (SST-2), sized to the
   CPU budget.
 """
@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from reproductions.records import RunSpec
 
-#: Seed 1 Table I (MNIST / Fashion-MNIST rows): batch 258 of 60,000 gives q = 0.0043 exactly.
+#: The Lap2 paper's Table I (MNIST / Fashion-MNIST rows): batch 258 of 60,000 gives q = 0.0043 exactly.
 TABLE2_SETTINGS = dict(model="cnn", steps=5860, batch_size=258, delta=1e-5, clip=1.0, optimizer="adam",
                        lr=1e-3, weight_decay=1e-4, label_smoothing=0.15)
 TABLE2_EPSILONS = (3.42, 2.53, 1.68, 0.88, 0.13)
@@ -52,7 +52,7 @@ TABLE2_COMPARISONS: tuple[tuple[Column, Column], ...] = (
     (TABLE2_COLUMNS[5], TABLE2_COLUMNS[1]),  # what PLD accounting buys Laplace-L1
 )
 
-#: Seed 1 Table II, test accuracy in percent at TABLE2_EPSILONS (the seed's Lap2 column used
+#: The Lap2 paper's Table II, test accuracy in percent at TABLE2_EPSILONS (its Lap2 column used
 #: the paper's accountant).
 TABLE2_PUBLISHED: dict[str, dict[str, tuple[float, ...]]] = {
     "mnist": {
@@ -67,7 +67,7 @@ TABLE2_PUBLISHED: dict[str, dict[str, tuple[float, ...]]] = {
     },
 }
 
-#: Seed 2 (Dirichlet) comparison: reduced to a few epochs on the 2-core budget.
+#: The Dirichlet-mechanism paper's comparison: reduced to a few epochs on the 2-core budget.
 DIRICHLET_SETTINGS = dict(model="cnn", steps=704, batch_size=256, delta=1e-5, clip=1.0, optimizer="adam",
                           lr=1e-3, weight_decay=0.0, label_smoothing=0.0)
 DIRICHLET_EPSILONS = (1.0, 2.0, 4.0, 8.0)
@@ -83,19 +83,19 @@ DIRICHLET_COLUMNS = (
     Column("Dirichlet (alpha=1, exact RDP) †", "dirichlet", "dirichlet"),
 )
 
-#: Seed 2 Fig. 2, reduced: SGD, eps = 1, alpha x effective learning rate on MNIST.
+#: The Dirichlet-mechanism paper's Fig. 2, reduced: SGD, eps = 1, alpha x effective learning rate on MNIST.
 ALPHA_GRID_SETTINGS = dict(model="cnn", steps=470, batch_size=256, delta=1e-5, clip=1.0, optimizer="sgd",
                            weight_decay=0.0, label_smoothing=0.0)
 ALPHA_GRID_ALPHAS = (0.3, 1.0, 3.0)
 ALPHA_GRID_EFFECTIVE_LRS = (0.03, 0.1, 0.3, 1.0)
 ALPHA_GRID_EPSILON = 1.0
 
-#: Seed 2 abstract (CIFAR10, delta = 1e-5; its ResNet-18, not our network): the only published numbers
-#: recovered, by column. The penultimate-Gaussian entry is Monir & Ghinita's own figure as seed 2 quotes it.
+#: The Dirichlet-mechanism paper's abstract (CIFAR10, delta = 1e-5; its ResNet-18, not our network): the only published numbers
+#: recovered, by column. The penultimate-Gaussian entry is Monir & Ghinita's own figure as that paper quotes it.
 DIRICHLET_PUBLISHED = {"cifar10-jpeg": {4.0: {"dirichlet-ponnoprat": 88.17, "penultimate-gaussian-rdp": 78.37},
                                         1.0: {"dirichlet-ponnoprat": 82.96}}}
 
-#: Seed 1 fine-tuning targets (ViT on CIFAR-10; RoBERTa-base on SST-2) and their stand-ins here.
+#: The Lap2 paper's fine-tuning targets (ViT on CIFAR-10; RoBERTa-base on SST-2) and their stand-ins here.
 FINETUNE_TASKS = {
     "cifar10-jpeg": dict(model="efficientnet-lite0-features", epsilons=(0.5, 0.75), steps=300, batch_size=256,
                          lr=1e-3),
@@ -108,7 +108,7 @@ FINETUNE_COLUMNS = (
     Column("Lap2 (b from lap2-paper)", "lap2", "lap2-paper"),
     Column("Lap2 (b from sound lap2-rdp)", "lap2", "lap2-rdp"),
 )
-#: Seed 1 Table II (ViT, CIFAR-10) and Table III (RoBERTa-base, SST-2), percent; Lap2 = paper-calibrated.
+#: The Lap2 paper's Table II (ViT, CIFAR-10) and Table III (RoBERTa-base, SST-2), percent; Lap2 = paper-calibrated.
 FINETUNE_PUBLISHED = {
     "cifar10-jpeg": {0.75: {"gaussian-rdp": 97.17, "laplace-l1-rdp": 53.58, "lap2-paper": 98.11},
                      0.5: {"gaussian-rdp": 96.90, "laplace-l1-rdp": 47.04, "lap2-paper": 98.18}},
@@ -138,14 +138,14 @@ def with_alpha(spec: RunSpec, alpha: float) -> RunSpec:
 
 def table2_specs(datasets: Sequence[str], epsilons: Sequence[float], seeds: Sequence[int],
                  steps: Optional[int] = None) -> list[RunSpec]:
-    """Seed 1 Table II runs (``steps`` overrides T = 5860; the record states it)."""
+    """The Lap2 paper's Table II runs (``steps`` overrides T = 5860; the record states it)."""
     settings = {**TABLE2_SETTINGS, **({"steps": steps} if steps else {})}
     return grid("table2", datasets, epsilons, seeds, TABLE2_COLUMNS, settings)
 
 
 def dirichlet_specs(datasets: Sequence[str], epsilons: Sequence[float], seeds: Sequence[int],
                     steps: Optional[int] = None) -> list[RunSpec]:
-    """Seed 2 comparison runs (Dirichlet with alpha = DIRICHLET_ALPHA)."""
+    """The Dirichlet-mechanism paper's comparison runs (Dirichlet with alpha = DIRICHLET_ALPHA)."""
     specs = []
     for dataset in datasets:
         settings = {**DIRICHLET_SETTINGS, **DIRICHLET_DATASET_SETTINGS.get(dataset, {}),
@@ -155,7 +155,7 @@ def dirichlet_specs(datasets: Sequence[str], epsilons: Sequence[float], seeds: S
 
 
 def alpha_grid_specs(dataset: str, seeds: Sequence[int], steps: Optional[int] = None) -> list[RunSpec]:
-    """Seed 2 Fig. 2 (reduced): Dirichlet at eps = 1 for each alpha and effective learning rate."""
+    """The Dirichlet-mechanism paper's Fig. 2 (reduced): Dirichlet at eps = 1 for each alpha and effective learning rate."""
     settings = {**ALPHA_GRID_SETTINGS, **({"steps": steps} if steps else {})}
     return [
         RunSpec(experiment="dirichlet-alpha", dataset=dataset, mechanism="dirichlet", calibrated_with="dirichlet-ponnoprat",

@@ -1,4 +1,10 @@
-"""Regenerate an experiment's aggregate (in the results folder), markdown table and figures (in the reports folder)."""
+"""Regenerate an experiment's aggregate (in the results folder), markdown tables and figures (in the reports folder).
+
+Each experiment writes a detailed table (``<experiment>.md``: one line per configuration with noise, epsilons,
+commits and the exact commands) and a compact one (``summary_<experiment>.md``: mean ± std over seeds per
+cell, the form the results page shows).  ``python -m reproductions ... --page docs/RESULTS.md`` splices every
+generated table into that page's ``<!-- generated:NAME -->`` blocks (:func:`splice_into_page`).
+"""
 
 from __future__ import annotations
 
@@ -23,14 +29,17 @@ def table2_report(results_dir: Path, figures_dir: Path) -> list[Path]:
     rows = annotate_lower_bounds(aggregate(records), results_dir / "table2")
     datasets = datasets_of(rows)
     published = {d: tables.table2_published(d) for d in plans.TABLE2_PUBLISHED}
-    convergence = [f"### {d}: steps to reach seed 1 Fig. 8's accuracy targets\n\n"
+    convergence = [f"### {d}: steps to reach the Lap2 paper's Fig. 8 accuracy targets\n\n"
                    + tables.convergence_markdown(records, d, plans.TABLE2_COLUMNS) for d in datasets]
-    table = write_markdown(figures_dir / "table2.md", "Seed 1 Table II (CNN)",
+    table = write_markdown(figures_dir / "table2.md", "Lap2 paper, Table II (CNN on MNIST and Fashion-MNIST)",
                            "\n\n".join([tables.table2_markdown(rows, datasets), *convergence]))
-    paired = write_markdown(figures_dir / "table2_paired.md", "Seed 1 Table II: differences between columns, "
+    paired = write_markdown(figures_dir / "table2_paired.md", "Lap2 paper, Table II: differences between columns, "
                             "paired by seed (accuracy points)", tables.paired_differences_markdown(rows, datasets))
-    return [table, paired, *comparison_figures(records, rows, "table2", plans.TABLE2_COLUMNS, published, figures_dir,
-                                       "Seed 1 Table II: accuracy vs epsilon (ours solid, seed dashed)")]
+    summary = write_markdown(figures_dir / "summary_table2.md", "Lap2 paper, Table II: summary",
+                             tables.table2_summary_markdown(rows, datasets))
+    return [table, paired, summary,
+            *comparison_figures(records, rows, "table2", plans.TABLE2_COLUMNS, published, figures_dir,
+                                "Lap2 paper, Table II: accuracy vs epsilon (ours solid, the paper's dashed)")]
 
 
 def comparison_figures(records: list[dict], rows: list[dict], experiment: str, columns: tuple[plans.Column, ...],
@@ -55,19 +64,25 @@ def dirichlet_comparison_report(results_dir: Path, figures_dir: Path) -> list[Pa
     rows = aggregate(records)
     datasets = datasets_of(rows)
     epsilons = sorted({r["target_epsilon"] for r in rows})
-    table = write_markdown(figures_dir / "dirichlet.md", "Seed 2: Dirichlet vs DP-SGD vs penultimate Gaussian",
-                           tables.dirichlet_markdown(rows, datasets, epsilons))
-    return [table, *comparison_figures(records, rows, "dirichlet", plans.DIRICHLET_COLUMNS, plans.DIRICHLET_PUBLISHED,
-                                       figures_dir, "Seed 2 comparison: accuracy vs epsilon (Dirichlet / penultimate: "
-                                       "epsilon of the released outputs only; seed's CIFAR-10 dashed)")]
+    table = write_markdown(figures_dir / "dirichlet.md", "Dirichlet-mechanism paper: Dirichlet vs DP-SGD vs "
+                           "penultimate Gaussian", tables.dirichlet_markdown(rows, datasets, epsilons))
+    summary = write_markdown(figures_dir / "summary_dirichlet.md", "Dirichlet-mechanism paper, comparison: summary",
+                             tables.dirichlet_summary_markdown(rows, datasets, epsilons))
+    return [table, summary,
+            *comparison_figures(records, rows, "dirichlet", plans.DIRICHLET_COLUMNS, plans.DIRICHLET_PUBLISHED,
+                                figures_dir, "Dirichlet-mechanism paper, comparison: accuracy vs epsilon "
+                                "(Dirichlet / penultimate: epsilon of the released outputs only; the paper's "
+                                "CIFAR-10 dashed)")]
 
 
 def alpha_grid_report(results_dir: Path, figures_dir: Path) -> list[Path]:
     rows = aggregate(load_records(results_dir, "dirichlet-alpha"))
     if not rows:
         return []
-    return [write_markdown(figures_dir / "dirichlet_alpha.md", "Seed 2 Fig. 2 (reduced): alpha x effective lr",
-                           tables.alpha_grid_markdown(rows)),
+    return [write_markdown(figures_dir / "dirichlet_alpha.md", "Dirichlet-mechanism paper, Fig. 2 (reduced): "
+                           "alpha x effective lr", tables.alpha_grid_markdown(rows)),
+            write_markdown(figures_dir / "summary_dirichlet_alpha.md", "Dirichlet-mechanism paper, Fig. 2 "
+                           "(reduced): summary", tables.alpha_grid_summary_markdown(rows)),
             figures.alpha_grid_figure(rows, figures_dir / "dirichlet_alpha_grid.png")]
 
 
@@ -76,20 +91,22 @@ def finetune_report(results_dir: Path, figures_dir: Path) -> list[Path]:
     if not rows:
         return []
     datasets = datasets_of(rows)
-    return [write_markdown(figures_dir / "finetune.md", "Seed 1 fine-tuning stand-ins",
+    return [write_markdown(figures_dir / "finetune.md", "Lap2 paper, fine-tuning stand-ins",
                            tables.finetune_markdown(rows, datasets)),
+            write_markdown(figures_dir / "summary_finetune.md", "Lap2 paper, fine-tuning stand-ins: summary",
+                           tables.finetune_summary_markdown(rows, datasets)),
             figures.accuracy_vs_epsilon(rows, datasets, plans.FINETUNE_COLUMNS, plans.FINETUNE_PUBLISHED,
                                         figures_dir / "finetune_accuracy_vs_epsilon.png",
-                                        "Fine-tuning stand-ins (frozen encoder + private linear head; seed: "
+                                        "Fine-tuning stand-ins (frozen encoder + private linear head; the paper: "
                                         "fully fine-tuned ViT / RoBERTa, dashed)")]
 
 
 def accounting_figures(figures_dir: Path) -> list[Path]:
-    """Privacy walls (``dpnoise walls``) and noise needed vs epsilon (with its numbers as JSON)."""
-    from dpnoise.cli.main import main as dpnoise_main
+    """Privacy walls (what ``dpnoise walls`` draws) and noise needed vs epsilon (with its numbers as JSON)."""
+    from dpnoise.plotting import walls_figure
 
     walls = figures_dir / "walls.png"
-    dpnoise_main(["walls", "--out", str(walls)])
+    walls_figure(walls)
     noise_png = figures_dir / "noise_vs_epsilon.png"
     noise_json = figures_dir / "noise_vs_epsilon.json"
     noise_json.write_text(json.dumps(figures.noise_vs_epsilon(noise_png), indent=1) + "\n")

@@ -1,7 +1,12 @@
-"""Markdown tables of aggregated results, next to the numbers the seeds publish."""
+"""Markdown tables of aggregated results, next to the numbers the papers publish.
+
+The detailed tables (one line per configuration, with noise, epsilons, commits and commands) and
+the compact summaries of the results page (``*_summary_markdown``: one cell per configuration,
+mean ± std over seeds with their number n) are both built from the aggregated records only."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from dpnoise.accounting import ACCOUNTANTS, OUTPUT_PRIVACY_SCOPE
@@ -15,6 +20,7 @@ from reproductions.plans import (
     TABLE2_COMPARISONS,
     TABLE2_EPSILONS,
     TABLE2_PUBLISHED,
+    TABLE2_SETTINGS,
     Column,
 )
 from reproductions.records import PairedDifference, format_accuracy, paired_difference
@@ -74,7 +80,7 @@ def long_table(rows: Sequence[Row], dataset: str, epsilons: Sequence[float], col
                published: dict[float, dict[str, float]]) -> str:
     """One line per (epsilon, column): noise, steps, epsilon under every accountant, ours vs published.
 
-    ``published[eps][calibrated_with]`` is the seed's accuracy in percent for that column.
+    ``published[eps][calibrated_with]`` is the paper's accuracy in percent for that column.
     """
     body, commands = [], []
     for eps in epsilons:
@@ -89,20 +95,20 @@ def long_table(rows: Sequence[Row], dataset: str, epsilons: Sequence[float], col
             commands += [f"    {c}" for c in row.get("commands", [])]
     if not body:
         return "(no runs yet)"
-    header = ["target ε", "column", "noise", "steps", "ε by accountant (δ=1e-5)", "ours: accuracy %", "seed's %",
+    header = ["target ε", "column", "noise", "steps", "ε by accountant (δ=1e-5)", "ours: accuracy %", "paper's %",
               "commit"]
     return "\n".join([markdown(header, body), "", "<details><summary>exact commands (one per seed)</summary>", "",
                       *commands, "", "</details>"])
 
 
 def table2_published(dataset: str) -> dict[float, dict[str, float]]:
-    """Seed 1 Table II for ``dataset`` as {eps: {calibrated_with: accuracy}}."""
+    """The Lap2 paper's Table II for ``dataset`` as {eps: {calibrated_with: accuracy}}."""
     columns = TABLE2_PUBLISHED[dataset]
     return {eps: {name: values[i] for name, values in columns.items()} for i, eps in enumerate(TABLE2_EPSILONS)}
 
 
 def table2_markdown(rows: Sequence[Row], datasets: Sequence[str]) -> str:
-    """Seed 1 Table II, ours next to the published numbers, one table per dataset."""
+    """The Lap2 paper's Table II, ours next to the published numbers, one table per dataset."""
     parts = []
     for dataset in datasets:
         parts += [f"### {dataset}", "", long_table(rows, dataset, TABLE2_EPSILONS, TABLE2_COLUMNS,
@@ -140,7 +146,7 @@ def paired_differences_markdown(rows: Sequence[Row], datasets: Sequence[str],
 
 
 def dirichlet_markdown(rows: Sequence[Row], datasets: Sequence[str], epsilons: Sequence[float]) -> str:
-    """Seed 2 comparison; unreachable targets are listed with the calibrator's reason."""
+    """The Dirichlet-mechanism paper's comparison; unreachable targets are listed with the calibrator's reason."""
     parts = []
     for dataset in datasets:
         published = DIRICHLET_PUBLISHED.get(dataset, {})
@@ -150,14 +156,15 @@ def dirichlet_markdown(rows: Sequence[Row], datasets: Sequence[str], epsilons: S
               for r in unreachable]
     parts.append(f"\n† Dirichlet and penultimate-Gaussian rows. {OUTPUT_PRIVACY_SCOPE}")
     cifar = DIRICHLET_PUBLISHED["cifar10-jpeg"]
-    parts.append(f"\nSeed 2 publishes CIFAR10 only (ResNet-18, full training): Dirichlet {cifar[4.0]['dirichlet-ponnoprat']}% "
+    parts.append(f"\nThe Dirichlet-mechanism paper publishes CIFAR-10 only (ResNet-18, full training): Dirichlet {cifar[4.0]['dirichlet-ponnoprat']}% "
                  f"at ε=4 and {cifar[1.0]['dirichlet-ponnoprat']}% at ε=1; Monir & Ghinita (penultimate layer) "
                  f"{cifar[4.0]['penultimate-gaussian-rdp']}% at ε=4.")
     return "\n".join(parts)
 
 
-def alpha_grid_markdown(rows: Sequence[Row]) -> str:
-    """Seed 2 Fig. 2 (reduced): accuracy per alpha (rows) and effective learning rate (columns)."""
+def alpha_grid_markdown(rows: Sequence[Row], scope_note: bool = True) -> str:
+    """The Dirichlet-mechanism paper's Fig. 2 (reduced): accuracy per alpha (rows) and effective learning
+    rate (columns), each row with the scope of its epsilon unless ``scope_note`` is false."""
     lrs = sorted({r["effective_lr"] for r in rows})
     body = []
     for alpha in ALPHA_GRID_ALPHAS:
@@ -167,11 +174,13 @@ def alpha_grid_markdown(rows: Sequence[Row]) -> str:
         cells = [format_accuracy(find_row(rows, alpha=alpha, effective_lr=lr)) for lr in lrs]
         body.append([f"{alpha:g}", format_noise(row_r), *cells])
     header = ["alpha", "r* (ε=1)", *[f"γ_eff={lr:g}" for lr in lrs]]
-    return (markdown(header, body) + f"\n\nEvery row: {OUTPUT_PRIVACY_SCOPE}") if body else "(no runs yet)"
+    if not body:
+        return "(no runs yet)"
+    return markdown(header, body) + (f"\n\nEvery row: {OUTPUT_PRIVACY_SCOPE}" if scope_note else "")
 
 
 def finetune_markdown(rows: Sequence[Row], datasets: Sequence[str]) -> str:
-    """Fine-tuning stand-ins next to the seed's ViT / RoBERTa numbers (different models!)."""
+    """Fine-tuning stand-ins next to the Lap2 paper's ViT / RoBERTa numbers (different models!)."""
     parts = []
     for dataset in datasets:
         published = FINETUNE_PUBLISHED[dataset]
@@ -182,7 +191,7 @@ def finetune_markdown(rows: Sequence[Row], datasets: Sequence[str]) -> str:
 
 def table2_noise_markdown(epsilons: Sequence[float] = TABLE2_EPSILONS) -> str:
     """Accounting only: the noise each Table II column is calibrated to, and its epsilon under every
-    accountant that applies (seed 1 MNIST/FMNIST setting: q = 0.0043, T = 5860, C = 1, n = 26,010)."""
+    accountant that applies (the Lap2 paper's MNIST/FMNIST setting: q = 0.0043, T = 5860, C = 1, n = 26,010)."""
     import warnings
 
     from dpnoise.accounting import UnsoundAccountantWarning, calibrate_noise
@@ -201,7 +210,7 @@ def table2_noise_markdown(epsilons: Sequence[float] = TABLE2_EPSILONS) -> str:
     return markdown(["target ε", "column", "calibrated noise (σ, or b at C=1)", "ε by accountant (δ=1e-5)"], body)
 
 
-#: Seed 1 Fig. 8 accuracy targets (percent) per dataset.
+#: The Lap2 paper's Fig. 8 accuracy targets (percent) per dataset.
 CONVERGENCE_TARGETS = {"fashion-mnist": (80.0, 82.0), "mnist": (95.0,)}
 
 
@@ -211,7 +220,7 @@ def first_step_reaching(curve: Sequence[dict[str, Any]], target_percent: float) 
 
 
 def convergence_markdown(records: Sequence[dict[str, Any]], dataset: str, columns: Sequence[Column]) -> str:
-    """Seed 1 Fig. 8 as numbers: steps until the test accuracy first reaches each target, per run.
+    """The Lap2 paper's Fig. 8 as numbers: steps until the test accuracy first reaches each target, per run.
 
     Accuracy is evaluated once per epoch (every ~1/q steps), so the steps are rounded up to that.
     """
@@ -227,3 +236,191 @@ def convergence_markdown(records: Sequence[dict[str, Any]], dataset: str, column
     if not body:
         return "(no runs yet)"
     return markdown(["target ε", "column", "seed", *[f"steps to {t:g}%" for t in targets]], body)
+
+
+# --- Compact summaries for the results page (docs/RESULTS.md) ----------------------------------------------------
+# One table per dataset: a line per column (mechanism and calibrating accountant), a cell per target epsilon, the
+# paper's published number on the line below ours, and, where a column is re-run under a tighter accountant, the
+# accuracy gained (paired by seed).  "—": not run (or not published).
+
+#: How the summaries name the datasets.
+DATASET_NAMES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST", "cifar10-jpeg": "CIFAR-10", "sst2": "SST-2"}
+PAPER_LINE = "↳ paper"
+TRUE_EPSILON_LINE = "↳ its true ε"
+
+
+def column_named(columns: Sequence[Column], calibrated_with: str) -> Column:
+    """The column of ``columns`` calibrated by ``calibrated_with``."""
+    return next(c for c in columns if c.calibrated_with == calibrated_with)
+
+
+def column_title(column: Column) -> str:
+    """The column's label, with * when its calibrating accountant is not a valid bound."""
+    return column.label + ("" if ACCOUNTANTS[column.calibrated_with].sound else " *")
+
+
+def format_gain(first: Optional[Row], second: Optional[Row], noise_name: str = "noise") -> str:
+    """Accuracy of ``first`` minus ``second`` in points, paired by seed, and the relative change of the
+    calibrated noise parameter: ``+0.33 ± 0.01 (2/2 seeds ahead); noise −4.8%``."""
+    if first is None or second is None:
+        return "—"
+    difference = paired_difference(first, second)
+    if difference is None:
+        return "—"
+    spread = "" if difference.std is None else f" ± {100 * difference.std:.2f}"
+    text = f"{100 * difference.mean:+.2f}{spread} ({difference.positive}/{difference.n} seeds ahead)"
+    change = f"{100 * (first['noise'] / second['noise'] - 1):+.1f}".replace("-", "−")
+    return f"{text}; {noise_name} {change}%"
+
+
+def format_true_epsilon(row: Optional[Row]) -> str:
+    """For a run calibrated by an accountant that is not a valid bound: the interval its true epsilon
+    lies in, from the exact lower bound to the smallest sound accountant's epsilon, in bold with
+    "claim refuted" when the lower bound exceeds the claimed target."""
+    if row is None or row["status"] != "ok" or row.get("lower_bound_epsilon") is None:
+        return "—"
+    lower = row["lower_bound_epsilon"]
+    sound = [eps for name, eps in row["epsilon_by_accountant"].items() if ACCOUNTANTS[name].sound]
+    text = f"{lower:.3g} – {min(sound):.3g}" if sound else f"≥ {lower:.3g}"
+    return f"**{text}: claim refuted**" if lower > row["target_epsilon"] else text
+
+
+def format_accuracy_and_noise(row: Optional[Row], noise_name: str) -> str:
+    """``88.03 (n=1), r = 0.0961``: the accuracy and the calibrated noise parameter."""
+    if row is None or row["status"] != "ok":
+        return format_accuracy(row)
+    return f"{format_accuracy(row)}, {noise_name} = {row['noise']:.3g}"
+
+
+def format_published(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+Line = tuple[str, list[str]]
+
+
+@dataclass(frozen=True)
+class SummaryGrid:
+    """The lines of one dataset's summary table: a cell per target epsilon for each line."""
+
+    rows: Sequence[Row]
+    dataset: str
+    epsilons: Sequence[float]
+    columns: Sequence[Column]
+    #: {eps: {calibrated_with: the paper's accuracy in percent}}
+    published: dict[float, dict[str, float]]
+
+    def cells(self, calibrated_with: str) -> list[Optional[Row]]:
+        column = column_named(self.columns, calibrated_with)
+        return [find_column_row(self.rows, self.dataset, eps, column) for eps in self.epsilons]
+
+    def ours(self, calibrated_with: str, noise_name: Optional[str] = None) -> Line:
+        """Our accuracy (with the calibrated noise when ``noise_name`` is given)."""
+        cells = self.cells(calibrated_with)
+        text = [format_accuracy(r) if noise_name is None else format_accuracy_and_noise(r, noise_name) for r in cells]
+        return column_title(column_named(self.columns, calibrated_with)), text
+
+    def paper(self, calibrated_with: str, label: str = PAPER_LINE) -> Line:
+        return f"*{label}*", [format_published(self.published.get(eps, {}).get(calibrated_with))
+                              for eps in self.epsilons]
+
+    def gain(self, label: str, first: str, second: str, noise_name: str = "noise") -> Line:
+        return label, [format_gain(a, b, noise_name) for a, b in zip(self.cells(first), self.cells(second))]
+
+    def true_epsilon(self, calibrated_with: str) -> Line:
+        return f"*{TRUE_EPSILON_LINE}*", [format_true_epsilon(r) for r in self.cells(calibrated_with)]
+
+    def markdown(self, lines: Sequence[Line]) -> str:
+        """The table; lines without any entry are left out ("" when none of our columns was run)."""
+        if not any(row is not None for column in self.columns for row in self.cells(column.calibrated_with)):
+            return ""
+        body = [[label, *cells] for label, cells in lines if any(cell != "—" for cell in cells)]
+        return markdown([DATASET_NAMES.get(self.dataset, self.dataset), *[f"ε = {eps:g}" for eps in self.epsilons]],
+                        body)
+
+
+def join_summary(note: str, tables: Sequence[str]) -> str:
+    """The note above the non-empty tables, or "(no runs yet)"."""
+    tables = [t for t in tables if t]
+    return "\n\n".join([note, *tables]) if tables else "(no runs yet)"
+
+
+TABLE2_SUMMARY_NOTE = (
+    f"Accuracy in % after T = {TABLE2_SETTINGS['steps']} steps, mean ± std over seeds (n seeds). *{PAPER_LINE}*: "
+    "the Lap2 paper's Table II. *PLD − RDP*: points gained by calibrating with PLD instead of RDP at the same ε, "
+    "paired by seed, and the change of the noise. * `lap2-paper` is not a valid bound; "
+    f"*{TRUE_EPSILON_LINE}*: from the exact lower bound to the sound accountant's ε for its noise.")
+
+
+def table2_summary_markdown(rows: Sequence[Row], datasets: Sequence[str],
+                            epsilons: Sequence[float] = TABLE2_EPSILONS) -> str:
+    """The Lap2 paper's Table II, compact: per dataset, every column at every epsilon, the paper's
+    numbers below ours, and the PLD-calibrated columns next to the RDP-calibrated ones with the gain."""
+    tables = []
+    for dataset in datasets:
+        grid = SummaryGrid(rows, dataset, epsilons, TABLE2_COLUMNS, table2_published(dataset))
+        tables.append(grid.markdown([
+            grid.ours("gaussian-rdp"), grid.paper("gaussian-rdp"),
+            grid.ours("gaussian"), grid.gain("PLD − RDP", "gaussian", "gaussian-rdp"),
+            grid.ours("laplace-l1-rdp"), grid.paper("laplace-l1-rdp"),
+            grid.ours("laplace-l1"), grid.gain("PLD − RDP", "laplace-l1", "laplace-l1-rdp"),
+            grid.ours("lap2-paper"), grid.paper("lap2-paper"), grid.true_epsilon("lap2-paper"),
+            grid.ours("lap2-rdp"),
+        ]))
+    return join_summary(TABLE2_SUMMARY_NOTE, tables)
+
+
+DIRICHLET_SUMMARY_NOTE = (
+    "Accuracy in %, mean ± std over seeds (n seeds), and the calibrated noise (r: the Dirichlet scale, larger is "
+    "less noise; σ: the noise multiplier). *exact − Ponnoprat*: points gained by calibrating r with the exact base "
+    "RDP instead of Ponnoprat's bound, paired by seed, and the change of r. † ε covers the released outputs, not "
+    "the model's parameters.")
+
+
+def dirichlet_summary_markdown(rows: Sequence[Row], datasets: Sequence[str], epsilons: Sequence[float]) -> str:
+    """The Dirichlet-mechanism comparison, compact: per dataset, every column at every epsilon."""
+    paper = f"{PAPER_LINE} (ResNet-18, full training)"
+    tables = []
+    for dataset in datasets:
+        grid = SummaryGrid(rows, dataset, epsilons, DIRICHLET_COLUMNS, DIRICHLET_PUBLISHED.get(dataset, {}))
+        tables.append(grid.markdown([
+            grid.ours("dirichlet-ponnoprat", "r"), grid.paper("dirichlet-ponnoprat", paper),
+            grid.ours("dirichlet", "r"), grid.gain("exact − Ponnoprat", "dirichlet", "dirichlet-ponnoprat", "r"),
+            grid.ours("gaussian-rdp", "σ"),
+            grid.ours("penultimate-gaussian-rdp", "σ"), grid.paper("penultimate-gaussian-rdp", paper),
+        ]))
+    return join_summary(DIRICHLET_SUMMARY_NOTE, tables)
+
+
+FINETUNE_SUMMARY_NOTE = (
+    f"Accuracy in %, mean ± std over seeds (n seeds); *{PAPER_LINE}*: the Lap2 paper's fully fine-tuned ViT "
+    "(CIFAR-10) and RoBERTa-base (SST-2). * `lap2-paper` is not a valid bound; "
+    f"*{TRUE_EPSILON_LINE}*: from the exact lower bound to the sound accountant's ε for its noise.")
+
+
+def finetune_summary_markdown(rows: Sequence[Row], datasets: Sequence[str]) -> str:
+    """The fine-tuning stand-ins, compact: per task, every column at every epsilon."""
+    tables = []
+    for dataset in datasets:
+        epsilons = sorted({r["target_epsilon"] for r in rows if r["dataset"] == dataset}, reverse=True)
+        grid = SummaryGrid(rows, dataset, epsilons, FINETUNE_COLUMNS, FINETUNE_PUBLISHED.get(dataset, {}))
+        tables.append(grid.markdown([
+            grid.ours("gaussian-rdp"), grid.paper("gaussian-rdp"),
+            grid.ours("lap2-paper"), grid.paper("lap2-paper"), grid.true_epsilon("lap2-paper"),
+            grid.ours("lap2-rdp"),
+        ]))
+    return join_summary(FINETUNE_SUMMARY_NOTE, tables)
+
+
+def alpha_grid_summary_markdown(rows: Sequence[Row]) -> str:
+    """The alpha x effective-learning-rate grid as it stands (already compact), without the scope line."""
+    table = alpha_grid_markdown(rows, scope_note=False)
+    if table == "(no runs yet)":
+        return table
+    ok = [r for r in rows if r["status"] == "ok"]
+    setting = ", ".join([*sorted({DATASET_NAMES.get(r["dataset"], r["dataset"]) for r in ok}),
+                         *sorted({f"ε = {r['target_epsilon']:g}" for r in ok}),
+                         *sorted({f"T = {r['steps_planned']} steps" for r in ok})])
+    note = (f"Accuracy in %, mean over seeds (n seeds); {setting}; SGD with learning rate γ = γ_eff / κ(0.9; r*, α) "
+            "for the effective learning rate γ_eff. ε covers the released outputs, not the model's parameters.")
+    return f"{note}\n\n{table}"

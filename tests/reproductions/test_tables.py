@@ -1,11 +1,12 @@
-"""Paired comparisons between Table II columns (no training: aggregated rows built by hand)."""
+"""Paired comparisons between Table II columns and the compact summaries of the results page (no training:
+aggregated rows built by hand)."""
 
 from __future__ import annotations
 
 import pytest
 
 from reproductions.plans import TABLE2_COLUMNS
-from reproductions.records import paired_difference
+from reproductions.records import mean_std, paired_difference
 from reproductions.tables import paired_differences_markdown
 
 GAUSSIAN, LAPLACE_L1, LAP2_PAPER, LAP2 = TABLE2_COLUMNS[:4]
@@ -38,3 +39,52 @@ def test_markdown_lists_each_comparison_and_skips_cells_without_pairs():
     assert "Gaussian (RDP) − Lap2 (b from sound lap2-rdp)" in text
     assert "| mnist | 0.88 | +0.25 ± 1.06 (ahead in 1 of 2 seeds) |" in text
     assert "fashion-mnist" not in text.split("\n", 2)[2]
+
+
+def test_summary_puts_the_pld_row_next_to_the_rdp_row_with_the_paired_gain_and_n():
+    from reproductions.tables import table2_summary_markdown
+
+    def aggregated(column, seeds, accuracies, noise):
+        mean, std = mean_std(accuracies)
+        return dict(row(column, seeds, accuracies, eps=0.13), noise=noise, accuracy_mean=mean, accuracy_std=std,
+                    n_seeds=len(seeds))
+
+    pld = TABLE2_COLUMNS[4]  # Gaussian calibrated by the PLD accountant
+    rows = [aggregated(GAUSSIAN, [0, 1, 2], [0.90, 0.80, 0.70], 8.832), aggregated(pld, [0], [0.91], 8.022)]
+    text = table2_summary_markdown(rows, ["mnist"], epsilons=[3.42, 0.13])
+    lines = text.splitlines()
+    assert "| MNIST | ε = 3.42 | ε = 0.13 |" in lines
+    ours = lines.index("| Gaussian (RDP) | — | 80.00 ± 10.00 (n=3) |")
+    assert lines[ours + 1] == "| *↳ paper* | 97.27 | 87.44 |"  # the paper's Table II, below ours
+    assert lines[ours + 2] == "| Gaussian (PLD) | — | 91.00 (n=1) |"
+    assert lines[ours + 3] == "| PLD − RDP | — | +1.00 (1/1 seeds ahead); noise −9.2% |"
+    assert not any(line.startswith("| Laplace-L1 (RDP)") for line in lines)  # not run: left out
+
+
+def test_summary_of_a_paper_calibrated_lap2_row_states_the_interval_of_its_true_epsilon():
+    from reproductions.tables import format_true_epsilon
+
+    claim = dict(row(LAP2_PAPER, [0], [0.7]), target_epsilon=0.75, lower_bound_epsilon=0.932,
+                 epsilon_by_accountant={"lap2-paper": 0.75, "lap2-rdp": 1.62})
+    assert format_true_epsilon(claim) == "**0.932 – 1.62: claim refuted**"
+    assert format_true_epsilon(dict(claim, lower_bound_epsilon=0.5)) == "0.5 – 1.62"
+    assert format_true_epsilon(row(LAP2, [0], [0.7])) == "—"  # calibrated soundly: no bound needed
+
+
+def test_summaries_without_records_say_so():
+    from reproductions.tables import (
+        dirichlet_summary_markdown,
+        finetune_summary_markdown,
+        table2_summary_markdown,
+    )
+
+    assert table2_summary_markdown([], ["mnist"]) == "(no runs yet)"
+    assert dirichlet_summary_markdown([], ["mnist"], [1.0]) == "(no runs yet)"
+    assert finetune_summary_markdown([], ["sst2"]) == "(no runs yet)"
+
+
+def test_log_axes_are_labelled_at_one_two_five_ticks_only():
+    from reproductions.figures import nice_log_ticks
+
+    assert nice_log_ticks(0.09, 9.0) == pytest.approx([0.1, 0.2, 0.5, 1, 2, 5])
+    assert nice_log_ticks(1.5, 1.9) == pytest.approx([1.7])  # no 1-2-5 value inside: one label, not none
