@@ -1,0 +1,166 @@
+"""The training pipeline as a library call: ``train_private(TrainingConfig) -> TrainingResult``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from dpnoise.cli import train as train_cli
+from dpnoise.cli.main import main
+from dpnoise.errors import DpnoiseError
+from dpnoise.training import (
+    DataConfig,
+    InvalidConfigError,
+    MechanismConfig,
+    OptimizerConfig,
+    OutputConfig,
+    PrivacyTarget,
+    Schedule,
+    TrainingConfig,
+    TrainingResult,
+    train_private,
+)
+from dpnoise.training import config as config_module
+from dpnoise.training.summary import SUMMARY_FIELDS
+
+#: a few seconds of training: 512 digits, 8 steps of 64
+TINY = TrainingConfig(
+    data=DataConfig("digits", limit=512, test_limit=100),
+    mechanism=MechanismConfig("lap2"),
+    privacy=PrivacyTarget(delta=1e-5, epsilon=2.0),
+    schedule=Schedule(epochs=1, batch_size=64),
+    optimizer=OptimizerConfig(lr=0.01),
+    output=OutputConfig(progress=False),
+    threads=1,
+)
+TINY_ARGV = ["train", "--dataset", "digits", "--limit", "512", "--test-limit", "100", "--mechanism", "lap2",
+             "--delta", "1e-5", "--epsilon", "2", "--epochs", "1", "--batch-size", "64", "--lr", "0.01",
+             "--threads", "1", "--no-progress", "--json"]
+
+
+def with_field(config: TrainingConfig, path: str, value) -> TrainingConfig:
+    """``config`` with the field at the dotted ``path`` replaced."""
+    group, _, name = path.rpartition(".")
+    if not group:
+        return dataclasses.replace(config, **{name: value})
+    return dataclasses.replace(config, **{group: dataclasses.replace(getattr(config, group), **{name: value})})
+
+
+@pytest.fixture(scope="module")
+def tiny_result(tmp_path_factory) -> TrainingResult:
+    folder = tmp_path_factory.mktemp("run") / "out"
+    return train_private(with_field(TINY, "output.folder", str(folder)))
+
+
+def test_library_run_is_the_command_line_run(tiny_result, capsys):
+    assert main(TINY_ARGV) == 0
+    from_cli = json.loads(capsys.readouterr().out)
+    assert tiny_result.test_accuracy == from_cli["test_accuracy"]
+    assert tiny_result.epsilon == from_cli["epsilon"]
+    assert tiny_result.epsilon_by_accountant == from_cli["epsilon_by_accountant"]
+    summary = tiny_result.summary()
+    for name in ("wall_time_s", "files"):
+        summary.pop(name)
+        from_cli.pop(name, None)
+    assert summary == from_cli
+
+
+def test_result_has_the_fields_of_the_report(tiny_result):
+    assert set(SUMMARY_FIELDS) <= {f.name for f in dataclasses.fields(TrainingResult)}
+    summary = tiny_result.summary()
+    assert list(summary)[: len(SUMMARY_FIELDS)] == list(SUMMARY_FIELDS)
+    assert tiny_result.steps == tiny_result.planned_steps == 8  # ceil(1 / q), q = 64 / 512
+    assert set(tiny_result.epsilon_by_accountant) == {"lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"}
+    assert tiny_result.epsilon == tiny_result.epsilon_by_accountant["lap2"] <= 2.0
+    assert tiny_result.sound_by_accountant["lap2-paper"] is False
+    assert tiny_result.calibrated_with == "lap2" and tiny_result.noise > 0 and tiny_result.alpha is None
+    assert 0.0 <= tiny_result.test_accuracy <= 1.0 and tiny_result.wall_time_s > 0
+    assert [s.step for s in tiny_result.history.steps] == list(range(1, 9))
+    assert [e.step for e in tiny_result.history.epochs] == [8]
+    assert tiny_result.history.epochs[-1].test_accuracy == tiny_result.test_accuracy
+
+
+def test_result_lists_the_files_it_wrote(tiny_result):
+    names = [Path(p).name for p in tiny_result.files]
+    assert names == ["metrics.json", "steps.csv", "epochs.csv", "curves.png"]
+    folder = Path(tiny_result.files[0]).parent
+    assert (folder / config_module.CHECKPOINT_NAME).stat().st_size > 0
+    assert json.loads((folder / "metrics.json").read_text()) == json.loads(json.dumps(tiny_result.metrics()))
+    assert tiny_result.summary()["files"] == [str(p) for p in tiny_result.files]
+
+
+BAD_FIELDS = [
+    ("privacy.epsilon", float("nan"), "privacy.epsilon must"),
+    ("mechanism.noise", 0.0, "mechanism.noise must"),
+    ("privacy.delta", 1.0, "privacy.delta must"),
+    ("mechanism.clip", -1.0, "mechanism.clip must"),
+    ("schedule.epochs", float("inf"), "schedule.epochs must"),
+    ("schedule.batch_size", 0, "schedule.batch_size must"),
+    ("schedule.batch_size", 513, "schedule.batch_size must be <= 512"),
+    ("optimizer.momentum", 1.0, "optimizer.momentum must"),
+    ("optimizer.name", "rmsprop", "optimizer.name must be one of adam, sgd"),
+    ("data.limit", 5000, "data.limit must be <= 1437"),
+    ("data.name", "imagenet", "data.name must be one of"),
+    ("data.max_length", 1, "data.max_length must"),
+    ("model", "minilm", "model minilm cannot be trained on the image dataset digits"),
+    ("privacy.accountant", "gaussian", "privacy.accountant 'gaussian' does not apply to mechanism.name lap2"),
+    ("mechanism.grad_sample_mode", "fast", "mechanism.grad_sample_mode must be one of"),
+    ("seed", -1, "seed must"),
+    ("threads", 0, "threads must"),
+    ("device", "cuda", "device must be 'cpu'"),
+]
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Loading data or building the model fails the test: the configuration is checked first."""
+    import dpnoise.data
+    import dpnoise.models
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("work started before the configuration was checked")
+
+    monkeypatch.setattr(dpnoise.data, "load_dataset", forbidden)
+    monkeypatch.setattr(dpnoise.models, "build_model", forbidden)
+
+
+@pytest.mark.parametrize("path,value,message", BAD_FIELDS, ids=[f"{p}={v}" for p, v, _ in BAD_FIELDS])
+def test_invalid_config_names_the_field_before_any_work(no_work, path, value, message):
+    with pytest.raises(InvalidConfigError) as caught:
+        train_private(with_field(TINY, path, value))
+    assert str(caught.value).startswith(message.split(" must")[0]) and message in str(caught.value)
+    assert isinstance(caught.value, DpnoiseError) and "\n" not in str(caught.value)
+
+
+def test_errors_can_name_the_fields_as_a_front_end_does(no_work):
+    with pytest.raises(InvalidConfigError) as caught:
+        train_private(with_field(TINY, "privacy.calibrate_with", "dirichlet"))
+    flags = caught.value.named(lambda path: train_cli.OPTIONS[path][0])
+    assert flags.startswith("--calibrate-with 'dirichlet' does not apply to --mechanism lap2; choose from")
+    neither = with_field(with_field(TINY, "privacy.epsilon", None), "mechanism.noise", None)
+    with pytest.raises(InvalidConfigError, match=r"give privacy.epsilon \(calibrate the noise\) or mechanism.noise"):
+        train_private(neither)
+
+
+def test_the_command_line_maps_every_field_to_a_flag():
+    paths = set()
+    for section in dataclasses.fields(TrainingConfig):
+        kind = config_module.SECTIONS.get(section.name)
+        paths |= {f"{section.name}.{f.name}" for f in dataclasses.fields(kind)} if kind else {section.name}
+    assert set(train_cli.OPTIONS) == paths - {"device"}  # the device has no flag yet
+    assert train_cli.TEXT_MODELS == config_module.TEXT_MODELS
+    assert train_cli.OPTIMIZER_CHOICES == tuple(config_module.DEFAULT_LR)
+
+
+def test_config_from_dotted_fields():
+    config = TrainingConfig.from_fields({"data.name": "digits", "mechanism.name": "gaussian", "privacy.delta": 1e-5,
+                                         "privacy.epsilon": 1.0, "schedule.epochs": 1, "schedule.batch_size": 64,
+                                         "output.folder": "runs/x", "seed": 3})
+    assert config.data == DataConfig("digits") and config.seed == 3 and config.optimizer == OptimizerConfig()
+    assert config.output.folder == Path("runs/x")  # strings become paths
+    for unknown in ("privacy.epsilom", "learning_rate", "data", "extra.thing"):
+        with pytest.raises(ValueError, match="unknown configuration field"):
+            TrainingConfig.from_fields({"data.name": "digits", unknown: 1})
