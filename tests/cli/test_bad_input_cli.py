@@ -19,45 +19,26 @@ from dpnoise.cli import walls as walls_cli
 from dpnoise.cli.main import main, one_line
 from dpnoise.errors import DpnoiseError
 
+from cli_refusals import (
+    BAD_COUNT,
+    BAD_DELTA,
+    BAD_POSITIVE,
+    BAD_RATE,
+    assert_one_line_refusal,
+    cases,
+    run_main,
+    with_option,
+)
+
 
 def run_cli(capsys, argv: list[str]) -> tuple[int, str, list[str]]:
-    """(exit status, stdout, stderr lines) of ``dpnoise argv``; argparse's own errors exit."""
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err.strip().splitlines()
+    """(exit status, stdout, stderr lines) of ``dpnoise argv``."""
+    return run_main(capsys, main, argv)
 
 
 def assert_refused(capsys, argv: list[str], flag: str) -> str:
-    code, out, err = run_cli(capsys, argv)
-    assert code == 2, (argv, out, err)
-    assert len(err) == 1, err
     command = " ".join(argv[:2]) if argv[0] == "audit" else argv[0]
-    assert err[0].startswith(f"dpnoise {command}: error: "), err[0]
-    assert flag in err[0], err[0]
-    assert out == ""
-    return err[0]
-
-
-def with_option(argv: list[str], flag: str, value: str | None) -> list[str]:
-    """``argv`` with ``flag`` set to ``value`` (replaced if present, appended otherwise; None: removed)."""
-    argv = list(argv)
-    if flag in argv:
-        i = argv.index(flag)
-        del argv[i:i + 2]
-    return argv if value is None else [*argv, flag, value]
-
-
-BAD_POSITIVE = ["0", "-1", "nan", "inf", "-inf"]
-BAD_DELTA = ["0", "1", "-1e-5", "1.5", "nan", "inf"]
-BAD_RATE = ["0", "-0.1", "1.5", "nan", "inf"]
-BAD_COUNT = ["0", "-1"]
-
-
-def cases(flag: str, values: list[str]) -> list:
-    return [pytest.param(flag, v, id=f"{flag}={v}") for v in values]
+    return assert_one_line_refusal(capsys, main, argv, f"dpnoise {command}: error: ", flag)
 
 
 # ----------------------------------------------------------------------------------------- train

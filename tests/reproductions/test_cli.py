@@ -6,33 +6,11 @@ import pytest
 
 from reproductions.cli import main
 
-BAD_POSITIVE = ["0", "-1", "nan", "inf", "-inf"]
-BAD_COUNT = ["0", "-1"]
-
-
-def cases(flag: str, values: list[str]) -> list:
-    return [pytest.param(flag, value, id=f"{flag}={value}") for value in values]
-
-
-def with_option(argv: list[str], flag: str, value: str) -> list[str]:
-    """``argv`` with ``flag`` set to ``value`` (replaced if present, appended otherwise)."""
-    argv = list(argv)
-    if flag in argv:
-        i = argv.index(flag)
-        del argv[i:i + 2]
-    return [*argv, flag, value]
+from cli_refusals import BAD_COUNT, BAD_POSITIVE, assert_one_line_refusal, cases, with_option
 
 
 def assert_refused(capsys, argv: list[str], flag: str) -> None:
-    """Exit status 2 and one stderr line naming ``flag``; nothing on stdout."""
-    try:
-        code = main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    err = captured.err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and captured.out == "", (argv, captured)
-    assert err[0].startswith("python -m reproductions: error: ") and flag in err[0], err[0]
+    assert_one_line_refusal(capsys, main, argv, "python -m reproductions: error: ", flag)
 
 
 DRY_RUN = ["--experiment", "table2", "--dry-run"]
