@@ -162,7 +162,7 @@ class TrainingConfig:
     seed: int = 0
     #: torch CPU threads (None: torch's choice)
     threads: Optional[int] = None
-    #: torch device of the model and batches; only "cpu" so far
+    #: torch device the model is moved to; only "cpu" so far (batches and noise generators stay on the CPU)
     device: str = "cpu"
 
     @classmethod
