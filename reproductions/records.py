@@ -27,7 +27,7 @@ class RunSpec:
     ``steps`` is the planned number of Poisson-sampled steps T: the noise is calibrated so that
     ``target_epsilon`` is reached after T steps under ``calibrated_with``, which is also the
     accountant that enforces the budget.  ``lr`` is ignored when ``effective_lr`` is set
-    (Dirichlet only: lr = effective_lr / kappa(0.9; r, alpha), spec dirichlet.md §4).
+    (Dirichlet only: lr = effective_lr / kappa(0.9; r, alpha), docs/theory/dirichlet.md §4).
     ``train_limit`` trains on a deterministic class-balanced subset (it changes q = batch / N).
     """
 

@@ -110,7 +110,7 @@ def accounting_figures(figures_dir: Path) -> list[Path]:
     noise_png = figures_dir / "noise_vs_epsilon.png"
     noise_json = figures_dir / "noise_vs_epsilon.json"
     noise_json.write_text(json.dumps(figures.noise_vs_epsilon(noise_png), indent=1) + "\n")
-    noise_table = write_markdown(figures_dir / "table2_noise.md", "Seed 1 Table II: calibrated noise per cell "
+    noise_table = write_markdown(figures_dir / "table2_noise.md", "Lap2 paper, Table II: calibrated noise per cell "
                                  "(accounting only; * = not a valid bound)", tables.table2_noise_markdown())
     return [walls, noise_png, noise_json, noise_table]
 

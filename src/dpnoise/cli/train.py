@@ -47,7 +47,7 @@ EXAMPLES = """examples:
   # a fixed noise instead of a target: b = 1.5 (absolute Laplace scale), no budget enforcement
   dpnoise train --dataset digits --model cnn --mechanism lap2 --noise 1.5 --delta 1e-5 \\
       --epochs 5 --batch-size 64
-  # Dirichlet mechanism, SGD with the learning rate from seed 2's effective-learning-rate heuristic
+  # Dirichlet mechanism, SGD with the learning rate from the Dirichlet-mechanism paper's effective-learning-rate heuristic
   dpnoise train --dataset mnist --model cnn --mechanism dirichlet --epsilon 4 --delta 1e-5 \\
       --epochs 2 --batch-size 256 --alpha 1 --optimizer sgd --effective-lr 0.1 --json
 """
@@ -58,13 +58,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "train", help="train a model privately (gaussian, lap2, laplace-l1, dirichlet, penultimate-gaussian)",
         description="Train a model with differential privacy on a packaged dataset (no downloads). Shows a progress "
         "bar (loss, training-batch accuracy, epsilon so far), then prints the test accuracy and the epsilon under every "
-        "accountant that applies (for lap2: the sound 'lap2' accountant and the seed's published 'lap2-paper' one, "
+        "accountant that applies (for lap2: the sound 'lap2' accountant and the Lap2 paper's published 'lap2-paper' one, "
         "which is NOT a valid bound in general). Batches are Poisson-sampled; the accountants are stepped once per "
         "optimizer step.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument_group("what to train").add_argument
     add("--dataset", required=True, choices=DATASET_CHOICES,
         help="packaged dataset (a missing one is reported with its install command)")
-    add("--model", default="cnn", choices=MODEL_CHOICES, help="cnn: the seeds' 4-layer CNN (default); resnet-gn: "
+    add("--model", default="cnn", choices=MODEL_CHOICES, help="cnn: the TensorFlow Privacy tutorial's 4-layer CNN (default); resnet-gn: "
         "GroupNorm ResNet (0.31M parameters; resnet-gn-small: half width, 78k); minilm: MiniLM-L6 for sst2 (last "
         "encoder block, pooler and head trained); minilm-features: frozen MiniLM-L6 sentence embeddings (mean pooled, "
         "computed once and cached), only a linear head is trained (sst2); efficientnet-lite0-features: frozen ImageNet "
@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add("--mechanism", required=True, choices=MECHANISM_CHOICES, help="gaussian: DP-SGD (L2 clipping, Gaussian noise); "
         "lap2: L2 clipping, Laplace noise; laplace-l1: exact L1 clipping, Laplace noise; dirichlet: Dirichlet output "
         "mechanism (inputs private, labels public); penultimate-gaussian: clipped, noised penultimate activations "
-        "(reconstructed baseline). The last two protect the released outputs, not the parameters (spec dirichlet.md §5)")
+        "(reconstructed baseline). The last two protect the released outputs, not the parameters (docs/theory/dirichlet.md §5)")
     add("--epsilon", type=float, help="target epsilon: calibrates the noise for --epochs (unless --noise is given) and "
         "stops training before the budget is exceeded")
     add("--noise", type=float, help="noise in the mechanism's units instead of calibrating: gaussian and "
@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add("--accountant", help="primary accountant (budget and headline epsilon); default: the sound default of the "
         "mechanism (lap2 for lap2). All applicable ones are reported")
     add("--calibrate-with", help="accountant used to calibrate the noise (default: the primary); 'lap2-paper' is "
-        "allowed for reproducing the seed but warned: it is not a valid bound")
+        "allowed for reproducing the Lap2 paper but warned: it is not a valid bound")
     add("--grad-sample-mode", choices=GRAD_SAMPLE_MODE_CHOICES, default="auto", help="per-example gradients of "
         "gradient mechanisms: 'hooks' (Opacus, every layer materialised), 'bookkeeping' (dense layers clipped without "
         "materialising; same clipped sums, faster) or 'auto' (default: bookkeeping where every layer supports it)")
@@ -101,11 +101,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add("--optimizer", choices=OPTIMIZER_CHOICES, default="adam", help="default adam")
     add("--lr", type=float, help="learning rate (default: 1e-3 for adam, 0.1 for sgd)")
     add("--effective-lr", type=float, help="dirichlet only, instead of --lr: lr = effective_lr / kappa(s_y=0.9; r, "
-        "alpha), seed 2's heuristic for SGD (spec dirichlet.md §4). Adam already normalises the gradient scale, so with "
+        "alpha), the Dirichlet-mechanism paper's heuristic for SGD (docs/theory/dirichlet.md §4). Adam already normalises the gradient scale, so with "
         "adam this mostly just raises the lr")
     add("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
-    add("--weight-decay", type=float, default=0.0, help="weight decay (default 0; seed 1 used 1e-4)")
-    add("--label-smoothing", type=float, default=0.0, help="label smoothing (default 0; seed 1 used 0.15)")
+    add("--weight-decay", type=float, default=0.0, help="weight decay (default 0; the Lap2 paper used 1e-4)")
+    add("--label-smoothing", type=float, default=0.0, help="label smoothing (default 0; the Lap2 paper used 0.15)")
     add("--max-steps", type=int,
         help="stop after this many steps in total (the noise is still calibrated for --epochs)")
     add = p.add_argument_group("run").add_argument

@@ -1,4 +1,4 @@
-"""``dpnoise walls``: the seed's privacy-wall figures for gaussian, lap2 and lap2-paper
+"""``dpnoise walls``: the Lap2 paper's privacy-wall figures for gaussian, lap2 and lap2-paper
 (:func:`dpnoise.plotting.walls_figure` draws them)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dpnoise import checks
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "walls",
-        help="draw the privacy-wall figures (seed 1 Figs. 3-4) for gaussian, lap2 and lap2-paper",
+        help="draw the privacy-wall figures (Lap2 paper Figs. 3-4) for gaussian, lap2 and lap2-paper",
         description="Right wall: calibrated noise vs epsilon and its slope |d log noise / d log eps|. "
         "Left wall: delta(eps) at a fixed noise multiplier and the first eps where "
         "delta_gaussian > 2 delta_lap2. One row per sampling rate.",
@@ -21,8 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sample-rates", type=float, nargs="+", default=[1e-3, 1e-2, 1e-1],
                    help="sampling rates q, one figure row each (default 1e-3 1e-2 1e-1)")
     p.add_argument("--epochs", type=float, default=25.2,
-                   help="epochs; steps T = ceil(epochs / q) (default 25.2 = the seed's 5860 steps at q = 0.0043)")
-    p.add_argument("--params", type=float, default=26010, help="trained parameters n for Lap2 (default 26010, the seed CNN)")
+                   help="epochs; steps T = ceil(epochs / q) (default 25.2 = the Lap2 paper's 5860 steps at q = 0.0043)")
+    p.add_argument("--params", type=float, default=26010, help="trained parameters n for Lap2 (default 26010, the tutorial CNN)")
     p.add_argument("--delta", type=float, default=1e-5, help="delta for the noise-vs-epsilon curves (default 1e-5)")
     p.add_argument("--fixed-noise", type=float, default=1.0,
                    help="noise multiplier (sigma, or b/C) of the delta(eps) curves (default 1)")

@@ -1,4 +1,4 @@
-"""Model zoo: the seeds' CNN, a GroupNorm ResNet, MiniLM-L6 (fine-tuned, or frozen sentence embeddings
+"""Model zoo: the TensorFlow Privacy tutorial CNN, a GroupNorm ResNet, MiniLM-L6 (fine-tuned, or frozen sentence embeddings
 under a head) and a frozen EfficientNet-Lite0 under a trainable head.  All are compatible with Opacus
 per-example gradients in their trainable parts."""
 

@@ -17,7 +17,7 @@ dense layers on sequences, other convolutions) from Opacus's registered grad sam
 :class:`opacus.GradSampleModule` would compute them.
 
 The result is the same clipped sum as Opacus's hooks give (up to float rounding; tests compare
-both against one-example-at-a-time autograd).  On the seed CNN, where 63% of the per-example
+both against one-example-at-a-time autograd).  On the tutorial CNN, where 63% of the per-example
 gradient entries sit in one dense layer, a DP step takes about 0.68x the time it takes with
 Opacus's hooks (``benchmarks/bench_training.py``).
 """

@@ -30,7 +30,7 @@ def calibrate_training_noise(
 ) -> CalibrationResult:
     """Smallest noise meeting (target_epsilon, delta) after ``steps`` steps, in the mechanism's units.
 
-    Gaussian mechanisms: sigma; Laplace ones: absolute b for clipping norm ``clip`` (seed 1
+    Gaussian mechanisms: sigma; Laplace ones: absolute b for clipping norm ``clip`` (the Lap2 paper's
     Algorithm 1 for ``lap2``); Dirichlet: the largest admissible r.  Raises
     ``dpnoise.accounting.UnreachableTargetError`` when the target is below the reachable floor.
     """

@@ -124,7 +124,7 @@ def build_optimizer(config: TrainingConfig, model: nn.Module) -> torch.optim.Opt
 
 def apply_dirichlet_learning_rate(config: TrainingConfig, optimizer: torch.optim.Optimizer,
                                   engine: PrivacyEngine) -> None:
-    """With ``effective_lr``: lr = effective lr / kappa(0.9; r, alpha) (spec dirichlet.md §4)."""
+    """With ``effective_lr``: lr = effective lr / kappa(0.9; r, alpha) (docs/theory/dirichlet.md §4)."""
     from dpnoise.mechanisms import dirichlet_learning_rate
 
     if config.optimizer.effective_lr is None:
