@@ -1,4 +1,4 @@
-"""Dirichlet accountant and r* calibration (spec dirichlet.md §1-3)."""
+"""Dirichlet accountant and r* calibration (docs/theory/dirichlet.md §1-3)."""
 
 import numpy as np
 import pytest
@@ -14,7 +14,7 @@ def test_exact_vertex_sanity_value():
 
 
 def _renyi_dirichlet(a_vec, b_vec, lam):
-    """D_lam(Dir(a)||Dir(b)) from the multivariate Beta formula (spec §1)."""
+    """D_lam(Dir(a)||Dir(b)) from the multivariate Beta formula (docs/theory/dirichlet.md §1)."""
     log_beta = lambda v: gammaln(v).sum() - gammaln(v.sum())  # noqa: E731
     mix = lam * a_vec + (1 - lam) * b_vec
     return (log_beta(mix) - lam * log_beta(a_vec) - (1 - lam) * log_beta(b_vec)) / (lam - 1)

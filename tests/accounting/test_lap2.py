@@ -30,7 +30,7 @@ def test_paper_accountant_reproduces_seed(b, expected):
     assert eps(lap2_paper_rdp, b) == pytest.approx(expected, abs=0.005)
 
 
-# Spec lap2 §3: exact lower bounds on the true epsilon (worst k found), and §4's default values.
+# docs/theory/lap2.md §3: exact lower bounds on the true epsilon (worst k found), and §4's default values.
 LOWER_BOUNDS = {0.4: 31.7, 0.8: 2.8, 1.296: 1.13, 2.46: 0.48, 4.70: 0.22}
 SPEC_DEFAULT = {0.4: 65.9, 0.8: 3.41, 1.296: 1.26, 2.46: 0.55, 4.70: 0.27}
 

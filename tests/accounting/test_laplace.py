@@ -37,7 +37,7 @@ def test_moment_is_trivial_at_orders_zero_and_one():
 @settings(max_examples=200, deadline=None)
 @given(t=st.floats(0, 30), eta=st.integers(2, 256))
 def test_gaussian_domination(t, eta):
-    """Spec lap2 §4 (b): log F(u, eta) <= eta (eta-1) t^2 / 2."""
+    """docs/theory/lap2.md §4 (b): log F(u, eta) <= eta (eta-1) t^2 / 2."""
     assert log_laplace_moment(t, eta) <= eta * (eta - 1) * t * t / 2 * (1 + 1e-12) + 1e-300
 
 

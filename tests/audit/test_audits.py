@@ -1,4 +1,4 @@
-"""Every sound accountant survives its audits; the published Lap2 accountant is caught (spec lap2 §3)."""
+"""Every sound accountant survives its audits; the published Lap2 accountant is caught (docs/theory/lap2.md §3)."""
 
 import json
 
@@ -27,7 +27,7 @@ def test_sound_accountants_are_consistent(accountant, noise, q, steps):
 def test_lap2_paper_is_caught_in_the_mnist_setting(b):
     r = audit_bound("lap2-paper", b, **MNIST, ks=[10322], grid=1 << 17, loss_step=1e-5)
     assert not r["consistent"]
-    if b == 0.4:  # spec lap2 §3: paper 7.94, exact lower bound about 31.7
+    if b == 0.4:  # docs/theory/lap2.md §3: paper 7.94, exact lower bound about 31.7
         assert r["claimed_epsilon"] == pytest.approx(7.94, abs=0.01)
         assert r["lower_bound_epsilon"] > 30.0  # 31.7 at full resolution (docs/AUDITS.md)
 

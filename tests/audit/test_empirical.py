@@ -46,7 +46,7 @@ def test_one_run_training_audit_is_consistent(mechanism):
 
 
 def test_dirichlet_update_leaks_beyond_the_output_epsilon():
-    """Spec dirichlet §5: the accountant's epsilon does not cover the parameters."""
+    """docs/theory/dirichlet.md §5: the accountant's epsilon does not cover the parameters."""
     r = audit_dirichlet_leakage(r=0.1, trials=150)
     assert r["test"]["fpr"] == 0.0 and r["test"]["fnr"] == 0.0
     assert not r["consistent"] and r["lower_bound_epsilon"] > r["claimed_epsilon"]

@@ -57,7 +57,7 @@ def test_lap2_single_coordinate_equals_laplace_l1():
 
 
 def test_lap2_spread_shift_approaches_gaussian_from_below():
-    """By spec lap2 §4(b), Lap2 at scale b is at least as private as the Gaussian with sigma = b."""
+    """By docs/theory/lap2.md §4(b), Lap2 at scale b is at least as private as the Gaussian with sigma = b."""
     lap = pld.lower_bound("lap2", 1.0, 0.05, 50, 1e-5, params=4000, ks=[4000], grid=GRID).epsilon
     gauss = pld.lower_bound("gaussian", 1.0, 0.05, 50, 1e-5, grid=GRID).epsilon
     assert 0.9 * gauss < lap <= gauss * 1.01

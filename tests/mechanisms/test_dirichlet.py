@@ -29,7 +29,7 @@ def test_log_probabilities_finite_for_tiny_concentrations():
 
 
 def test_expected_gradient_is_kappa_times_cross_entropy_gradient():
-    # spec dirichlet §4: d/dz E[-log p~_y] = kappa(s_y) (s - e_y)
+    # docs/theory/dirichlet.md §4: d/dz E[-log p~_y] = kappa(s_y) (s - e_y)
     r, alpha, n = 0.5, 1.0, 200_000
     z = torch.tensor([1.0, -0.5, 0.2])
     logits = z.expand(n, 3).clone().requires_grad_(True)
@@ -42,7 +42,7 @@ def test_expected_gradient_is_kappa_times_cross_entropy_gradient():
 
 
 def test_kappa_values_and_effective_learning_rate():
-    # spec dirichlet §4: alpha = 1, r = 0.5: kappa(0.1) = 0.077, kappa(0.9) = 0.44
+    # docs/theory/dirichlet.md §4: alpha = 1, r = 0.5: kappa(0.1) = 0.077, kappa(0.9) = 0.44
     assert kappa(0.1, 0.5, 1.0) == pytest.approx(0.077, abs=1e-3)
     assert kappa(0.9, 0.5, 1.0) == pytest.approx(0.44, abs=1e-2)
     lr = dirichlet_learning_rate(0.01, 0.5, 1.0)

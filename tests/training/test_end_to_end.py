@@ -2,7 +2,7 @@
 
 Setting: epsilon = 4, delta = 1e-5, 10 epochs at expected batch 64 (q = 64/1437, 225 steps),
 C = 1, Adam, an MLP 64-64-10.  Measured (seed 0): gaussian 0.93, lap2 0.93, laplace-l1 0.30
-(L1 clipping discards most of the gradient, as in seed 1's tables), dirichlet 0.97,
+(L1 clipping discards most of the gradient, as in the Lap2 paper's tables), dirichlet 0.97,
 penultimate-gaussian 0.91.  The thresholds leave a margin for other seeds/platforms.
 """
 
@@ -35,7 +35,7 @@ def test_short_run_reaches_stated_accuracy(digits_train, digits_test, mechanism)
         delta=1e-5, epochs=10, max_grad_norm=1.0, seed=0,
     )
     engine = optimizer.privacy_engine
-    if mechanism == "dirichlet":  # seed 2's heuristic: effective learning rate 1e-2 at s_y = 0.9
+    if mechanism == "dirichlet":  # the Dirichlet-mechanism paper's heuristic: effective learning rate 1e-2 at s_y = 0.9
         for group in optimizer.param_groups:
             group["lr"] = dirichlet_learning_rate(1e-2, engine.setup.noise, engine.setup.alpha)
     with warnings.catch_warnings():
