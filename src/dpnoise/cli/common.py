@@ -32,6 +32,11 @@ def noise_help() -> str:
         f"{name}: {spec.noise.unit}" for name, spec in MECHANISMS.items())
 
 
+def accountant_names() -> list[str]:
+    """Every registered accountant, the unsound ones marked."""
+    return [f"{name}{'' if spec.sound else ' (NOT sound)'}" for name, spec in ACCOUNTANTS.items()]
+
+
 def add_setting_options(p: argparse.ArgumentParser) -> None:
     """--mechanism, sampling, steps, delta, clip, params, alpha, json."""
     p.add_argument("--mechanism", required=True, choices=MECHANISM_CHOICES, metavar="MECHANISM",
@@ -39,8 +44,7 @@ def add_setting_options(p: argparse.ArgumentParser) -> None:
                    "mechanism with --accountant NAME")
     p.add_argument("--accountant", choices=sorted(ACCOUNTANTS), metavar="NAME",
                    help="accountant to use instead of the mechanism's default (the smallest of its sound "
-                   "routes, e.g. PLD and RDP for gaussian). One of: " + ", ".join(
-                       f"{name}{'' if spec.sound else ' (NOT sound)'}" for name, spec in ACCOUNTANTS.items()))
+                   "routes, e.g. PLD and RDP for gaussian). One of: " + ", ".join(accountant_names()))
     p.add_argument("--clip", type=float, default=1.0,
                    help="clipping norm C (L2 for lap2/gaussian, L1 for laplace-l1); default 1. "
                    "Laplace accountants depend on noise/clip only")

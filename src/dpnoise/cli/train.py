@@ -12,13 +12,15 @@ import json
 from pathlib import Path
 
 from dpnoise import checks
+from dpnoise.accounting import MECHANISMS
+from dpnoise.cli.common import accountant_names, mechanism_help, noise_help
 
 #: Choices of the options, kept here so that building the parser imports no torch (a test checks them against
-#: dpnoise.data.DATASETS, dpnoise.models.MODELS, dpnoise.mechanisms.MECHANISMS, dpnoise.training.GRAD_SAMPLE_MODES).
+#: dpnoise.data.DATASETS, dpnoise.models.MODELS, dpnoise.training.GRAD_SAMPLE_MODES).
 DATASET_CHOICES = ("cifar10-jpeg", "digits", "fashion-mnist", "mnist", "sst2")
 MODEL_CHOICES = ("cnn", "resnet-gn", "resnet-gn-small", "minilm", "minilm-features", "efficientnet-lite0-features")
 TEXT_MODELS = ("minilm", "minilm-features")
-MECHANISM_CHOICES = ("dirichlet", "gaussian", "lap2", "laplace-l1", "penultimate-gaussian")
+MECHANISM_CHOICES = tuple(sorted(MECHANISMS))
 GRAD_SAMPLE_MODE_CHOICES = ("auto", "bookkeeping", "hooks")
 OPTIMIZER_CHOICES = ("adam", "sgd")
 #: configuration field <- (flag, check of dpnoise.checks and its extra arguments): builds the configuration, checks
@@ -74,22 +76,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     add("--data-root", type=Path, help="folder with the dataset files instead of the default place")
     add("--max-length", type=int, default=64, help="token length for text datasets (default 64)")
     add = p.add_argument_group("privacy").add_argument
-    add("--mechanism", required=True, choices=MECHANISM_CHOICES, help="gaussian: DP-SGD (L2 clipping, Gaussian noise); "
-        "lap2: L2 clipping, Laplace noise; laplace-l1: exact L1 clipping, Laplace noise; dirichlet: Dirichlet output "
-        "mechanism (inputs private, labels public); penultimate-gaussian: clipped, noised penultimate activations "
-        "(reconstructed baseline). The last two protect the released outputs, not the parameters (docs/theory/dirichlet.md §5)")
+    add("--mechanism", required=True, choices=MECHANISM_CHOICES, help=f"{mechanism_help()}. Output mechanisms protect "
+        "the released outputs, not the parameters (docs/theory/dirichlet.md §5)")
     add("--epsilon", type=float, help="target epsilon: calibrates the noise for --epochs (unless --noise is given) and "
         "stops training before the budget is exceeded")
-    add("--noise", type=float, help="noise in the mechanism's units instead of calibrating: gaussian and "
-        "penultimate-gaussian sigma (std sigma*C); lap2 and laplace-l1 the ABSOLUTE Laplace scale b on the sum of "
-        "clipped gradients; dirichlet the scale r")
+    add("--noise", type=float, help=f"fixed noise instead of calibrating; {noise_help()}")
     add("--delta", type=float, required=True, help="target delta, e.g. 1e-5")
     add("--clip", type=float, default=1.0, help="clipping norm C: per-example gradient L2 norm (gaussian, lap2), L1 "
         "norm (laplace-l1), or penultimate activation L2 norm; unused by dirichlet (default 1)")
     add("--alpha", type=float, default=1.0, help="Dirichlet offset alpha > 0 (dirichlet only; default 1)")
-    add("--accountant", help="primary accountant (budget and headline epsilon); default: the sound default of the "
-        "mechanism (lap2 for lap2). All applicable ones are reported")
-    add("--calibrate-with", help="accountant used to calibrate the noise (default: the primary); 'lap2-paper' is "
+    add("--accountant", metavar="NAME", help="primary accountant (budget and headline epsilon); default: the sound default of the "
+        "mechanism. All applicable ones are reported. One of: " + ", ".join(accountant_names()))
+    add("--calibrate-with", metavar="NAME", help="accountant used to calibrate the noise (default: the primary); 'lap2-paper' is "
         "allowed for reproducing the Lap2 paper but warned: it is not a valid bound")
     add("--grad-sample-mode", choices=GRAD_SAMPLE_MODE_CHOICES, default="auto", help="per-example gradients of "
         "gradient mechanisms: 'hooks' (Opacus, every layer materialised), 'bookkeeping' (dense layers clipped without "
