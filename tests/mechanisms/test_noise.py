@@ -1,6 +1,9 @@
-"""Noise samplers: the right distribution in the documented units."""
+"""Noise samplers: the right distribution in the documented units, drawn in float64, and shares that sum to it."""
+
+import math
 
 import numpy as np
+import pytest
 import torch
 from scipy import stats
 
@@ -27,3 +30,30 @@ def test_samplers_follow_their_generator_and_reference():
         assert first.shape == reference.shape and first.dtype == torch.float64
         assert torch.equal(first, second)
         assert np.isfinite(first.numpy()).all()
+
+
+@pytest.mark.parametrize("shares", [2, 3, 4])
+def test_laplace_shares_from_distinct_generators_sum_to_laplace(shares):
+    reference = torch.zeros(100_000)
+    summed = sum(laplace_noise(reference, 0.7, 1.0, torch.Generator().manual_seed(seed), shares).double()
+                 for seed in range(shares)).numpy()
+    assert stats.kstest(summed, stats.laplace(scale=0.7).cdf).pvalue > 1e-3
+    expected = len(summed) * math.exp(-6.0)
+    assert abs(np.sum(np.abs(summed) > 6 * 0.7) - expected) < 5 * math.sqrt(expected)
+    same_seed = laplace_noise(reference, 0.7, 1.0, torch.Generator().manual_seed(0), shares)
+    assert stats.kstest(shares * same_seed.numpy(), stats.laplace(scale=0.7).cdf).pvalue < 1e-6  # the pitfall
+
+
+@pytest.mark.parametrize("sampler", [gaussian_noise, laplace_noise])
+@pytest.mark.parametrize("shares", [1, 2, 3])
+def test_noise_is_drawn_in_float64_then_cast(sampler, shares):
+    single = sampler(torch.zeros(5000), 1.3, 0.5, torch.Generator().manual_seed(4), shares)
+    double = sampler(torch.zeros(5000, dtype=torch.float64), 1.3, 0.5, torch.Generator().manual_seed(4), shares)
+    assert single.dtype == torch.float32 and double.dtype == torch.float64
+    assert torch.equal(single, double.float())
+
+
+@pytest.mark.parametrize("sampler", [gaussian_noise, laplace_noise])
+def test_a_share_count_below_one_is_refused_by_name(sampler):
+    with pytest.raises(ValueError, match="^shares must be"):
+        sampler(torch.zeros(3), 1.0, 1.0, None, 0)

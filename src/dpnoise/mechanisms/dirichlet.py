@@ -34,7 +34,8 @@ KAPPA_REFERENCE_PROBABILITY = 0.9
 def log_gamma_rsample(concentration: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
     """log of a Gamma(concentration, 1) sample, reparameterised and finite for small shapes."""
     boosted = torch._standard_gamma(concentration + 1.0, generator=generator)
-    uniform = 1.0 - torch.rand(concentration.shape, generator=generator, dtype=concentration.dtype)
+    uniform = 1.0 - torch.rand(concentration.shape, generator=generator, dtype=concentration.dtype,
+                               device=concentration.device)
     return torch.log(boosted) + torch.log(uniform) / concentration
 
 

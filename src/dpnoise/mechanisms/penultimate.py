@@ -21,6 +21,7 @@ from torch import nn
 from dpnoise.accounting.validation import check_positive
 from dpnoise.mechanisms.clipping import clip_factors
 from dpnoise.mechanisms.errors import InvalidMechanismError
+from dpnoise.mechanisms.noise import gaussian_noise
 
 
 def output_layer(module: nn.Module) -> tuple[str, nn.Linear]:
@@ -36,11 +37,11 @@ def output_layer(module: nn.Module) -> tuple[str, nn.Linear]:
 def clip_and_noise_rows(
     activations: torch.Tensor, sigma: float, clip: float, generator: Optional[torch.Generator]
 ) -> torch.Tensor:
-    """Clip each row (example) to L2 norm ``clip`` and add N(0, (sigma clip)^2) noise."""
+    """Clip each row (example) to L2 norm ``clip`` and add N(0, (sigma clip)^2) noise
+    (:func:`~dpnoise.mechanisms.noise.gaussian_noise`: drawn in float64 on the activations' device)."""
     flat = activations.reshape(len(activations), -1)
     clipped = flat * clip_factors(flat.norm(2, dim=1), clip).unsqueeze(1)
-    noise = torch.normal(0.0, sigma * clip, size=clipped.shape, generator=generator, dtype=clipped.dtype)
-    return (clipped + noise).reshape(activations.shape)
+    return (clipped + gaussian_noise(clipped, sigma, clip, generator)).reshape(activations.shape)
 
 
 class PenultimateGaussian(nn.Module):

@@ -21,8 +21,9 @@ from dpnoise.mechanisms.errors import InvalidMechanismError
 from dpnoise.mechanisms.noise import gaussian_noise, laplace_noise
 from dpnoise.mechanisms.penultimate import PenultimateGaussian
 
-#: (reference tensor, noise, clip, generator) -> noise tensor shaped like the reference.
-NoiseSampler = Callable[[torch.Tensor, float, float, Optional[torch.Generator]], torch.Tensor]
+#: (reference tensor, noise, clip, generator, shares) -> noise tensor shaped like the reference: one of
+#: ``shares`` independent shares whose sum is the mechanism's noise (the whole noise for ``shares=1``).
+NoiseSampler = Callable[[torch.Tensor, float, float, Optional[torch.Generator], int], torch.Tensor]
 #: (module, noise=, clip=, alpha=, generator=) -> wrapped module.
 ModuleWrapper = Callable[..., nn.Module]
 
