@@ -84,7 +84,7 @@ def no_work(monkeypatch):
     monkeypatch.setattr(engine_module, "calibrate_training_noise", forbidden)
     monkeypatch.setattr(engine_module, "GradSampleModule", forbidden)
     monkeypatch.setattr(engine_module, "BookkeepingModule", forbidden)
-    monkeypatch.setattr(engine_module, "DPDataLoader", forbidden)
+    monkeypatch.setattr(engine_module, "poisson_loader", forbidden)
 
 
 def refused(digits_train, name, **options):

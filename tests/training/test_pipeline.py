@@ -110,7 +110,8 @@ BAD_FIELDS = [
     ("mechanism.grad_sample_mode", "fast", "mechanism.grad_sample_mode must be one of"),
     ("seed", -1, "seed must"),
     ("threads", 0, "threads must"),
-    ("device", "cuda", "device must be 'cpu'"),
+    ("device", "tpu", "device must be one of auto, cpu, cuda, got 'tpu'"),
+    ("mechanism.noise_shares", "half", "mechanism.noise_shares must be one of split, rank0"),
 ]
 
 
@@ -150,9 +151,11 @@ def test_the_command_line_maps_every_field_to_a_flag():
     for section in dataclasses.fields(TrainingConfig):
         kind = config_module.SECTIONS.get(section.name)
         paths |= {f"{section.name}.{f.name}" for f in dataclasses.fields(kind)} if kind else {section.name}
-    assert set(train_cli.OPTIONS) == paths - {"device"}  # the device has no flag yet
+    assert set(train_cli.OPTIONS) == paths
     assert train_cli.TEXT_MODELS == config_module.TEXT_MODELS
     assert train_cli.OPTIMIZER_CHOICES == tuple(config_module.DEFAULT_LR)
+    assert train_cli.DEVICE_CHOICES == config_module.DEVICE_CHOICES
+    assert train_cli.NOISE_SHARES_CHOICES == config_module.NOISE_SHARES
 
 
 def test_config_from_dotted_fields():

@@ -23,6 +23,8 @@ TEXT_MODELS = ("minilm", "minilm-features")
 MECHANISM_CHOICES = tuple(sorted(MECHANISMS))
 GRAD_SAMPLE_MODE_CHOICES = ("auto", "bookkeeping", "hooks")
 OPTIMIZER_CHOICES = ("adam", "sgd")
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+NOISE_SHARES_CHOICES = ("split", "rank0")
 #: configuration field <- (flag, check of dpnoise.checks and its extra arguments): builds the configuration, checks
 #: the options in this order before any work (the library repeats them) and names the flags in the library's errors
 OPTIONS = {
@@ -40,7 +42,8 @@ OPTIONS = {
     "output.resume": ("--resume", "checkpoint_file"), "data.name": ("--dataset",), "model": ("--model",),
     "mechanism.name": ("--mechanism",), "privacy.accountant": ("--accountant",),
     "privacy.calibrate_with": ("--calibrate-with",), "mechanism.grad_sample_mode": ("--grad-sample-mode",),
-    "optimizer.name": ("--optimizer",), "output.progress": ("--no-progress",),
+    "optimizer.name": ("--optimizer",), "output.progress": ("--no-progress",), "device": ("--device",),
+    "mechanism.noise_shares": ("--noise-shares",),
 }
 EXAMPLES = """examples:
   # the demo: Lap2 on Fashion-MNIST, seed CNN, epsilon 1 (both Lap2 epsilons are printed)
@@ -52,6 +55,9 @@ EXAMPLES = """examples:
   # Dirichlet mechanism, SGD with the learning rate from the Dirichlet-mechanism paper's effective-learning-rate heuristic
   dpnoise train --dataset mnist --model cnn --mechanism dirichlet --epsilon 4 --delta 1e-5 \\
       --epochs 2 --batch-size 256 --alpha 1 --optimizer sgd --effective-lr 0.1 --json
+  # two processes on one machine (docs/DISTRIBUTED.md): each samples half of the data at the same rate
+  torchrun --nproc-per-node 2 -m dpnoise train --dataset digits --mechanism lap2 --epsilon 2 --delta 1e-5 \
+      --epochs 5 --batch-size 64 --threads 1
 """
 
 
@@ -108,7 +114,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="stop after this many steps in total (the noise is still calibrated for --epochs)")
     add = p.add_argument_group("run").add_argument
     add("--seed", type=int, default=0, help="seed for model init, Poisson sampling and noise (default 0)")
-    add("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    add("--threads", type=int, help="torch CPU threads (default: torch's choice; per process under torchrun)")
+    add("--device", choices=DEVICE_CHOICES, default="auto", help="auto (default): cuda when available, else cpu")
+    add("--noise-shares", choices=NOISE_SHARES_CHOICES, default="split", help="under torchrun: split (default; every "
+        "process adds one of K independent noise shares) or rank0 (rank 0 adds all the noise); docs/DISTRIBUTED.md")
     add("--out", type=Path, help="write metrics.json, steps.csv, epochs.csv, curves.png and checkpoint.pt here")
     add("--resume", type=Path, help="continue from a checkpoint written by --out")
     add("--json", action="store_true", help="print one JSON object instead of text")
@@ -143,5 +152,6 @@ def run(args: argparse.Namespace) -> int:
         result = train_private(TrainingConfig.from_fields(values))
     except InvalidConfigError as err:  # the configuration's field names become the flags
         raise checks.InvalidParameterError(err.named(lambda field: OPTIONS[field][0])) from err
-    print(json.dumps(result.summary()) if args.json else "\n".join(report_lines(result.summary())))
+    if result.rank == 0:  # under torchrun, one report
+        print(json.dumps(result.summary()) if args.json else "\n".join(report_lines(result.summary())))
     return 0

@@ -192,7 +192,7 @@ class BookkeepingModule(nn.Module):
             else:
                 per_layer.extend(g.reshape(len(g), -1).norm(norm_ord, dim=1) for g in record.grad_samples.values())
         if not per_layer:  # an empty Poisson batch through materialised layers only
-            return torch.zeros(0)
+            return torch.zeros(0, device=next(self._module.parameters()).device)
         return torch.stack(per_layer, dim=1).norm(norm_ord, dim=1)
 
     def clipped_sums(self, params: list[nn.Parameter], factors: torch.Tensor) -> list[torch.Tensor]:

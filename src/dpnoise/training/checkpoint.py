@@ -19,6 +19,12 @@ ledger checks catch such edits when they are inconsistent (a ledger shortened, e
 a step counter changed without its ledgers, another noise).  A checkpoint edited consistently
 (counter *and* ledgers of the same smaller k, hash recomputed) still passes, as does a file
 crafted to run code when unpickled: load only checkpoints you wrote or trust.
+
+Devices and processes: a checkpoint is read onto the CPU (``map_location``) and restored into the
+resuming run's model wherever it lives, so a run saved on a GPU resumes on the CPU and back (the
+generators, which differ between the two, are then re-seeded: :meth:`PrivacyEngine.load_state_dict`).
+In a distributed run every rank calls :func:`save_checkpoint` (the engine gathers every rank's
+generators) and rank 0 writes the file; every rank resumes from it, with the same number of ranks.
 """
 
 from __future__ import annotations
@@ -55,7 +61,10 @@ def save_checkpoint(
     engine: PrivacyEngine,
     extra: Optional[dict[str, Any]] = None,
 ) -> None:
-    """Write the private run's full state to ``path`` (atomically: temp file + rename)."""
+    """Write the private run's full state to ``path`` (atomically: temp file + rename).
+
+    In a process group call it on every rank: only rank 0 writes.
+    """
     state = {
         "format": CHECKPOINT_FORMAT,
         "module": module.state_dict(),
@@ -66,7 +75,8 @@ def save_checkpoint(
         "python_rng": random.getstate(),
         "extra": extra or {},
     }
-    write_checkpoint_state(path, state)
+    if engine.rank == 0:
+        write_checkpoint_state(path, state)
 
 
 def write_checkpoint_state(path: str | os.PathLike, state: dict[str, Any]) -> None:

@@ -29,6 +29,10 @@ TEXT_MODELS = ("minilm", "minilm-features")
 MAX_LENGTH_RANGE = (2, 512)
 #: file name of the checkpoint written into the output folder after every epoch
 CHECKPOINT_NAME = "checkpoint.pt"
+#: devices a run can be given ("auto": CUDA when torch sees a GPU, else the CPU)
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+#: who adds the noise in a distributed run: every rank one of K shares, or rank 0 all of it
+NOISE_SHARES = ("split", "rank0")
 
 #: renders a field's dotted path (``privacy.epsilon``) as a front end names it
 Naming = Callable[[str], str]
@@ -89,6 +93,8 @@ class MechanismConfig:
     alpha: float = 1.0
     #: per-example gradients of gradient mechanisms: "auto", "bookkeeping" or "hooks"
     grad_sample_mode: str = "auto"
+    #: distributed runs (``torchrun``): "split" (every rank adds one of K noise shares) or "rank0"
+    noise_shares: str = "split"
 
 
 @dataclass(frozen=True)
@@ -162,8 +168,9 @@ class TrainingConfig:
     seed: int = 0
     #: torch CPU threads (None: torch's choice)
     threads: Optional[int] = None
-    #: torch device the model is moved to; only "cpu" so far (batches and noise generators stay on the CPU)
-    device: str = "cpu"
+    #: where the model, batches, clipping, noise and sampler live: "auto" (CUDA when available), "cpu"
+    #: or "cuda" (under ``torchrun``: each rank's ``cuda:LOCAL_RANK``)
+    device: str = "auto"
 
     @classmethod
     def from_fields(cls, values: Mapping[str, Any]) -> "TrainingConfig":
@@ -243,6 +250,8 @@ def check_config(config: TrainingConfig) -> None:
     if opt.name not in DEFAULT_LR:
         raise InvalidConfigError(lambda n: f"{n('optimizer.name')} must be one of {', '.join(DEFAULT_LR)}, "
                                            f"got {opt.name!r}")
-    if config.device != "cpu":
-        raise InvalidConfigError(lambda n: f"{n('device')} must be 'cpu' (other devices are not supported yet), "
-                                           f"got {config.device!r}")
+    for path, value, choices in (("device", config.device, DEVICE_CHOICES),
+                                 ("mechanism.noise_shares", mech.noise_shares, NOISE_SHARES)):
+        if value not in choices:
+            raise InvalidConfigError(lambda n, path=path, value=value, choices=choices:
+                                     f"{n(path)} must be one of {', '.join(choices)}, got {value!r}")

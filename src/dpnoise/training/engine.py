@@ -4,6 +4,12 @@ Accounting is coupled to sampling: the engine builds the Poisson data loader, re
 sample rate from it, and composes exactly one step into every applicable accountant per optimizer
 step (the optimizer calls :meth:`PrivacyEngine.record_step`).  Before each step it checks the
 budget of the primary accountant (:meth:`PrivacyEngine.admit_step`).
+
+Devices and processes: the model, the batches, the clipping, the noise and the sampler's draws are
+on one device (``device=``, :mod:`dpnoise.training.devices`).  Inside an initialised process group
+of K > 1 ranks, each rank samples its shard at the global rate q and the noisy clipped sums are
+all-reduced (:mod:`dpnoise.training.distributed`, docs/DISTRIBUTED.md); the accountants see q and
+count the same steps as one process would, on every rank.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ from typing import Any, Literal, Optional
 import numpy as np
 import torch
 from opacus import GradSampleModule
-from opacus.data_loader import DPDataLoader
 from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -36,13 +41,22 @@ from dpnoise.accounting.validation import check_delta, check_positive, check_sam
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.training.bookkeeping import BookkeepingModule, unsupported_bookkeeping_layers
 from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
+from dpnoise.training.config import NOISE_SHARES
+from dpnoise.training.devices import DeviceLike, module_device, module_float_dtype, resolve_device, seeded_generator
+from dpnoise.training.distributed import RankGroup, current_group, generator_seeds
 from dpnoise.training.errors import (
     CheckpointMismatchError,
     EngineStateError,
     InvalidTrainingOptionError,
     PrivacyBudgetExceededError,
 )
-from dpnoise.training.optimizers import NoisyGradientOptimizer, OutputPrivateOptimizer
+from dpnoise.training.optimizers import (
+    DistributedNoisyGradientOptimizer,
+    DistributedOutputPrivateOptimizer,
+    NoisyGradientOptimizer,
+    OutputPrivateOptimizer,
+)
+from dpnoise.training.sampling import DeviceDataLoader, poisson_loader, shard_indices
 from dpnoise.training.validation import check_supported_layers
 
 logger = logging.getLogger(__name__)
@@ -84,23 +98,23 @@ def make_conv_inputs_contiguous(module: nn.Module) -> None:
             layer.register_forward_pre_hook(lambda _layer, args: (args[0].contiguous(), *args[1:]))
 
 
-def seeded_generator(seed: int) -> torch.Generator:
-    """A CPU ``torch.Generator`` seeded with ``seed``."""
-    return torch.Generator().manual_seed(seed)
-
-
 class PrivacyEngine:
     """Makes a model, optimizer and data loader private and tracks the privacy spent.
 
     Randomness: the engine owns two generators derived from ``seed`` — one for the Poisson
     sampler, one for the mechanism's noise — so that a run is reproducible and its state can be
-    checkpointed.  They are ordinary (not cryptographically secure) generators.
+    checkpointed.  They are created by ``make_private`` on the run's device, seeded differently on
+    every rank (:func:`~dpnoise.training.distributed.generator_seeds`).  They are ordinary (not
+    cryptographically secure) generators.
     """
 
     def __init__(self, seed: Optional[int] = None):
         self.seed = int(torch.seed() if seed is None else seed)
-        self.noise_generator = seeded_generator(self.seed)
-        self.sampling_generator = seeded_generator(self.seed + 1)
+        self.noise_generator: Optional[torch.Generator] = None
+        self.sampling_generator: Optional[torch.Generator] = None
+        #: the run's device and, in a process group of K > 1 ranks, this rank's place in it
+        self.device: Optional[torch.device] = None
+        self.group: Optional[RankGroup] = None
         self.setup: Optional[PrivacySetup] = None
         self.mechanism: Optional[Mechanism] = None
         self.accountants: dict[str, PrivacyAccountant] = {}
@@ -134,6 +148,8 @@ class PrivacyEngine:
         poisson_sampling: bool = True,
         on_budget_exhausted: BudgetPolicy = "raise",
         grad_sample_mode: GradSampleMode = "auto",
+        device: Optional[DeviceLike] = None,
+        noise_shares: str = "split",
     ) -> tuple[nn.Module, Optimizer, DataLoader]:
         """Return the private (module, optimizer, data loader).
 
@@ -166,6 +182,15 @@ class PrivacyEngine:
                 (:class:`~dpnoise.training.bookkeeping.BookkeepingModule`: dense layers clipped
                 without materialising; same clipped sums, faster) or ``"auto"`` (default:
                 bookkeeping when every trainable layer supports it, else hooks).
+            device: where the model, batches, clipping, noise and sampler live: "cpu", "cuda" (or
+                "cuda:i"), or "auto" (CUDA when available); default: the module's device.  The
+                model is moved there; floating-point batches are cast to the model's dtype.
+            noise_shares: in a process group of K > 1 ranks (every rank calls ``make_private`` with
+                the whole data set and the same options), who adds the noise: ``"split"`` (default:
+                every rank adds one of K independent shares, so that no rank draws the total noise)
+                or ``"rank0"`` (rank 0 adds all of it); docs/DISTRIBUTED.md says what either hides
+                from the ranks (they are trusted, as one process is).  The optimizer and the model must then be
+                used on every rank in step; ``save_checkpoint`` too.  Ignored in one process.
         """
         # Every argument is checked here, before any work (errors name the parameter).
         if self.setup is not None:
@@ -176,6 +201,14 @@ class PrivacyEngine:
         if grad_sample_mode not in GRAD_SAMPLE_MODES:
             raise InvalidTrainingOptionError(
                 f"grad_sample_mode must be one of {', '.join(GRAD_SAMPLE_MODES)}, got {grad_sample_mode!r}")
+        if noise_shares not in NOISE_SHARES:
+            raise InvalidTrainingOptionError(
+                f"noise_shares must be one of {', '.join(NOISE_SHARES)}, got {noise_shares!r}")
+        device = module_device(module) if device is None else resolve_device(device)
+        group = current_group(device)
+        if not poisson_sampling and (group is not None or device.type != "cpu"):
+            raise InvalidTrainingOptionError("poisson_sampling=False (shuffled batches, not covered by the "
+                                             "accountants) is only available in one process on the CPU")
         mech = get_mechanism(mechanism)
         delta = check_delta("delta", delta)
         max_grad_norm = check_positive("max_grad_norm", max_grad_norm)
@@ -202,7 +235,10 @@ class PrivacyEngine:
         check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         primary, accountant_names = self._choose_accountants(mech, accountant, calibrate_with)
 
-        private_loader = self._private_loader(data_loader, poisson_sampling)
+        module.to(device)
+        self.device, self.group = device, group
+        self._create_generators()
+        private_loader = self._private_loader(data_loader, poisson_sampling, float_dtype=module_float_dtype(module))
         sample_rate = self._sample_rate(private_loader, data_loader)
         params = count_trainable_parameters(module)
         if epochs is not None:
@@ -232,6 +268,9 @@ class PrivacyEngine:
             accountant=primary,
             accountants=accountant_names,
         )
+        if group is not None:
+            group.check_same_setup({**asdict(self.setup), "noise_shares": noise_shares, "seed": self.seed})
+            group.broadcast_module(module)
         self.accountants = {name: get_accountant(name) for name in accountant_names}
         self.budget_policy = on_budget_exhausted
         if target_epsilon is not None:
@@ -242,9 +281,30 @@ class PrivacyEngine:
                     f"(accountant {primary}, delta {delta}); increase the budget or the noise"
                 )
         private_module, private_optimizer = self._wrap(
-            module, optimizer, expected_batch_size=sample_rate * len(data_loader.dataset), grad_sample_mode=grad_sample_mode
+            module, optimizer, expected_batch_size=sample_rate * len(data_loader.dataset),
+            grad_sample_mode=grad_sample_mode, noise_shares=noise_shares,
         )
         return private_module, private_optimizer, private_loader
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (0 in one process)."""
+        return 0 if self.group is None else self.group.rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks K training together (1 in one process)."""
+        return 1 if self.group is None else self.group.world_size
+
+    def _create_generators(self, resumed_at: Optional[int] = None) -> None:
+        """(Re)seed this rank's noise and sampling generators on the run's device (created on first use)."""
+        noise_seed, sampling_seed, _ = generator_seeds(self.seed, self.rank, self.world_size, resumed_at)
+        if self.noise_generator is None:
+            self.noise_generator = seeded_generator(noise_seed, self.device)
+            self.sampling_generator = seeded_generator(sampling_seed, self.device)
+        else:  # in place: the sampler and the optimizer hold these generators
+            self.noise_generator.manual_seed(noise_seed)
+            self.sampling_generator.manual_seed(sampling_seed)
 
     @staticmethod
     def _choose_accountants(
@@ -264,10 +324,10 @@ class PrivacyEngine:
         primary = accountant or recorded[0]
         return primary, tuple(dict.fromkeys([primary, *recorded]))
 
-    def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool) -> DataLoader:
-        """Poisson loader with the engine's sampling generator (or shuffled batches, warned)."""
-        if data_loader.batch_size is None:
-            raise InvalidTrainingOptionError("the data loader needs a batch_size (the expected batch size)")
+    def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool,
+                        float_dtype: Optional[torch.dtype]) -> DeviceDataLoader:
+        """Poisson loader of this rank's shard with the engine's sampling generator (or shuffled
+        batches, warned), its batches on the run's device."""
         dataset = data_loader.dataset
         common = dict(collate_fn=data_loader.collate_fn, num_workers=data_loader.num_workers)
         if not poisson_sampling:
@@ -276,30 +336,27 @@ class PrivacyEngine:
                 "accountants assume Poisson sampling; the reported epsilon does not cover this run",
                 stacklevel=3,
             )
-            return DataLoader(dataset, batch_size=data_loader.batch_size, shuffle=True,
-                              generator=self.sampling_generator, **common)
-        loader = DPDataLoader(
-            dataset,
-            sample_rate=data_loader.batch_size / len(dataset),
-            generator=self.sampling_generator,
-            **common,
-        )
-        # DataLoader draws a worker base seed from ``loader.generator`` at every new iterator; give
-        # it its own generator so that the sampler's draws do not depend on epoch boundaries
-        # (this is what makes a resumed run identical to an uninterrupted one).
-        loader.generator = seeded_generator(self.seed + 2)
-        return loader
+            return DeviceDataLoader(dataset, device=self.device, float_dtype=float_dtype,
+                                    batch_size=data_loader.batch_size, shuffle=True,
+                                    generator=self.sampling_generator, **common)
+        # The DataLoader draws a worker base seed from its own generator at every new pass; it is
+        # not the sampler's, so that the sampler's draws do not depend on pass boundaries (this is
+        # what makes a resumed run identical to an uninterrupted one).
+        worker_seed = generator_seeds(self.seed, self.rank, self.world_size)[2]
+        return poisson_loader(dataset, sample_rate=data_loader.batch_size / len(dataset),
+                              shard=shard_indices(len(dataset), self.rank, self.world_size),
+                              generator=self.sampling_generator, device=self.device, float_dtype=float_dtype,
+                              worker_generator=seeded_generator(worker_seed), **common)
 
     @staticmethod
     def _sample_rate(private_loader: DataLoader, data_loader: DataLoader) -> float:
         """The Poisson rate the loader really uses (batch_size / N for fixed batches)."""
-        if isinstance(private_loader, DPDataLoader):
-            return private_loader.sample_rate
-        return data_loader.batch_size / len(data_loader.dataset)
+        return getattr(private_loader, "sample_rate", data_loader.batch_size / len(data_loader.dataset))
 
     def _wrap(self, module: nn.Module, optimizer: Optimizer, expected_batch_size: float,
-              grad_sample_mode: GradSampleMode) -> tuple[nn.Module, Optimizer]:
-        mech, setup = self.mechanism, self.setup
+              grad_sample_mode: GradSampleMode, noise_shares: str) -> tuple[nn.Module, Optimizer]:
+        """The private module and optimizer (the distributed ones inside a process group)."""
+        mech, setup, group = self.mechanism, self.setup, self.group
         if mech.needs_per_sample_gradients:
             if grad_sample_mode == "auto":
                 grad_sample_mode = "hooks" if unsupported_bookkeeping_layers(module) else "bookkeeping"
@@ -310,8 +367,7 @@ class PrivacyEngine:
                 make_conv_inputs_contiguous(module)
                 private_module = GradSampleModule(module, loss_reduction="mean")
                 private_module.forbid_grad_accumulation()
-            private_optimizer = NoisyGradientOptimizer(
-                optimizer,
+            options = dict(
                 mechanism=mech,
                 noise=setup.noise,
                 max_grad_norm=setup.clip,
@@ -320,11 +376,17 @@ class PrivacyEngine:
                 generator=self.noise_generator,
                 bookkeeping=private_module if grad_sample_mode == "bookkeeping" else None,
             )
-            return private_module, private_optimizer
+            if group is None:
+                return private_module, NoisyGradientOptimizer(optimizer, **options)
+            return private_module, DistributedNoisyGradientOptimizer(optimizer, group=group,
+                                                                     noise_shares=noise_shares, **options)
         private_module = mech.wrap_module(
             module, noise=setup.noise, clip=setup.clip, alpha=setup.alpha, generator=self.noise_generator
         )
-        return private_module, OutputPrivateOptimizer(optimizer, gate=self)
+        if group is None:
+            return private_module, OutputPrivateOptimizer(optimizer, gate=self)
+        return private_module, DistributedOutputPrivateOptimizer(optimizer, gate=self, group=group,
+                                                                 module=private_module)
 
     # ----------------------------------------------------------------------------- accounting
     def accounting_step_arguments(self) -> dict[str, Any]:
@@ -342,7 +404,14 @@ class PrivacyEngine:
         return arguments
 
     def admit_step(self) -> bool:
-        """True if one more step fits the target budget; otherwise stop (False) or raise."""
+        """True if one more step fits the target budget; otherwise stop (False) or raise.
+
+        In a process group, every rank first checks that all ranks are at the same step (one
+        all-reduce), so that their accountants hold the same ledger and the budget stops them all at
+        the same step.
+        """
+        if self.group is not None:
+            self.group.check_same("step count", self.steps)
         if self.max_steps is None or self.steps < self.max_steps:
             return True
         self.budget_exhausted = True
@@ -389,15 +458,17 @@ class PrivacyEngine:
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Setup, seed, step count, budget flag, accountant states and generator states (for checkpoints)."""
+        """Setup, seed, step count, budget flag, accountant states and every rank's generator states
+        (for checkpoints).  In a process group it gathers the ranks' generators: call it on every rank."""
+        own = {"noise": self.noise_generator.get_state(), "sampling": self.sampling_generator.get_state()}
+        ranks = [own] if self.group is None else self.group.gather_objects(own, "gathering the ranks' generators")
         return {
             "setup": asdict(self.setup),
             "seed": self.seed,
             "steps": self.steps,
             "budget_exhausted": self.budget_exhausted,
             "accountants": {name: acc.state_dict() for name, acc in self.accountants.items()},
-            "noise_generator": self.noise_generator.get_state(),
-            "sampling_generator": self.sampling_generator.get_state(),
+            "generators": {"device": self.device.type, "ranks": ranks},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -412,7 +483,15 @@ class PrivacyEngine:
         * it holds exactly this engine's accountants, and the state of each one equals the state
           of a fresh accountant of that name (``get_accountant``, as in ``make_private``) after
           ``step(**accounting_step_arguments(), steps=k)``: a ledger cannot be shortened, emptied
-          or recorded with other noise without contradicting the step counter or the setup.
+          or recorded with other noise without contradicting the step counter or the setup;
+        * it holds the generators of as many ranks as this run has (resume with the same K).
+
+        Each rank restores its own generators.  Saved on another kind of device (CPU vs CUDA, whose
+        generators differ), they cannot be restored: the generators are then re-seeded from the
+        seed, the rank and the step (:func:`~dpnoise.training.distributed.generator_seeds`), a
+        fresh stream, and a warning says that the run continues with other draws than an
+        uninterrupted one.  Checkpoints written before distributed training (no ``generators``)
+        hold one CPU rank's ``noise_generator`` and ``sampling_generator``.
 
         The ledger check assumes that k single steps leave an accountant in the same state as one
         ``step(steps=k)`` (true of every registered accountant; ``tests/training/test_checkpoint.py``
@@ -425,8 +504,16 @@ class PrivacyEngine:
         self.budget_exhausted = state["budget_exhausted"]
         for name, acc_state in state["accountants"].items():
             self.accountants[name].load_state_dict(acc_state)
-        self.noise_generator.set_state(state["noise_generator"])
-        self.sampling_generator.set_state(state["sampling_generator"])
+        generators = _saved_generators(state)
+        if generators["device"] == self.device.type:
+            own = generators["ranks"][self.rank]
+            self.noise_generator.set_state(own["noise"])
+            self.sampling_generator.set_state(own["sampling"])
+            return
+        self._create_generators(resumed_at=self.steps)
+        warnings.warn(f"the checkpoint was written on {generators['device']} and this run is on {self.device.type}: "
+                      f"the noise and sampling generators are re-seeded at step {self.steps} (fresh draws; the run "
+                      f"does not repeat the draws an uninterrupted run would have made)", stacklevel=2)
 
     def _check_state(self, state: Any) -> None:
         """Raise :class:`CheckpointMismatchError` unless ``state`` is a consistent state of this run."""
@@ -441,8 +528,9 @@ class PrivacyEngine:
 
         if not isinstance(state, dict):
             raise inconsistent("engine state", f"a {type(state).__name__}, not a dictionary")
-        missing = [key for key in ("setup", "seed", "steps", "budget_exhausted", "accountants",
-                                   "noise_generator", "sampling_generator") if key not in state]
+        missing = [key for key in ("setup", "seed", "steps", "budget_exhausted", "accountants") if key not in state]
+        if "generators" not in state and not {"noise_generator", "sampling_generator"} <= set(state):
+            missing.append("generators")
         if missing:
             raise inconsistent("engine state", f"no {', '.join(missing)}")
         saved_setup, current_setup = state["setup"], asdict(self.setup)
@@ -485,11 +573,18 @@ class PrivacyEngine:
                                                               f"but the step counter says {steps}")
                 raise inconsistent(f"accountant {name!r}", f"its ledger is not {steps} steps of this run's "
                                                           f"privacy setup ({_describe_arguments(arguments)})")
-        for name in ("noise_generator", "sampling_generator"):
-            try:
-                torch.Generator().set_state(state[name])
-            except (RuntimeError, TypeError) as err:
-                raise inconsistent(name, f"not a generator state ({str(err).splitlines()[0]})") from None
+        generators = _saved_generators(state)
+        if not isinstance(generators, dict) or generators.get("device") not in ("cpu", "cuda") \
+                or not isinstance(generators.get("ranks"), list):
+            raise inconsistent("generators", "not a device and a list of ranks' generator states")
+        if len(generators["ranks"]) != self.world_size:
+            raise differs("number of processes", len(generators["ranks"]), self.world_size)
+        for rank, own in enumerate(generators["ranks"]):
+            for name in ("noise", "sampling"):
+                problem = _generator_state_problem(own.get(name) if isinstance(own, dict) else None,
+                                                   generators["device"], self.device)
+                if problem:
+                    raise inconsistent(f"rank {rank}'s {name} generator", problem)
 
 def make_private(
     module: nn.Module, optimizer: Optimizer, data_loader: DataLoader, *, seed: Optional[int] = None, **options: Any
@@ -507,6 +602,30 @@ def make_private(
 
 # --------------------------------------------------------------------------------- state checks
 _MISSING = type("Missing", (), {"__repr__": lambda self: "missing"})()
+
+
+def _saved_generators(state: dict[str, Any]) -> Any:
+    """The ``generators`` entry of an engine state (one CPU rank for states written before it existed)."""
+    if "generators" in state:
+        return state["generators"]
+    return {"device": "cpu", "ranks": [{"noise": state["noise_generator"], "sampling": state["sampling_generator"]}]}
+
+
+def _generator_state_problem(saved: Any, saved_device: str, device: torch.device) -> Optional[str]:
+    """Why ``saved`` cannot be a generator state of ``saved_device`` (None when it can be).
+
+    A state of this run's kind of device is tried on a generator there; another device's state
+    (which will not be restored) must be a byte tensor.
+    """
+    if not isinstance(saved, torch.Tensor) or saved.dtype != torch.uint8:
+        return "not a generator state (a byte tensor)"
+    if saved_device != device.type:
+        return None
+    try:
+        torch.Generator(device=device).set_state(saved)
+    except (RuntimeError, TypeError) as err:
+        return f"not a generator state ({str(err).splitlines()[0]})"
+    return None
 
 
 def _normalized(value: Any) -> Any:

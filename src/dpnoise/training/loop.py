@@ -11,6 +11,7 @@ from torch.nn import functional as F
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
+from dpnoise.training.devices import module_device, module_float_dtype, to_device
 from dpnoise.training.engine import PrivacyEngine
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -72,11 +73,20 @@ def train_steps(
 
 
 @torch.no_grad()
-def evaluate_accuracy(module: nn.Module, batches: Iterable) -> float:
-    """Top-1 accuracy of ``module`` (in eval mode) over ``batches`` of (inputs, targets)."""
+def count_correct(module: nn.Module, batches: Iterable) -> tuple[int, int]:
+    """(correct top-1 predictions, examples) of ``module`` (in eval mode) over ``batches`` of
+    (inputs, targets), each moved to the module's device (floating inputs in its dtype)."""
     module.eval()
+    device, dtype = module_device(module), module_float_dtype(module)
     correct = total = 0
     for inputs, targets in batches:
+        inputs, targets = to_device((inputs, targets), device, dtype)
         correct += (module(inputs).argmax(dim=-1) == targets).sum().item()
         total += len(targets)
+    return correct, total
+
+
+def evaluate_accuracy(module: nn.Module, batches: Iterable) -> float:
+    """Top-1 accuracy of ``module`` (in eval mode) over ``batches`` of (inputs, targets)."""
+    correct, total = count_correct(module, batches)
     return correct / total

@@ -10,6 +10,11 @@
 
 Both ask the engine before a step (:meth:`StepGate.admit_step`: refuse past the budget) and report
 the step after noising and before the parameter update (:meth:`StepGate.record_step`).
+
+Their distributed forms (:class:`DistributedNoisyGradientOptimizer`,
+:class:`DistributedOutputPrivateOptimizer`) all-reduce, so that every rank of a process group
+applies the update one process would compute from the union of the ranks' batches
+(docs/DISTRIBUTED.md).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from torch.optim import Optimizer
 from dpnoise.mechanisms.clipping import clip_factors, clipped_sum, per_example_norms
 from dpnoise.mechanisms.registry import Mechanism
 from dpnoise.training.bookkeeping import BookkeepingModule
+from dpnoise.training.distributed import DistributedError, RankGroup
 
 
 class StepGate(Protocol):
@@ -97,12 +103,15 @@ class NoisyGradientOptimizer(DPOptimizer):
             _mark_as_processed(p.grad_sample)
         return sums
 
+    def sample_noise(self, reference: torch.Tensor) -> torch.Tensor:
+        """The mechanism's noise for one parameter's clipped sum ``reference`` (same shape, dtype, device)."""
+        return self.mechanism.sample_noise(reference, self.noise, self.max_grad_norm, self.generator, 1)
+
     def add_noise(self) -> None:
         """``p.grad = sum of clipped gradients + mechanism noise`` (units: see the registry)."""
         for p in self.params:
             _check_processed_flag(p.summed_grad)
-            noise = self.mechanism.sample_noise(p.summed_grad, self.noise, self.max_grad_norm, self.generator)
-            p.grad = (p.summed_grad + noise).view_as(p)
+            p.grad = (p.summed_grad + self.sample_noise(p.summed_grad)).view_as(p)
             _mark_as_processed(p.summed_grad)
 
     def pre_step(self, closure: Optional[Callable[[], float]] = None) -> bool:
@@ -119,6 +128,44 @@ class NoisyGradientOptimizer(DPOptimizer):
         if self.bookkeeping is not None:
             self.bookkeeping.clear()
         super().zero_grad(set_to_none)
+
+
+class DistributedNoisyGradientOptimizer(NoisyGradientOptimizer):
+    """One rank's DP optimizer: local clipped sum + this rank's noise share, summed over the ranks.
+
+    With ``noise_shares="split"`` every rank adds one of K independent shares of the noise
+    (:mod:`dpnoise.mechanisms.noise`); with ``"rank0"`` rank 0 adds all of it.  One all-reduce
+    sums the noisy local sums together with a count of the shares added; unless it is K ("split")
+    or 1 ("rank0") the step is refused on every rank (:class:`DistributedError`), so that no update
+    ever carries less noise than the accountants assume.  Then every rank divides by the expected
+    global batch size q N, as one process does.
+    """
+
+    def __init__(self, optimizer: Optimizer, *, group: RankGroup, noise_shares: str, **options):
+        super().__init__(optimizer, **options)
+        self.group = group
+        self.noise_shares = noise_shares
+        #: shares the noise is split into, and whether this rank adds one
+        self.shares = group.world_size if noise_shares == "split" else 1
+        self.adds_share = noise_shares == "split" or group.rank == 0
+
+    def sample_noise(self, reference: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the noise (zero on ranks other than 0 with ``noise_shares="rank0"``)."""
+        if not self.adds_share:
+            return torch.zeros_like(reference)
+        return self.mechanism.sample_noise(reference, self.noise, self.max_grad_norm, self.generator, self.shares)
+
+    def add_noise(self) -> None:
+        """``p.grad`` = sum over the ranks of (local clipped sum + noise share); checks the share count."""
+        super().add_noise()
+        added = torch.tensor([float(self.adds_share)], dtype=self.params[0].grad.dtype,
+                             device=self.params[0].grad.device)
+        self.group.all_reduce_sum([*(p.grad for p in self.params), added], "summing the noisy clipped sums")
+        expected = self.group.world_size if self.noise_shares == "split" else 1
+        if int(added.item()) != expected:
+            raise DistributedError(f"{int(added.item())} noise shares were added to this step, {expected} expected "
+                                   f"(noise_shares={self.noise_shares!r} on {self.group.world_size} ranks): the "
+                                   f"update is refused, it would carry another noise than the accountants assume")
 
 
 class OutputPrivateOptimizer(Optimizer):
@@ -163,3 +210,34 @@ class OutputPrivateOptimizer(Optimizer):
 
     def __repr__(self) -> str:
         return f"OutputPrivateOptimizer({self.original_optimizer!r})"
+
+
+class DistributedOutputPrivateOptimizer(OutputPrivateOptimizer):
+    """One rank's optimizer for an output mechanism: the gradient of the mean loss over the union of
+    the ranks' batches (each rank's mean-loss gradient weighted by its batch size, all-reduced).
+
+    The noise is in each example's output, drawn by each rank's own generator; nothing is added here.
+    ``module`` is the private model: a forward pre-hook reads the size of each training batch.
+    """
+
+    def __init__(self, optimizer: Optimizer, *, gate: StepGate, group: RankGroup, module: torch.nn.Module):
+        super().__init__(optimizer, gate=gate)
+        self.group = group
+        self.local_batch_size = 0
+        module.register_forward_pre_hook(self._read_batch_size)
+
+    def _read_batch_size(self, module: torch.nn.Module, args: tuple) -> None:
+        if module.training:
+            self.local_batch_size = len(args[0])
+
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        if not self.gate.admit_step():
+            return None
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad * self.local_batch_size for p in params]
+        size = torch.tensor([float(self.local_batch_size)], dtype=grads[0].dtype, device=grads[0].device)
+        self.group.all_reduce_sum([*grads, size], "summing the gradients")
+        for p, summed in zip(params, grads):
+            p.grad = summed / size.clamp(min=1.0)
+        self.gate.record_step()
+        return self.original_optimizer.step(closure)

@@ -11,6 +11,11 @@
 This is what ``dpnoise train`` runs: check the configuration (before any data is loaded), prepare
 the data and the model, make them private, train to the planned steps while evaluating (and
 checkpointing into the output folder) after every epoch, and summarise.
+
+Under ``torchrun --nproc-per-node K -m dpnoise train ...`` (or in a process group the caller
+initialised) every rank runs this function: the ranks sample their shards and sum their noisy
+clipped sums (docs/DISTRIBUTED.md), evaluate their shards of the test set and sum the counts; rank 0
+alone shows progress, writes the output files and the checkpoints.
 """
 
 from __future__ import annotations
@@ -53,24 +58,58 @@ def train_private(config: TrainingConfig) -> TrainingResult:
     """
     check_config(config)
     import torch
-    from torch.utils.data import DataLoader
+
+    from dpnoise.training.distributed import DistributedError, join_process_group, leave_process_group
+
+    check_against_registries(config)
+    device = run_device(config)
+    started = time.perf_counter()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device, joined = join_process_group(device)
+    try:
+        return train_on_device(config, device, started)
+    except DistributedError as err:
+        checkpoint = config.output.folder / CHECKPOINT_NAME if config.output.folder else None
+        if checkpoint is None or not checkpoint.is_file():
+            raise
+        raise DistributedError(f"{err}; the last checkpoint, {checkpoint}, is intact: resume from it with the same "
+                               f"number of processes") from None
+    finally:
+        if joined:
+            leave_process_group()
+
+
+def run_device(config: TrainingConfig) -> torch.device:
+    """``config.device`` resolved ("auto": CUDA when available); an unavailable one names the field."""
+    from dpnoise.training.devices import resolve_device
+    from dpnoise.training.errors import InvalidTrainingOptionError
+
+    try:
+        return resolve_device(config.device)
+    except InvalidTrainingOptionError as err:
+        problem = str(err).removeprefix("device ")
+        raise InvalidConfigError(lambda n: f"{n('device')} {problem}") from None
+
+
+def train_on_device(config: TrainingConfig, device: torch.device, started: float) -> TrainingResult:
+    """The run of :func:`train_private` once its device (and process group) is set up."""
+    import torch
+    from torch.utils.data import DataLoader, Subset
 
     from dpnoise.accounting import UnsoundAccountantWarning
     from dpnoise.errors import DpnoiseError
     from dpnoise.training.checkpoint import load_checkpoint
     from dpnoise.training.engine import PrivacyEngine
     from dpnoise.training.report import RunHistory, write_run_outputs
+    from dpnoise.training.sampling import shard_indices
 
-    check_against_registries(config)
-    started = time.perf_counter()
-    if config.threads:
-        torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     model, train_set, test_set = prepare_model_and_data(config)
     optimizer = build_optimizer(config, model)
     engine = PrivacyEngine(seed=config.seed)
     module, optimizer, loader = make_private(engine, config, model, optimizer,
-                                             DataLoader(train_set, batch_size=config.schedule.batch_size))
+                                             DataLoader(train_set, batch_size=config.schedule.batch_size), device)
     apply_dirichlet_learning_rate(config, optimizer, engine)
     history = RunHistory()
     if config.output.resume:
@@ -80,7 +119,8 @@ def train_private(config: TrainingConfig) -> TrainingResult:
             problem = str(err)
             raise InvalidConfigError(lambda n: f"{n('output.resume')}: {problem}") from err
         history = RunHistory.from_dict(extra["history"])
-    test_loader = DataLoader(test_set, batch_size=EVAL_BATCH_SIZE)
+    test_shard = Subset(test_set, shard_indices(len(test_set), engine.rank, engine.world_size).tolist())
+    test_loader = DataLoader(test_shard, batch_size=EVAL_BATCH_SIZE)
     total_steps = min(engine.planned_steps, config.schedule.max_steps or engine.planned_steps)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsoundAccountantWarning)  # stated in the final report
@@ -88,7 +128,7 @@ def train_private(config: TrainingConfig) -> TrainingResult:
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         run_epochs(config, module, optimizer, loader, test_loader, engine, history, total_steps)
         result = summarize(config, engine, optimizer, history, len(train_set), time.perf_counter() - started)
-    if config.output.folder:
+    if config.output.folder and engine.rank == 0:
         result = dataclasses.replace(result, files=tuple(write_run_outputs(config.output.folder, result.summary(),
                                                                            history)))
     return result
@@ -96,7 +136,7 @@ def train_private(config: TrainingConfig) -> TrainingResult:
 
 def make_private(
     engine: PrivacyEngine, config: TrainingConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
-    loader: DataLoader,
+    loader: DataLoader, device: torch.device,
 ) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
     """``engine.make_private`` with the configuration's mechanism, noise and target (the one call)."""
     from dpnoise.accounting import noise_keywords
@@ -108,7 +148,7 @@ def make_private(
         target_epsilon=privacy.epsilon, epochs=config.schedule.epochs, max_grad_norm=mechanism.clip,
         alpha=mechanism.alpha if mechanism.name == "dirichlet" else None,
         accountant=privacy.accountant, calibrate_with=privacy.calibrate_with, on_budget_exhausted="stop",
-        grad_sample_mode=mechanism.grad_sample_mode,
+        grad_sample_mode=mechanism.grad_sample_mode, device=device, noise_shares=mechanism.noise_shares,
     )
 
 
@@ -129,7 +169,7 @@ def run_epochs(
     from tqdm import tqdm
 
     from dpnoise.training.checkpoint import save_checkpoint
-    from dpnoise.training.loop import StepMetrics, endless_batches, evaluate_accuracy, train_steps
+    from dpnoise.training.loop import StepMetrics, endless_batches, train_steps
     from dpnoise.training.report import EpochRecord, StepRecord
 
     sample_rate = engine.setup.sample_rate
@@ -138,7 +178,7 @@ def run_epochs(
     batches = endless_batches(loader)
     # Redraw rarely when stderr is a log file, not a terminal (keeps logs readable).
     bar = tqdm(total=total_steps, initial=engine.steps, desc=config.mechanism.name, unit="step",
-               disable=not config.output.progress, file=sys.stderr, dynamic_ncols=True,
+               disable=not config.output.progress or engine.rank != 0, file=sys.stderr, dynamic_ncols=True,
                mininterval=0.1 if sys.stderr.isatty() else 15.0)
 
     def on_step(metrics: StepMetrics) -> None:
@@ -156,11 +196,24 @@ def run_epochs(
         next_boundary = min(next_epoch_end(engine.steps, sample_rate), total_steps)
         train_steps(module, optimizer, batches, engine, next_boundary - engine.steps, loss_fn=loss_fn, on_step=on_step)
         history.epochs.append(EpochRecord(engine.steps * sample_rate, engine.steps,
-                                          evaluate_accuracy(module, test_loader), engine.epsilon_by_accountant()))
-        bar.write(f"step {engine.steps}: test accuracy {history.epochs[-1].test_accuracy:.4f}, "
-                  f"epsilon ({engine.setup.accountant}) {engine.get_epsilon():.4f}", file=sys.stderr)
+                                          evaluate_test_accuracy(module, test_loader, engine), engine.epsilon_by_accountant()))
+        if engine.rank == 0:
+            bar.write(f"step {engine.steps}: test accuracy {history.epochs[-1].test_accuracy:.4f}, "
+                      f"epsilon ({engine.setup.accountant}) {engine.get_epsilon():.4f}", file=sys.stderr)
         if folder:
             folder.mkdir(parents=True, exist_ok=True)
             save_checkpoint(folder / CHECKPOINT_NAME, module=module, optimizer=optimizer, engine=engine,
                             extra={"history": history.to_dict()})
     bar.close()
+
+
+def evaluate_test_accuracy(module: nn.Module, test_loader: DataLoader, engine: PrivacyEngine) -> float:
+    """Top-1 accuracy on the test set; in a process group each rank counts its shard and the counts are summed."""
+    import torch
+
+    from dpnoise.training.loop import count_correct
+
+    counts = torch.tensor(count_correct(module, test_loader), dtype=torch.float64, device=engine.device)
+    if engine.group is not None:
+        engine.group.all_reduce_sum([counts], "summing the test accuracy")
+    return counts[0].item() / counts[1].item()

@@ -100,14 +100,15 @@ def prepare_model_and_data(config: TrainingConfig) -> tuple[nn.Module, Dataset, 
 
     For the ``*-features`` models the frozen public encoder (ImageNet EfficientNet-Lite0 with
     BatchNorm in eval mode, or MiniLM-L6 sentence embeddings) maps each example to features once,
-    and only the linear head is trained privately.  The model is moved to ``config.device``.
+    and only the linear head is trained privately.  Everything is on the CPU (``make_private``
+    moves the model to the run's device).
     """
     from dpnoise.models import FeatureClassifier
 
     model = model_for_dataset(config)
     if not isinstance(model, FeatureClassifier):
-        return (model.to(config.device), *load_splits(config))
-    return (model.head.to(config.device), *frozen_features(model, config))
+        return (model, *load_splits(config))
+    return (model.head, *frozen_features(model, config))
 
 
 def build_optimizer(config: TrainingConfig, model: nn.Module) -> torch.optim.Optimizer:

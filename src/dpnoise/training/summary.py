@@ -59,7 +59,12 @@ class TrainingResult:
     #: what the epsilon covers when it is not the trained parameters (output mechanisms), else None
     scope: Optional[str]
     grad_sample_mode: Optional[str]
+    #: the device type the run trained on ("cpu" or "cuda") and the number of processes (ranks)
+    device: str
+    processes: int
     wall_time_s: float
+    #: this process's rank (0 in one process); only rank 0 writes the files and prints
+    rank: int = 0
     #: Dirichlet only: alpha and kappa(0.9; r, alpha)
     alpha: Optional[float] = None
     kappa_at_0_9: Optional[float] = None
@@ -95,7 +100,7 @@ SUMMARY_FIELDS = (
     "test_accuracy", "epsilon", "epsilon_by_accountant", "sound_by_accountant", "accountant", "delta",
     "target_epsilon", "steps", "planned_steps", "budget_exhausted", "mechanism", "dataset", "model", "train_size",
     "params", "noise", "noise_unit", "clip", "sample_rate", "batch_size", "epochs", "optimizer", "lr", "seed",
-    "scope", "grad_sample_mode", "wall_time_s",
+    "scope", "grad_sample_mode", "device", "processes", "wall_time_s",
 )
 
 
@@ -137,7 +142,10 @@ def summarize(
         seed=config.seed,
         scope=engine.scope_statement,
         grad_sample_mode=engine.grad_sample_mode,
+        device=engine.device.type,
+        processes=engine.world_size,
         wall_time_s=wall_time,
+        rank=engine.rank,
         alpha=setup.alpha,
         kappa_at_0_9=(kappa(KAPPA_REFERENCE_PROBABILITY, setup.noise, setup.alpha)
                       if setup.alpha is not None else None),
@@ -150,7 +158,8 @@ def report_lines(summary: dict[str, Any]) -> list[str]:
     """Human-readable report of a summary (:meth:`TrainingResult.summary`, or metrics.json's)."""
     lines = [
         f"test accuracy: {summary['test_accuracy']:.4f}  ({summary['dataset']}, model {summary['model']}, "
-        f"{summary['steps']} steps, {summary['wall_time_s']:.0f} s)",
+        f"{summary['steps']} steps, {summary['wall_time_s']:.0f} s on {summary['device']}"
+        + (f", {summary['processes']} processes)" if summary["processes"] > 1 else ")"),
         f"mechanism {summary['mechanism']}: noise {summary['noise']:.6g} ({summary['noise_unit']}), "
         f"clip {summary['clip']:g}, sample rate {summary['sample_rate']:.6g}, lr {summary['lr']:.3g}",
         f"epsilon at delta={summary['delta']:g}:",

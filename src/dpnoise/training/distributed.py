@@ -1,0 +1,156 @@
+"""Distributed private training on ``torch.distributed``: ranks, their seeds, and checked collectives.
+
+K processes (ranks) train one model: each samples its shard of the data at the global rate q
+(:mod:`dpnoise.training.sampling`), clips its local batch, adds its share of the noise and the
+noisy sums are all-reduced, so that every rank applies the update (global clipped sum + noise) /
+expected global batch size, exactly as one process would (docs/DISTRIBUTED.md).  This module holds
+what the engine needs from the process group:
+
+* :func:`current_group`: the initialised default process group (None in one process);
+* :func:`join_process_group`: initialise it from ``torchrun``'s environment (gloo on the CPU, nccl
+  on CUDA) with a timeout, so that a dead or stalled rank makes the others fail within a minute;
+* :func:`generator_seeds`: per-rank seeds (different on every rank);
+* :class:`RankGroup`: the collectives, each turning a failure of the group into a one-line
+  :class:`DistributedError`, and the consistency checks (same setup, same step count, every noise
+  share added).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from dpnoise.errors import DpnoiseError
+
+#: how long a collective waits for the other ranks before failing (process groups made here)
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=45)
+
+
+class DistributedError(DpnoiseError, RuntimeError):
+    """The ranks of a distributed run lost each other (a rank died or stalled) or disagree (setup,
+    step count, noise shares); the run stops on every rank instead of continuing inconsistently."""
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """This process's place in the default process group, with checked collectives."""
+
+    rank: int
+    world_size: int
+    #: where the collectives' tensors live (CUDA for nccl)
+    device: torch.device
+
+    def _collective(self, what: str, operation, *args, **kwargs) -> Any:
+        """Run ``operation``; a failure of the group becomes a :class:`DistributedError` naming ``what``."""
+        try:
+            return operation(*args, **kwargs)
+        except RuntimeError as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise DistributedError(
+                f"rank {self.rank} of {self.world_size}: {what} failed: another rank died or stalled for more "
+                f"than the process group's timeout ({first})") from None
+
+    def all_reduce_sum(self, tensors: Sequence[torch.Tensor], what: str) -> None:
+        """Sum ``tensors`` over all ranks, in place, in one all-reduce (flattened in their common dtype)."""
+        dtype = tensors[0].dtype
+        for tensor in tensors[1:]:
+            dtype = torch.promote_types(dtype, tensor.dtype)
+        flat = torch.cat([t.reshape(-1).to(dtype) for t in tensors])
+        self._collective(what, dist.all_reduce, flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for tensor in tensors:
+            tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
+
+    def gather_objects(self, value: Any, what: str) -> list[Any]:
+        """Every rank's ``value`` (picklable), in rank order, on every rank."""
+        gathered: list[Any] = [None] * self.world_size
+        self._collective(what, dist.all_gather_object, gathered, value)
+        return gathered
+
+    def check_same(self, what: str, value: int) -> None:
+        """Raise :class:`DistributedError` on every rank unless every rank holds the same integer ``value``.
+
+        One all-reduce of a K-vector in which each rank writes its value at its own position.
+        """
+        slots = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
+        slots[self.rank] = value
+        self._collective(what, dist.all_reduce, slots, op=dist.ReduceOp.SUM)
+        values = [int(v) for v in slots.tolist()]
+        if len(set(values)) != 1:
+            raise DistributedError(f"ranks disagree on the {what}: " + ", ".join(
+                f"rank {r} has {v}" for r, v in enumerate(values)))
+
+    def check_same_setup(self, setup: dict[str, Any]) -> None:
+        """Raise :class:`DistributedError` unless every rank was made private with the same ``setup``."""
+        setups = self.gather_objects(setup, "comparing the privacy setups of the ranks")
+        for rank, other in enumerate(setups):
+            differing = [key for key in setup if other.get(key) != setup[key]]
+            if differing:
+                key = differing[0]
+                raise DistributedError(f"ranks disagree on the privacy setup: {key} is {other.get(key)!r} on "
+                                       f"rank {rank} and {setup[key]!r} on rank {self.rank}")
+
+    def broadcast_module(self, module: torch.nn.Module) -> None:
+        """Give every rank rank 0's parameters and buffers (the ranks train one model)."""
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                self._collective("broadcasting rank 0's model", dist.broadcast, tensor, 0)
+
+
+def current_group(device: torch.device) -> Optional[RankGroup]:
+    """The default process group as a :class:`RankGroup`; None when there is none or it has one rank."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    return RankGroup(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)
+
+
+def launched_world_size() -> int:
+    """The number of processes ``torchrun`` started (``WORLD_SIZE``; 1 outside ``torchrun``)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def join_process_group(device: torch.device) -> tuple[torch.device, bool]:
+    """Initialise the default process group from ``torchrun``'s environment when it started several
+    processes and none is initialised yet (gloo on the CPU, nccl on CUDA; :data:`COLLECTIVE_TIMEOUT`).
+
+    Returns the device this rank uses (``cuda:LOCAL_RANK`` for a CUDA run) and whether a group was
+    initialised here (then :func:`leave_process_group` destroys it at the end).
+    """
+    if device.type == "cuda" and device.index is None and launched_world_size() > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if launched_world_size() == 1 or dist.is_initialized():
+        return device, False
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT,
+                            device_id=device if device.type == "cuda" else None)
+    return device, True
+
+
+def leave_process_group() -> None:
+    """Destroy the default process group (made by :func:`join_process_group`)."""
+    dist.destroy_process_group()
+
+
+def generator_seeds(seed: int, rank: int = 0, world_size: int = 1,
+                    resumed_at: Optional[int] = None) -> tuple[int, int, int]:
+    """Seeds of one rank's (noise, Poisson sampling, data-loader worker) generators.
+
+    One process: ``seed``, ``seed + 1``, ``seed + 2``.  Otherwise (K > 1 ranks, or generators
+    re-seeded after a resume on another kind of device at step ``resumed_at``): three 64-bit seeds
+    drawn by NumPy's ``SeedSequence`` from ``seed`` with the spawn key (K, rank[, resumed_at]), so
+    that they differ between ranks and from the first ones.
+    """
+    if world_size == 1 and resumed_at is None:
+        return seed, seed + 1, seed + 2
+    key = (world_size, rank) if resumed_at is None else (world_size, rank, resumed_at)
+    noise, sampling, worker = np.random.SeedSequence(seed, spawn_key=key).generate_state(3, dtype=np.uint64)
+    return int(noise), int(sampling), int(worker)

@@ -1,0 +1,99 @@
+"""Poisson sampling of a data set, or of one rank's shard of it, with batches on the run's device.
+
+One process samples every example independently with probability q at every step (the sampled
+Gaussian / Laplace mechanisms the accountants assume).  K processes split the data set into K
+disjoint shards (rank r holds the examples r, r + K, r + 2K, ...) and each samples its own shard
+at the same global rate q with its own generator, so that the union of the K local batches is again
+a Poisson(q) sample of the whole data set: every example is in it independently with probability
+q.  The generators must be seeded differently on each rank (identically seeded ranks would pick the
+same positions of their shards, and the inclusions would not be independent).
+
+Every rank yields the same number of batches per pass, empty ones included (an empty local batch
+still takes its step: a rank that skipped it would desynchronise the others).  Empty batches are
+collated by Opacus's ``wrap_collate_with_empty`` (zero-length tensors of the data set's shapes).
+
+In one process on the CPU the draws are those of Opacus's ``UniformWithReplacementSampler`` with
+the same generator (``torch.rand(N) < q``), so the batches are the ones ``DPDataLoader`` gave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
+
+import torch
+from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data._utils.collate import default_collate
+
+from dpnoise.training.devices import to_device
+
+
+def shard_indices(size: int, rank: int, world_size: int) -> torch.Tensor:
+    """The indices of rank ``rank``'s shard of a data set of ``size`` examples (every K-th from ``rank``)."""
+    return torch.arange(rank, size, world_size)
+
+
+class PoissonShardSampler(Sampler[list[int]]):
+    """Batches of the examples ``indices``, each included independently with probability ``sample_rate``.
+
+    The draws are made by ``generator`` on its device; ``steps`` batches (empty ones included) per
+    pass, ``int(1 / sample_rate)`` by default as in Opacus.
+    """
+
+    def __init__(self, indices: torch.Tensor, sample_rate: float, generator: torch.Generator,
+                 steps: Optional[int] = None):
+        self.indices = indices
+        self.sample_rate = sample_rate
+        self.generator = generator
+        self.steps = int(1 / sample_rate) if steps is None else steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self.steps):
+            drawn = torch.rand(len(self.indices), generator=self.generator, device=self.generator.device)
+            selected = (drawn < self.sample_rate).nonzero().reshape(-1).cpu()
+            yield self.indices[selected].tolist()
+
+
+class DeviceDataLoader(DataLoader):
+    """A ``DataLoader`` whose batches are moved to ``device`` (floating tensors cast to ``float_dtype``)."""
+
+    def __init__(self, dataset: Dataset, *, device: torch.device, float_dtype: Optional[torch.dtype],
+                 **options: Any):
+        super().__init__(dataset, **options)
+        self.device = device
+        self.float_dtype = float_dtype
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in super().__iter__():
+            yield to_device(batch, self.device, self.float_dtype)
+
+
+def poisson_loader(dataset: Dataset, *, sample_rate: float, shard: torch.Tensor, generator: torch.Generator,
+                   device: torch.device, float_dtype: Optional[torch.dtype],
+                   collate_fn: Optional[Callable] = None, num_workers: int = 0,
+                   worker_generator: Optional[torch.Generator] = None) -> DeviceDataLoader:
+    """Poisson batches of ``shard`` (indices into ``dataset``) at ``sample_rate``, on ``device``.
+
+    ``worker_generator`` (CPU) is the one the ``DataLoader`` draws its worker base seed from at every
+    new pass; it is kept apart from the sampler's, so that the draws do not depend on pass boundaries.
+    """
+    first = dataset[0]
+    loader = DeviceDataLoader(
+        dataset,
+        device=device,
+        float_dtype=float_dtype,
+        batch_sampler=PoissonShardSampler(shard, sample_rate, generator),
+        collate_fn=wrap_collate_with_empty(
+            collate_fn=collate_fn or default_collate,
+            sample_empty_shapes=[(0, *shape_safe(x)) for x in first],
+            dtypes=[dtype_safe(x) for x in first],
+        ),
+        num_workers=num_workers,
+        generator=worker_generator,
+    )
+    loader.sample_rate = sample_rate
+    return loader

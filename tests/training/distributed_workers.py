@@ -1,0 +1,135 @@
+"""One rank of the distributed scenarios of ``test_distributed.py`` (run as a script, one process per rank).
+
+    RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python tests/training/distributed_workers.py OUT [ARGS]
+
+joins the gloo process group from the environment, runs every library scenario in order (all ranks in
+step) and saves what it saw to ``OUT/rank<r>.pt`` for the test to compare with one process; then, in
+the same process group, runs ``dpnoise train ARGS`` (which the test interrupts by killing a rank) and
+exits with its status.  One launch for both: starting a process costs more than the scenarios.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn import functional as F
+
+from dpnoise.accounting import UnsoundAccountantWarning, noise_keywords
+from dpnoise.cli.main import main
+from dpnoise.data import load_dataset
+from dpnoise.training import endless_batches, make_private, train_step, train_steps
+from dpnoise.training.distributed import DistributedError
+
+from training_helpers import digits_loader, mlp
+
+#: examples of the union batch in the clipped-sum scenario (the first of the digits training set)
+UNION = 20
+#: gradient mechanisms and their noise for the clipped-sum scenario
+GRADIENT_MECHANISMS = {"gaussian": 1.0, "lap2": 1.0, "laplace-l1": 1.0}
+#: splits of the union batch between 2 ranks: "halves" (rank r takes r, r+2, ...), "rank 0" (rank 1 is empty)
+SPLITS = ("halves", "rank 0")
+#: the budget scenario: fixed noise, a target the accountant allows for a few steps only
+BUDGET = {"lap2": dict(noise=2.0, target_epsilon=0.45, accountant="lap2-rdp"),
+          "dirichlet": dict(noise=0.1, target_epsilon=0.95)}
+SHARE_SAMPLES = 200_000
+
+
+def local_part(x: torch.Tensor, split: str, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's part of the union batch ``x``."""
+    if split == "halves":
+        return x[rank::world_size]
+    return x if rank == 0 else x[:0]
+
+
+def private(mechanism: str, grad_sample_mode: str = "auto", **options):
+    """(module, optimizer, loader) of a fresh 16-unit MLP made private on the digits training set."""
+    model = mlp(hidden=16, seed=0)
+    noise = noise_keywords(mechanism, options.pop("noise", GRADIENT_MECHANISMS.get(mechanism)))
+    return make_private(model, torch.optim.Adam(model.parameters(), lr=1e-2), digits_loader(TRAIN, 64),
+                        mechanism=mechanism, delta=1e-5, max_grad_norm=1.0, seed=0, grad_sample_mode=grad_sample_mode,
+                        **noise, **options)
+
+
+def clipped_sums(rank: int, world_size: int) -> dict:
+    """Noise switched off (the test hook: ``optimizer.sample_noise``), one step on this rank's part of the
+    union batch; the gradient each rank applies, for every mechanism, gradient source and split."""
+    x, y = TRAIN.tensors[0][:UNION], TRAIN.tensors[1][:UNION]
+    grads = {}
+    for mechanism in GRADIENT_MECHANISMS:
+        for source in ("bookkeeping", "hooks"):
+            for split in SPLITS:
+                module, optimizer, _ = private(mechanism, source)
+                optimizer.sample_noise = torch.zeros_like
+                batch = (local_part(x, split, rank, world_size), local_part(y, split, rank, world_size))
+                train_step(module, optimizer, batch, F.cross_entropy)
+                grads[mechanism, source, split] = [p.grad.clone() for p in optimizer.params]
+    return grads
+
+
+def noise_shares(rank: int) -> dict:
+    """This rank's own noise share (its engine's generator) of lap2 and gaussian, at noise 1 and C = 1."""
+    shares = {}
+    for mechanism in ("lap2", "gaussian"):
+        _, optimizer, _ = private(mechanism)
+        shares[mechanism] = optimizer.sample_noise(torch.zeros(SHARE_SAMPLES, dtype=torch.float64))
+    return shares
+
+
+def refusals(rank: int) -> dict:
+    """The messages each rank gets when a rank adds no noise share, skips a step's count, or was set up
+    with another noise (each scenario fails on every rank)."""
+    x, y = TRAIN.tensors[0][:UNION], TRAIN.tensors[1][:UNION]
+    messages = {}
+    module, optimizer, _ = private("lap2")
+    optimizer.adds_share = rank == 0  # rank 1 "forgets" its share
+    try:
+        train_step(module, optimizer, (x[rank::2], y[rank::2]), F.cross_entropy)
+    except DistributedError as err:
+        messages["missing share"] = str(err)
+    module, optimizer, _ = private("gaussian")
+    optimizer.privacy_engine.steps += rank  # rank 1 believes it took one step more
+    try:
+        train_step(module, optimizer, (x[rank::2], y[rank::2]), F.cross_entropy)
+    except DistributedError as err:
+        messages["step count"] = str(err)
+    try:
+        private("gaussian", noise=1.0 + rank)
+    except DistributedError as err:
+        messages["setup"] = str(err)
+    return messages
+
+
+def budget_runs() -> dict:
+    """Train with the loader until the budget stops the run: steps, budget, epsilon and a parameter checksum."""
+    runs = {}
+    for mechanism, options in BUDGET.items():
+        module, optimizer, loader = private(mechanism, on_budget_exhausted="stop", **options)
+        engine = optimizer.privacy_engine
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnsoundAccountantWarning)
+            train_steps(module, optimizer, endless_batches(loader), engine, 200)
+        runs[mechanism] = dict(steps=engine.steps, max_steps=engine.max_steps, exhausted=engine.budget_exhausted,
+                               epsilon=engine.get_epsilon(), params=[p.detach().clone() for p in module.parameters()])
+    return runs
+
+
+if __name__ == "__main__":
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    started = time.perf_counter()
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    torch.set_num_threads(1)
+    RANK, WORLD_SIZE = dist.get_rank(), dist.get_world_size()
+    TRAIN = load_dataset("digits", "train")
+    results = {}
+    for name, scenario in (("clipped_sums", lambda: clipped_sums(RANK, WORLD_SIZE)), ("shares", lambda: noise_shares(RANK)),
+                           ("refusals", lambda: refusals(RANK)), ("budget", budget_runs)):
+        results[name] = scenario()
+        print(f"rank {RANK}: {name} done at {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    torch.save(results, Path(sys.argv[1]) / f"rank{RANK}.pt")
+    sys.exit(main(["train", *sys.argv[2:]]))
