@@ -41,6 +41,7 @@ bench: install data
 	$(PY) benchmarks/bench_accounting.py $(BENCH_FLAGS)
 	$(PY) benchmarks/bench_training.py $(BENCH_FLAGS)
 	$(PY) benchmarks/bench_audit.py $(BENCH_FLAGS)
+	$(PY) benchmarks/bench_distributed.py $(BENCH_FLAGS)
 
 # The papers' experiments (records in reproductions/results/, tables and figures in
 # reproductions/reports/), e.g. make reproduce ARGS="--experiment table2 --quick".
