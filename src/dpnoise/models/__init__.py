@@ -1,5 +1,5 @@
 """Model zoo: the TensorFlow Privacy tutorial CNN, a GroupNorm ResNet, MiniLM-L6 (fine-tuned, or frozen sentence embeddings
-under a head) and a frozen EfficientNet-Lite0 under a trainable head.  All are compatible with Opacus
+under a head), a frozen EfficientNet-Lite0 and a ScatterNet (kymatio's scattering transform) under trainable heads.  All are compatible with Opacus
 per-example gradients in their trainable parts."""
 
 from dpnoise.models.cnn import TFPrivacyTutorialCNN
@@ -9,6 +9,7 @@ from dpnoise.models.features import FeatureClassifier, extract_features
 from dpnoise.models.minilm import MiniLMClassifier, MiniLMSentenceClassifier, build_minilm, build_minilm_features
 from dpnoise.models.registry import MODELS, build_model, count_trainable_parameters
 from dpnoise.models.resnet_gn import ResNetGN
+from dpnoise.models.scatternet import ScatterNet, ScatterNetClassifier, build_scatternet
 
 __all__ = [
     "MODELS",
@@ -20,10 +21,13 @@ __all__ = [
     "MiniLMSentenceClassifier",
     "ModelNotAvailableError",
     "ResNetGN",
+    "ScatterNet",
+    "ScatterNetClassifier",
     "TFPrivacyTutorialCNN",
     "build_minilm",
     "build_minilm_features",
     "build_model",
+    "build_scatternet",
     "count_trainable_parameters",
     "extract_features",
     "pretrained_efficientnet_lite0",

@@ -12,6 +12,7 @@ from dpnoise.models.efficientnet_lite import FrozenFeatureClassifier, pretrained
 from dpnoise.models.errors import InvalidModelError
 from dpnoise.models.minilm import build_minilm, build_minilm_features
 from dpnoise.models.resnet_gn import SMALL_RESNET_WIDTHS, ResNetGN
+from dpnoise.models.scatternet import build_scatternet
 
 
 def _cnn(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
@@ -40,6 +41,14 @@ def _efficientnet(num_classes: int, in_channels: int | None, input_size: int | N
     return FrozenFeatureClassifier(pretrained_efficientnet_lite0(), num_classes, **options)
 
 
+def _scatternet_linear(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
+    return build_scatternet("linear", num_classes, in_channels or 1, input_size or 28, **options)
+
+
+def _scatternet_cnn(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
+    return build_scatternet("cnn", num_classes, in_channels or 1, input_size or 28, **options)
+
+
 # name -> (builder, default number of classes)
 _BUILDERS: dict[str, tuple[Callable[..., nn.Module], int]] = {
     "cnn": (_cnn, 10),
@@ -48,6 +57,8 @@ _BUILDERS: dict[str, tuple[Callable[..., nn.Module], int]] = {
     "minilm": (_minilm, 2),
     "minilm-features": (_minilm_features, 2),
     "efficientnet-lite0-features": (_efficientnet, 10),
+    "scatternet-linear": (_scatternet_linear, 10),
+    "scatternet-cnn": (_scatternet_cnn, 10),
 }
 MODELS = tuple(_BUILDERS)
 
@@ -66,10 +77,13 @@ def build_model(
             (GroupNorm ResNet), ``resnet-gn-small`` (the same at half width, 4x fewer FLOPs), ``minilm`` (MiniLM-L6 on token ids; option ``trainable_blocks``),
             ``minilm-features`` (frozen MiniLM-L6 sentence embeddings + linear head),
             ``efficientnet-lite0-features`` (frozen ImageNet backbone + linear head; option
-            ``resolution``: the side images are resized to, default ``DEFAULT_RESOLUTION``).
+            ``resolution``: the side images are resized to, default ``DEFAULT_RESOLUTION``),
+            ``scatternet-linear`` / ``scatternet-cnn`` (frozen ScatterNet, J = 2, L = 8, under
+            GroupNorm and a linear or small CNN head, Tramèr & Boneh 2021; option ``num_groups``,
+            default 27; needs kymatio).
         num_classes: output classes (default 10, or 2 for ``minilm``).
-        in_channels: image channels (``cnn``: default 1; ``resnet-gn``: default 3).
-        input_size: image side in pixels (``cnn``: default 28; the other models do not need it).
+        in_channels: image channels (``cnn``, ``scatternet-*``: default 1; ``resnet-gn``: default 3).
+        input_size: image side in pixels (``cnn``, ``scatternet-*``: default 28; the other models do not need it).
         options: passed to the model's constructor.
     """
     try:
