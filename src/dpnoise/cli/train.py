@@ -18,7 +18,8 @@ from dpnoise.cli.common import accountant_names, mechanism_help, noise_help
 #: Choices of the options, kept here so that building the parser imports no torch (a test checks them against
 #: dpnoise.data.DATASETS, dpnoise.models.MODELS, dpnoise.training.GRAD_SAMPLE_MODES).
 DATASET_CHOICES = ("cifar10-jpeg", "digits", "fashion-mnist", "mnist", "sst2")
-MODEL_CHOICES = ("cnn", "resnet-gn", "resnet-gn-small", "minilm", "minilm-features", "efficientnet-lite0-features")
+MODEL_CHOICES = ("cnn", "resnet-gn", "resnet-gn-small", "minilm", "minilm-features", "efficientnet-lite0-features",
+                 "scatternet-linear", "scatternet-cnn")
 TEXT_MODELS = ("minilm", "minilm-features")
 MECHANISM_CHOICES = tuple(sorted(MECHANISMS))
 GRAD_SAMPLE_MODE_CHOICES = ("auto", "bookkeeping", "hooks")
