@@ -106,6 +106,11 @@ def fraction(flag: str, value: object, *, low_open: bool = False, high_open: boo
     return v
 
 
+def open_fraction(flag: str, value: object) -> float:
+    """In (0, 1) (a decay, a momentum that must do something)."""
+    return fraction(flag, value, low_open=True)
+
+
 def count_in(flag: str, value: object, minimum: int, maximum: int) -> int:
     """An integer in [minimum, maximum]."""
     n = check_count(flag, value, minimum)

@@ -31,8 +31,14 @@ def test_text_report_for_dirichlet_states_the_scope(capsys):
     assert "NOT a guarantee for the trained model's parameters" in out
 
 
-def test_out_files_and_resume_continue_the_same_run(tmp_path, capsys):
-    args = [*COMMON, "--mechanism", "gaussian", "--noise", "1.0", "--epochs", "2", "--lr", "1e-2", "--json"]
+#: the recipe options: SGD with momentum, a cosine schedule, a parameter average, physical batches
+RECIPE_OPTIONS = ["--optimizer", "sgd", "--momentum", "0.9", "--lr-schedule", "cosine", "--ema-decay", "0.9",
+                  "--physical-batch-size", "20"]
+
+
+@pytest.mark.parametrize("options", [[], RECIPE_OPTIONS], ids=["plain", "recipe-options"])
+def test_out_files_and_resume_continue_the_same_run(tmp_path, capsys, options):
+    args = [*COMMON, "--mechanism", "gaussian", "--noise", "1.0", "--epochs", "2", "--lr", "1e-2", "--json", *options]
     assert main([*args, "--out", str(tmp_path / "full")]) == 0
     full = json.loads(capsys.readouterr().out)
     assert main([*args, "--out", str(tmp_path / "part"), "--max-steps", "23"]) == 0

@@ -25,6 +25,7 @@ from dpnoise.training import (
 )
 from dpnoise.training import config as config_module
 from dpnoise.training.summary import SUMMARY_FIELDS
+from dpnoise.training.recipes import RECIPES
 
 #: a few seconds of training: 512 digits, 8 steps of 64
 TINY = TrainingConfig(
@@ -156,6 +157,8 @@ def test_the_command_line_maps_every_field_to_a_flag():
     assert train_cli.OPTIMIZER_CHOICES == tuple(config_module.DEFAULT_LR)
     assert train_cli.DEVICE_CHOICES == config_module.DEVICE_CHOICES
     assert train_cli.NOISE_SHARES_CHOICES == config_module.NOISE_SHARES
+    assert train_cli.LR_SCHEDULE_CHOICES == config_module.LR_SCHEDULES
+    assert train_cli.RECIPE_CHOICES == tuple(RECIPES)
 
 
 def test_config_from_dotted_fields():

@@ -26,6 +26,8 @@ GRAD_SAMPLE_MODE_CHOICES = ("auto", "bookkeeping", "hooks")
 OPTIMIZER_CHOICES = ("adam", "sgd")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 NOISE_SHARES_CHOICES = ("split", "rank0")
+LR_SCHEDULE_CHOICES = ("constant", "cosine")
+RECIPE_CHOICES = ("scatternet",)
 #: configuration field <- (flag, check of dpnoise.checks and its extra arguments): builds the configuration, checks
 #: the options in this order before any work (the library repeats them) and names the flags in the library's errors
 OPTIONS = {
@@ -45,6 +47,8 @@ OPTIONS = {
     "privacy.calibrate_with": ("--calibrate-with",), "mechanism.grad_sample_mode": ("--grad-sample-mode",),
     "optimizer.name": ("--optimizer",), "output.progress": ("--no-progress",), "device": ("--device",),
     "mechanism.noise_shares": ("--noise-shares",),
+    "schedule.physical_batch_size": ("--physical-batch-size", "check_count", 1),
+    "optimizer.ema_decay": ("--ema-decay", "open_fraction"), "optimizer.lr_schedule": ("--lr-schedule",),
 }
 EXAMPLES = """examples:
   # the demo: Lap2 on Fashion-MNIST, seed CNN, epsilon 1 (both Lap2 epsilons are printed)
@@ -56,6 +60,9 @@ EXAMPLES = """examples:
   # Dirichlet mechanism, SGD with the learning rate from the Dirichlet-mechanism paper's effective-learning-rate heuristic
   dpnoise train --dataset mnist --model cnn --mechanism dirichlet --epsilon 4 --delta 1e-5 \\
       --epochs 2 --batch-size 256 --alpha 1 --optimizer sgd --effective-lr 0.1 --json
+  # Tramer & Boneh's recipe (ScatterNet + linear, SGD momentum 0.9, clip 0.1, batch 8192, lr 16, 40 epochs,
+  # epsilon 3 at delta 1e-5) for lap2, in physical batches of 2048; any option overrides the recipe
+  dpnoise train --recipe scatternet --dataset fashion-mnist --mechanism lap2 --out runs/scatternet
   # two processes on one machine (docs/DISTRIBUTED.md): each samples half of the data at the same rate
   torchrun --nproc-per-node 2 -m dpnoise train --dataset digits --mechanism lap2 --epsilon 2 --delta 1e-5 \
       --epochs 5 --batch-size 64 --threads 1
@@ -73,51 +80,63 @@ def register(sub: argparse._SubParsersAction) -> None:
     add = p.add_argument_group("what to train").add_argument
     add("--dataset", required=True, choices=DATASET_CHOICES,
         help="packaged dataset (a missing one is reported with its install command)")
-    add("--model", default="cnn", choices=MODEL_CHOICES, help="cnn: the TensorFlow Privacy tutorial's 4-layer CNN (default); resnet-gn: "
+    add("--recipe", choices=RECIPE_CHOICES, help="published hyper-parameters as defaults for the options below; options "
+        "given explicitly win. scatternet: Tramer & Boneh 2021 (arXiv 2011.11660) for mnist, fashion-mnist and "
+        "cifar10-jpeg with scatternet-linear (default) or scatternet-cnn: SGD momentum 0.9, clip 0.1, their batch size, "
+        "lr and epochs, physical batches of 2048, epsilon 3 at delta 1e-5 (dpnoise.training.recipes)")
+    add("--model", choices=MODEL_CHOICES, help="cnn: the TensorFlow Privacy tutorial's 4-layer CNN (default); resnet-gn: "
         "GroupNorm ResNet (0.31M parameters; resnet-gn-small: half width, 78k); minilm: MiniLM-L6 for sst2 (last "
         "encoder block, pooler and head trained); minilm-features: frozen MiniLM-L6 sentence embeddings (mean pooled, "
         "computed once and cached), only a linear head is trained (sst2); efficientnet-lite0-features: frozen ImageNet "
-        "backbone, features cached, only the linear head is trained (RGB datasets)")
+        "backbone, features cached, only the linear head is trained (RGB datasets); scatternet-linear / scatternet-cnn: "
+        "frozen ScatterNet features (kymatio, J=2, L=8, computed once and cached) under GroupNorm and a linear or small "
+        "CNN head (Tramer & Boneh 2021; needs the train extra)")
     add("--limit", type=int, help="train on a deterministic class-balanced subset of this size")
     add("--test-limit", type=int, help="evaluate on a class-balanced test subset of this size")
     add("--data-root", type=Path, help="folder with the dataset files instead of the default place")
-    add("--max-length", type=int, default=64, help="token length for text datasets (default 64)")
+    add("--max-length", type=int, help="token length for text datasets (default 64)")
     add = p.add_argument_group("privacy").add_argument
     add("--mechanism", required=True, choices=MECHANISM_CHOICES, help=f"{mechanism_help()}. Output mechanisms protect "
         "the released outputs, not the parameters (docs/theory/dirichlet.md §5)")
     add("--epsilon", type=float, help="target epsilon: calibrates the noise for --epochs (unless --noise is given) and "
         "stops training before the budget is exceeded")
     add("--noise", type=float, help=f"fixed noise instead of calibrating; {noise_help()}")
-    add("--delta", type=float, required=True, help="target delta, e.g. 1e-5")
-    add("--clip", type=float, default=1.0, help="clipping norm C: per-example gradient L2 norm (gaussian, lap2), L1 "
+    add("--delta", type=float, help="target delta, e.g. 1e-5 (required unless a --recipe sets it)")
+    add("--clip", type=float, help="clipping norm C: per-example gradient L2 norm (gaussian, lap2), L1 "
         "norm (laplace-l1), or penultimate activation L2 norm; unused by dirichlet (default 1)")
-    add("--alpha", type=float, default=1.0, help="Dirichlet offset alpha > 0 (dirichlet only; default 1)")
+    add("--alpha", type=float, help="Dirichlet offset alpha > 0 (dirichlet only; default 1)")
     add("--accountant", metavar="NAME", help="primary accountant (budget and headline epsilon); default: the sound default of the "
         "mechanism. All applicable ones are reported. One of: " + ", ".join(accountant_names()))
     add("--calibrate-with", metavar="NAME", help="accountant used to calibrate the noise (default: the primary); 'lap2-paper' is "
         "allowed for reproducing the Lap2 paper but warned: it is not a valid bound")
-    add("--grad-sample-mode", choices=GRAD_SAMPLE_MODE_CHOICES, default="auto", help="per-example gradients of "
+    add("--grad-sample-mode", choices=GRAD_SAMPLE_MODE_CHOICES, help="per-example gradients of "
         "gradient mechanisms: 'hooks' (Opacus, every layer materialised), 'bookkeeping' (dense layers clipped without "
         "materialising; same clipped sums, faster) or 'auto' (default: bookkeeping where every layer supports it)")
     add = p.add_argument_group("optimisation").add_argument
-    add("--epochs", type=float, required=True,
-        help="epochs E; the run takes ceil(E / q) Poisson-sampled steps, q = batch/N")
-    add("--batch-size", type=int, required=True, help="expected (Poisson) batch size B")
-    add("--optimizer", choices=OPTIMIZER_CHOICES, default="adam", help="default adam")
+    add("--epochs", type=float, help="epochs E; the run takes ceil(E / q) Poisson-sampled steps, q = batch/N "
+        "(required unless a --recipe sets it)")
+    add("--batch-size", type=int, help="expected (Poisson) batch size B (required unless a --recipe sets it)")
+    add("--physical-batch-size", type=int, help="process each Poisson batch in pieces of at most this many examples: "
+        "their clipped gradients are summed and noised once, the same step in less memory (default: one piece)")
+    add("--optimizer", choices=OPTIMIZER_CHOICES, help="default adam")
     add("--lr", type=float, help="learning rate (default: 1e-3 for adam, 0.1 for sgd)")
     add("--effective-lr", type=float, help="dirichlet only, instead of --lr: lr = effective_lr / kappa(s_y=0.9; r, "
         "alpha), the Dirichlet-mechanism paper's heuristic for SGD (docs/theory/dirichlet.md §4). Adam already normalises the gradient scale, so with "
         "adam this mostly just raises the lr")
-    add("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
-    add("--weight-decay", type=float, default=0.0, help="weight decay (default 0; the Lap2 paper used 1e-4)")
-    add("--label-smoothing", type=float, default=0.0, help="label smoothing (default 0; the Lap2 paper used 0.15)")
+    add("--lr-schedule", choices=LR_SCHEDULE_CHOICES, help="constant (default) or cosine: the lr decays to 0 over "
+        "the planned steps")
+    add("--momentum", type=float, help="SGD momentum (default 0)")
+    add("--weight-decay", type=float, help="weight decay (default 0; the Lap2 paper used 1e-4)")
+    add("--label-smoothing", type=float, help="label smoothing (default 0; the Lap2 paper used 0.15)")
+    add("--ema-decay", type=float, help="evaluate an exponential moving average of the parameters with this decay in "
+        "(0, 1), warmed up as min(decay, (1+t)/(10+t)); free post-processing of the private iterates (default: none)")
     add("--max-steps", type=int,
         help="stop after this many steps in total (the noise is still calibrated for --epochs)")
     add = p.add_argument_group("run").add_argument
-    add("--seed", type=int, default=0, help="seed for model init, Poisson sampling and noise (default 0)")
+    add("--seed", type=int, help="seed for model init, Poisson sampling and noise (default 0)")
     add("--threads", type=int, help="torch CPU threads (default: torch's choice; per process under torchrun)")
-    add("--device", choices=DEVICE_CHOICES, default="auto", help="auto (default): cuda when available, else cpu")
-    add("--noise-shares", choices=NOISE_SHARES_CHOICES, default="split", help="under torchrun: split (default; every "
+    add("--device", choices=DEVICE_CHOICES, help="auto (default): cuda when available, else cpu")
+    add("--noise-shares", choices=NOISE_SHARES_CHOICES, help="under torchrun: split (default; every "
         "process adds one of K independent noise shares) or rank0 (rank 0 adds all the noise); docs/DISTRIBUTED.md")
     add("--out", type=Path, help="write metrics.json, steps.csv, epochs.csv, curves.png and checkpoint.pt here")
     add("--resume", type=Path, help="continue from a checkpoint written by --out")
@@ -130,9 +149,24 @@ def option(args: argparse.Namespace, flag: str):  # the value of --flag-name
     return getattr(args, flag[2:].replace("-", "_"))
 
 
+def configuration_fields(args: argparse.Namespace) -> dict:
+    """The configuration's fields from the options given (and the ``--recipe``'s for the others)."""
+    from dpnoise.training.recipes import apply_recipe
+
+    values = {field: option(args, flag) for field, (flag, *_) in OPTIONS.items()}
+    values["output.progress"] = not args.no_progress
+    if args.recipe:
+        values = apply_recipe(values, args.recipe)
+    for flag, field in (("--delta", "privacy.delta"), ("--epochs", "schedule.epochs"),
+                        ("--batch-size", "schedule.batch_size")):
+        if values.get(field) is None:
+            raise checks.InvalidParameterError(f"give {flag} (or a --recipe that sets it)")
+    return {field: value for field, value in values.items() if value is not None}  # the others keep their defaults
+
+
 def check_options(args: argparse.Namespace) -> None:
     """Check every option before any work, without torch; errors name the flag."""
-    if args.epsilon is None and args.noise is None:
+    if args.epsilon is None and args.noise is None and args.recipe is None:
         raise checks.InvalidParameterError("give --epsilon (calibrate the noise) or --noise (fixed noise), or both")
     if args.effective_lr is not None and (args.mechanism != "dirichlet" or args.lr is not None):
         raise checks.InvalidParameterError("--effective-lr applies to --mechanism dirichlet without --lr")
@@ -144,11 +178,10 @@ def check_options(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point (a :class:`~dpnoise.errors.DpnoiseError` becomes one line and exit status 2 in ``main``)."""
     check_options(args)
+    values = configuration_fields(args)
     from dpnoise.training import InvalidConfigError, TrainingConfig, train_private
     from dpnoise.training.summary import report_lines
 
-    values = {field: option(args, flag) for field, (flag, *_) in OPTIONS.items()}
-    values["output.progress"] = not args.no_progress
     try:
         result = train_private(TrainingConfig.from_fields(values))
     except InvalidConfigError as err:  # the configuration's field names become the flags

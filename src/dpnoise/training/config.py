@@ -33,6 +33,8 @@ CHECKPOINT_NAME = "checkpoint.pt"
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 #: who adds the noise in a distributed run: every rank one of K shares, or rank 0 all of it
 NOISE_SHARES = ("split", "rank0")
+#: learning-rate schedules over the planned steps: constant, or cosine decay to 0 (Loshchilov & Hutter, arXiv 1608.03983)
+LR_SCHEDULES = ("constant", "cosine")
 
 #: renders a field's dotted path (``privacy.epsilon``) as a front end names it
 Naming = Callable[[str], str]
@@ -123,6 +125,11 @@ class OptimizerConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     label_smoothing: float = 0.0
+    #: "constant" or "cosine" (decays the lr to 0 over the planned steps)
+    lr_schedule: str = "constant"
+    #: evaluate an exponential moving average of the parameters with this decay (warmed up as
+    #: min(decay, (1 + t) / (10 + t)) at step t); post-processing, no privacy cost.  None: no average
+    ema_decay: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,9 @@ class Schedule:
     batch_size: int
     #: stop after this many steps in total (the noise is still calibrated for ``epochs``)
     max_steps: Optional[int] = None
+    #: process each Poisson batch in physical batches of at most this many examples (clipped sums
+    #: accumulated and noised once: the same step in less memory); None: one physical batch
+    physical_batch_size: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -239,6 +249,8 @@ def check_config(config: TrainingConfig) -> None:
     check_field("optimizer.weight_decay", "nonnegative", opt.weight_decay)
     check_field("optimizer.label_smoothing", "fraction", opt.label_smoothing)
     _optional("schedule.max_steps", "check_count", schedule.max_steps, 1)
+    _optional("schedule.physical_batch_size", "check_count", schedule.physical_batch_size, 1)
+    _optional("optimizer.ema_decay", "open_fraction", opt.ema_decay)
     _optional("data.limit", "check_count", data.limit, 1)
     _optional("data.test_limit", "check_count", data.test_limit, 1)
     check_field("data.max_length", "count_in", data.max_length, *MAX_LENGTH_RANGE)
@@ -251,7 +263,8 @@ def check_config(config: TrainingConfig) -> None:
         raise InvalidConfigError(lambda n: f"{n('optimizer.name')} must be one of {', '.join(DEFAULT_LR)}, "
                                            f"got {opt.name!r}")
     for path, value, choices in (("device", config.device, DEVICE_CHOICES),
-                                 ("mechanism.noise_shares", mech.noise_shares, NOISE_SHARES)):
+                                 ("mechanism.noise_shares", mech.noise_shares, NOISE_SHARES),
+                                 ("optimizer.lr_schedule", opt.lr_schedule, LR_SCHEDULES)):
         if value not in choices:
             raise InvalidConfigError(lambda n, path=path, value=value, choices=choices:
                                      f"{n(path)} must be one of {', '.join(choices)}, got {value!r}")

@@ -37,7 +37,7 @@ from dpnoise.accounting import (
     noise_keywords,
     steps_from_epochs,
 )
-from dpnoise.accounting.validation import check_delta, check_positive, check_sample_rate
+from dpnoise.accounting.validation import check_count, check_delta, check_positive, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.training.bookkeeping import BookkeepingModule, unsupported_bookkeeping_layers
 from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
@@ -56,7 +56,7 @@ from dpnoise.training.optimizers import (
     NoisyGradientOptimizer,
     OutputPrivateOptimizer,
 )
-from dpnoise.training.sampling import DeviceDataLoader, poisson_loader, shard_indices
+from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
 from dpnoise.training.validation import check_supported_layers
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,8 @@ class PrivacyEngine:
         self.calibration: Optional[CalibrationResult] = None
         #: per-example gradient source in use ("bookkeeping" or "hooks"; None for output mechanisms)
         self.grad_sample_mode: Optional[str] = None
+        #: which physical batch ends a logical (Poisson) batch (set by make_private)
+        self.logical_batches: Optional[LogicalBatchTracker] = None
 
     # ----------------------------------------------------------------------------- wrapping
     def make_private(
@@ -150,6 +152,7 @@ class PrivacyEngine:
         grad_sample_mode: GradSampleMode = "auto",
         device: Optional[DeviceLike] = None,
         noise_shares: str = "split",
+        max_physical_batch_size: Optional[int] = None,
     ) -> tuple[nn.Module, Optimizer, DataLoader]:
         """Return the private (module, optimizer, data loader).
 
@@ -191,6 +194,13 @@ class PrivacyEngine:
                 or ``"rank0"`` (rank 0 adds all of it); docs/DISTRIBUTED.md says what either hides
                 from the ranks (they are trusted, as one process is).  The optimizer and the model must then be
                 used on every rank in step; ``save_checkpoint`` too.  Ignored in one process.
+            max_physical_batch_size: logical batches larger than memory allows: the loader yields
+                each Poisson batch (one accounted step) in physical batches of at most this many
+                examples; ``optimizer.step()`` after a physical batch that does not end its logical
+                batch only clips and accumulates (no noise, no update, no accounting), and after
+                the last one it noises the whole clipped sum once and takes the step.  The usual
+                loop (``zero_grad``, forward, ``backward``, ``step`` per batch) needs no change.
+                Default: one physical batch per logical batch.
         """
         # Every argument is checked here, before any work (errors name the parameter).
         if self.setup is not None:
@@ -201,6 +211,11 @@ class PrivacyEngine:
         if grad_sample_mode not in GRAD_SAMPLE_MODES:
             raise InvalidTrainingOptionError(
                 f"grad_sample_mode must be one of {', '.join(GRAD_SAMPLE_MODES)}, got {grad_sample_mode!r}")
+        if max_physical_batch_size is not None:
+            max_physical_batch_size = check_count("max_physical_batch_size", max_physical_batch_size, 1)
+            if not poisson_sampling:
+                raise InvalidTrainingOptionError("max_physical_batch_size splits Poisson batches; it needs "
+                                                 "poisson_sampling=True")
         if noise_shares not in NOISE_SHARES:
             raise InvalidTrainingOptionError(
                 f"noise_shares must be one of {', '.join(NOISE_SHARES)}, got {noise_shares!r}")
@@ -238,7 +253,9 @@ class PrivacyEngine:
         module.to(device)
         self.device, self.group = device, group
         self._create_generators()
-        private_loader = self._private_loader(data_loader, poisson_sampling, float_dtype=module_float_dtype(module))
+        self.logical_batches = LogicalBatchTracker()
+        private_loader = self._private_loader(data_loader, poisson_sampling, float_dtype=module_float_dtype(module),
+                                              max_physical_batch_size=max_physical_batch_size)
         sample_rate = self._sample_rate(private_loader, data_loader)
         params = count_trainable_parameters(module)
         if epochs is not None:
@@ -324,10 +341,10 @@ class PrivacyEngine:
         primary = accountant or recorded[0]
         return primary, tuple(dict.fromkeys([primary, *recorded]))
 
-    def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool,
-                        float_dtype: Optional[torch.dtype]) -> DeviceDataLoader:
+    def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool, float_dtype: Optional[torch.dtype],
+                        max_physical_batch_size: Optional[int]) -> DeviceDataLoader:
         """Poisson loader of this rank's shard with the engine's sampling generator (or shuffled
-        batches, warned), its batches on the run's device."""
+        batches, warned), its batches on the run's device, split into physical batches if asked."""
         dataset = data_loader.dataset
         common = dict(collate_fn=data_loader.collate_fn, num_workers=data_loader.num_workers)
         if not poisson_sampling:
@@ -346,7 +363,9 @@ class PrivacyEngine:
         return poisson_loader(dataset, sample_rate=data_loader.batch_size / len(dataset),
                               shard=shard_indices(len(dataset), self.rank, self.world_size),
                               generator=self.sampling_generator, device=self.device, float_dtype=float_dtype,
-                              worker_generator=seeded_generator(worker_seed), **common)
+                              worker_generator=seeded_generator(worker_seed),
+                              max_physical_batch_size=max_physical_batch_size, tracker=self.logical_batches,
+                              **common)
 
     @staticmethod
     def _sample_rate(private_loader: DataLoader, data_loader: DataLoader) -> float:
@@ -373,6 +392,7 @@ class PrivacyEngine:
                 max_grad_norm=setup.clip,
                 expected_batch_size=expected_batch_size,
                 gate=self,
+                logical_batches=self.logical_batches,
                 generator=self.noise_generator,
                 bookkeeping=private_module if grad_sample_mode == "bookkeeping" else None,
             )
@@ -383,10 +403,10 @@ class PrivacyEngine:
         private_module = mech.wrap_module(
             module, noise=setup.noise, clip=setup.clip, alpha=setup.alpha, generator=self.noise_generator
         )
+        options = dict(gate=self, logical_batches=self.logical_batches, module=private_module)
         if group is None:
-            return private_module, OutputPrivateOptimizer(optimizer, gate=self)
-        return private_module, DistributedOutputPrivateOptimizer(optimizer, gate=self, group=group,
-                                                                 module=private_module)
+            return private_module, OutputPrivateOptimizer(optimizer, **options)
+        return private_module, DistributedOutputPrivateOptimizer(optimizer, group=group, **options)
 
     # ----------------------------------------------------------------------------- accounting
     def accounting_step_arguments(self) -> dict[str, Any]:

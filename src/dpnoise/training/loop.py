@@ -59,17 +59,36 @@ def train_steps(
     loss_fn: LossFunction = F.cross_entropy,
     on_step: Optional[Callable[[StepMetrics], None]] = None,
 ) -> list[StepMetrics]:
-    """Take up to ``num_steps`` optimizer steps; stop early if the engine's budget is exhausted."""
+    """Take up to ``num_steps`` optimizer steps; stop early if the engine's budget is exhausted.
+
+    With physical batches (``make_private(max_physical_batch_size=...)``) a step takes as many
+    batches as its logical batch has; its metrics are over the whole logical batch.
+    """
     history = []
-    for _ in range(num_steps):
-        loss, accuracy, batch_size = train_step(module, optimizer, next(batches), loss_fn)
+    physical: list[tuple[float, float, int]] = []
+    while len(history) < num_steps:
+        steps_before = engine.steps
+        physical.append(train_step(module, optimizer, next(batches), loss_fn))
         if engine.budget_exhausted:
             break
-        metrics = StepMetrics(step=engine.steps, loss=loss, batch_accuracy=accuracy, batch_size=batch_size)
+        if engine.steps == steps_before:  # a physical batch was accumulated; the step is not over
+            continue
+        metrics = StepMetrics(engine.steps, *logical_batch_metrics(physical))
+        physical.clear()
         history.append(metrics)
         if on_step is not None:
             on_step(metrics)
     return history
+
+
+def logical_batch_metrics(physical: list[tuple[float, float, int]]) -> tuple[float, float, int]:
+    """(loss, accuracy, size) of a logical batch from those of its physical batches (size-weighted means)."""
+    if len(physical) == 1:
+        return physical[0]
+    size = sum(n for _, _, n in physical)
+    if not size:
+        return 0.0, 0.0, 0
+    return (sum(loss * n for loss, _, n in physical) / size, sum(acc * n for _, acc, n in physical) / size, size)
 
 
 @torch.no_grad()

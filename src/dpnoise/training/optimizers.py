@@ -11,6 +11,14 @@
 Both ask the engine before a step (:meth:`StepGate.admit_step`: refuse past the budget) and report
 the step after noising and before the parameter update (:meth:`StepGate.record_step`).
 
+Logical batches: when the data loader splits a Poisson batch into physical batches
+(``make_private(max_physical_batch_size=...)``), ``step()`` after a physical batch that does not
+end its logical batch only accumulates (:meth:`NoisyGradientOptimizer.accumulate_physical_batch`:
+clipped per-example gradients added to the step's sum; :meth:`OutputPrivateOptimizer.accumulate_physical_batch`:
+the batch's gradient weighted by its size), and the step that ends it is the one noised, accounted
+and applied.  Two backward passes without a ``step()`` between them are still refused: that would
+be plain gradient accumulation, which the accountants do not cover.
+
 Their distributed forms (:class:`DistributedNoisyGradientOptimizer`,
 :class:`DistributedOutputPrivateOptimizer`) all-reduce, so that every rank of a process group
 applies the update one process would compute from the union of the ranks' batches
@@ -31,6 +39,7 @@ from dpnoise.mechanisms.clipping import clip_factors, clipped_sum, per_example_n
 from dpnoise.mechanisms.registry import Mechanism
 from dpnoise.training.bookkeeping import BookkeepingModule
 from dpnoise.training.distributed import DistributedError, RankGroup
+from dpnoise.training.sampling import LogicalBatchTracker
 
 
 class StepGate(Protocol):
@@ -57,9 +66,11 @@ class NoisyGradientOptimizer(DPOptimizer):
         gate: StepGate,
         generator: Optional[torch.Generator],
         bookkeeping: Optional[BookkeepingModule] = None,
+        logical_batches: Optional[LogicalBatchTracker] = None,
     ):
         """``bookkeeping``: the wrapped model when it is a ``BookkeepingModule``; None when it is
-        Opacus's ``GradSampleModule`` (per-example gradients in ``p.grad_sample``)."""
+        Opacus's ``GradSampleModule`` (per-example gradients in ``p.grad_sample``).
+        ``logical_batches``: the loader's tracker of physical batches (None: every batch is a step)."""
         super().__init__(
             optimizer,
             noise_multiplier=noise,  # unused by Opacus here: add_noise is the mechanism's
@@ -72,22 +83,35 @@ class NoisyGradientOptimizer(DPOptimizer):
         self.noise = noise
         self.gate = gate
         self.bookkeeping = bookkeeping
+        self.logical_batches = logical_batches or LogicalBatchTracker()
         self.attach_step_hook(lambda _optimizer: gate.record_step())
 
     @property
     def accumulated_iterations(self) -> int:
-        """Always 1: a step has one Poisson batch (both gradient sources refuse accumulation)."""
+        """Always 1: a step has one Poisson batch (its physical batches are one logical batch)."""
         return 1
 
     def clip_and_accumulate(self) -> None:
-        """Clip each example's gradient to ``max_grad_norm`` in the mechanism's norm; sum."""
+        """Clip each example's gradient to ``max_grad_norm`` in the mechanism's norm and add the sum
+        to ``p.summed_grad`` (the step's clipped sum over its physical batches)."""
         if self.bookkeeping is not None:
             norms = self.bookkeeping.per_example_norms(self.mechanism.clip_norm_ord)
             sums = self.bookkeeping.clipped_sums(self.params, clip_factors(norms, self.max_grad_norm))
         else:
             sums = self._clipped_sums_of_grad_samples()
         for p, summed in zip(self.params, sums):
-            p.summed_grad = summed.to(p.dtype)
+            summed = summed.to(p.dtype)
+            p.summed_grad = summed if getattr(p, "summed_grad", None) is None else p.summed_grad + summed
+
+    def accumulate_physical_batch(self) -> None:
+        """Add this physical batch's clipped per-example gradients to the step's clipped sum, then
+        free them for the next physical batch of the same logical batch.  Nothing is noised,
+        applied or accounted: the step that ends the logical batch does that once."""
+        self.clip_and_accumulate()
+        for p in self.params:
+            p.grad_sample = None
+            p.grad = None
+        self._is_last_step_skipped = True  # zero_grad keeps the step's clipped sum
 
     def _clipped_sums_of_grad_samples(self) -> list[torch.Tensor]:
         """Clipped sums from Opacus's ``p.grad_sample`` (each used once: processed flags)."""
@@ -115,7 +139,12 @@ class NoisyGradientOptimizer(DPOptimizer):
             _mark_as_processed(p.summed_grad)
 
     def pre_step(self, closure: Optional[Callable[[], float]] = None) -> bool:
-        """Refuse the step if it does not fit the budget; otherwise clip, noise and record it."""
+        """Accumulate a physical batch that does not end its logical batch; otherwise refuse the
+        step if it does not fit the budget, or clip, noise and record it."""
+        if not self.logical_batches.ends_logical_batch:
+            self.accumulate_physical_batch()
+            return False
+        self._is_last_step_skipped = False  # whatever happens now, the next zero_grad starts a new sum
         if not self.gate.admit_step():
             return False
         self.clip_and_accumulate()
@@ -169,13 +198,54 @@ class DistributedNoisyGradientOptimizer(NoisyGradientOptimizer):
 
 
 class OutputPrivateOptimizer(Optimizer):
-    """Plain optimizer wrapper for output mechanisms: gates and records each step."""
+    """Plain optimizer wrapper for output mechanisms: gates and records each step.
 
-    def __init__(self, optimizer: Optimizer, *, gate: StepGate):
+    The update is the gradient of the mean loss over the logical batch: with physical batches,
+    each one's gradient is weighted by its size (``module``, the private model, has a forward
+    pre-hook that reads the size of each training batch).
+    """
+
+    def __init__(self, optimizer: Optimizer, *, gate: StepGate, module: torch.nn.Module,
+                 logical_batches: Optional[LogicalBatchTracker] = None):
         # Like Opacus's DPOptimizer, delegate state to the wrapped optimizer instead of
         # calling Optimizer.__init__ (which would copy the parameter groups).
         self.original_optimizer = optimizer
         self.gate = gate
+        self.logical_batches = logical_batches or LogicalBatchTracker()
+        #: size of the last training batch, and the step's size-weighted gradient sums so far
+        self.batch_size = 0
+        self.accumulated: Optional[list[torch.Tensor]] = None
+        self.accumulated_examples = 0
+        module.register_forward_pre_hook(self._read_batch_size)
+
+    def _read_batch_size(self, module: torch.nn.Module, args: tuple) -> None:
+        if module.training:
+            self.batch_size = len(args[0])
+
+    @property
+    def trainable_params(self) -> list[torch.Tensor]:
+        return [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+
+    def weighted_gradients(self) -> list[torch.Tensor]:
+        """This physical batch's mean-loss gradient times its size, per trainable parameter."""
+        return [torch.zeros_like(p) if p.grad is None else p.grad * self.batch_size for p in self.trainable_params]
+
+    def accumulate_physical_batch(self) -> None:
+        """Add this physical batch's gradient, weighted by its size, to the step's sums; free ``p.grad``."""
+        weighted = self.weighted_gradients()
+        self.accumulated = weighted if self.accumulated is None else [a + w for a, w in zip(self.accumulated, weighted)]
+        self.accumulated_examples += self.batch_size
+        for p in self.trainable_params:
+            p.grad = None
+
+    def logical_batch_sums(self) -> tuple[list[torch.Tensor], int]:
+        """(size-weighted gradient sums, examples) of the whole logical batch; resets the accumulation."""
+        sums, examples = self.weighted_gradients(), self.batch_size
+        if self.accumulated is not None:
+            sums = [a + w for a, w in zip(self.accumulated, sums)]
+            examples += self.accumulated_examples
+        self.accumulated, self.accumulated_examples = None, 0
+        return sums, examples
 
     @property
     def param_groups(self) -> list[dict]:
@@ -197,6 +267,13 @@ class OutputPrivateOptimizer(Optimizer):
         self.original_optimizer.zero_grad(set_to_none)
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        if not self.logical_batches.ends_logical_batch:
+            self.accumulate_physical_batch()
+            return None
+        if self.accumulated is not None:  # the mean over the physical batches' examples
+            sums, examples = self.logical_batch_sums()
+            for p, summed in zip(self.trainable_params, sums):
+                p.grad = summed / max(examples, 1)
         if not self.gate.admit_step():
             return None
         self.gate.record_step()
@@ -214,30 +291,25 @@ class OutputPrivateOptimizer(Optimizer):
 
 class DistributedOutputPrivateOptimizer(OutputPrivateOptimizer):
     """One rank's optimizer for an output mechanism: the gradient of the mean loss over the union of
-    the ranks' batches (each rank's mean-loss gradient weighted by its batch size, all-reduced).
+    the ranks' (logical) batches (each rank's size-weighted gradient sums and sizes, all-reduced).
 
     The noise is in each example's output, drawn by each rank's own generator; nothing is added here.
-    ``module`` is the private model: a forward pre-hook reads the size of each training batch.
     """
 
-    def __init__(self, optimizer: Optimizer, *, gate: StepGate, group: RankGroup, module: torch.nn.Module):
-        super().__init__(optimizer, gate=gate)
+    def __init__(self, optimizer: Optimizer, *, group: RankGroup, **options):
+        super().__init__(optimizer, **options)
         self.group = group
-        self.local_batch_size = 0
-        module.register_forward_pre_hook(self._read_batch_size)
-
-    def _read_batch_size(self, module: torch.nn.Module, args: tuple) -> None:
-        if module.training:
-            self.local_batch_size = len(args[0])
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        if not self.logical_batches.ends_logical_batch:
+            self.accumulate_physical_batch()
+            return None
+        sums, examples = self.logical_batch_sums()
         if not self.gate.admit_step():
             return None
-        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
-        grads = [torch.zeros_like(p) if p.grad is None else p.grad * self.local_batch_size for p in params]
-        size = torch.tensor([float(self.local_batch_size)], dtype=grads[0].dtype, device=grads[0].device)
-        self.group.all_reduce_sum([*grads, size], "summing the gradients")
-        for p, summed in zip(params, grads):
+        size = torch.tensor([float(examples)], dtype=sums[0].dtype, device=sums[0].device)
+        self.group.all_reduce_sum([*sums, size], "summing the gradients")
+        for p, summed in zip(self.trainable_params, sums):
             p.grad = summed / size.clamp(min=1.0)
         self.gate.record_step()
         return self.original_optimizer.step(closure)

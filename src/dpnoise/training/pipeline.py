@@ -25,7 +25,7 @@ import math
 import sys
 import time
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from dpnoise.training.config import CHECKPOINT_NAME, InvalidConfigError, TrainingConfig, check_config
 from dpnoise.training.preparation import (
@@ -99,6 +99,7 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
 
     from dpnoise.accounting import UnsoundAccountantWarning
     from dpnoise.errors import DpnoiseError
+    from dpnoise.training.averaging import learning_rate_schedule, parameter_average
     from dpnoise.training.checkpoint import load_checkpoint
     from dpnoise.training.engine import PrivacyEngine
     from dpnoise.training.report import RunHistory, write_run_outputs
@@ -107,10 +108,15 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
     torch.manual_seed(config.seed)
     model, train_set, test_set = prepare_model_and_data(config)
     optimizer = build_optimizer(config, model)
+    # the average is copied from the plain model, before make_private hooks it
+    average = parameter_average(model, config.optimizer.ema_decay) if config.optimizer.ema_decay else None
     engine = PrivacyEngine(seed=config.seed)
     module, optimizer, loader = make_private(engine, config, model, optimizer,
                                              DataLoader(train_set, batch_size=config.schedule.batch_size), device)
     apply_dirichlet_learning_rate(config, optimizer, engine)
+    total_steps = min(engine.planned_steps, config.schedule.max_steps or engine.planned_steps)
+    extras = PostProcessing(model, average.to(engine.device) if average is not None else None,
+                            learning_rate_schedule(optimizer, config.optimizer.lr_schedule, engine.planned_steps))
     history = RunHistory()
     if config.output.resume:
         try:
@@ -119,14 +125,14 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
             problem = str(err)
             raise InvalidConfigError(lambda n: f"{n('output.resume')}: {problem}") from err
         history = RunHistory.from_dict(extra["history"])
+        extras.load_state_dict(extra.get("post_processing", {}))
     test_shard = Subset(test_set, shard_indices(len(test_set), engine.rank, engine.world_size).tolist())
     test_loader = DataLoader(test_shard, batch_size=EVAL_BATCH_SIZE)
-    total_steps = min(engine.planned_steps, config.schedule.max_steps or engine.planned_steps)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsoundAccountantWarning)  # stated in the final report
         # Opacus's hooks on the first layer trigger this torch notice on every run; it is harmless.
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        run_epochs(config, module, optimizer, loader, test_loader, engine, history, total_steps)
+        run_epochs(config, module, optimizer, loader, test_loader, engine, history, total_steps, extras)
         result = summarize(config, engine, optimizer, history, len(train_set), time.perf_counter() - started)
     if config.output.folder and engine.rank == 0:
         result = dataclasses.replace(result, files=tuple(write_run_outputs(config.output.folder, result.summary(),
@@ -149,7 +155,39 @@ def make_private(
         alpha=mechanism.alpha if mechanism.name == "dirichlet" else None,
         accountant=privacy.accountant, calibrate_with=privacy.calibrate_with, on_budget_exhausted="stop",
         grad_sample_mode=mechanism.grad_sample_mode, device=device, noise_shares=mechanism.noise_shares,
+        max_physical_batch_size=config.schedule.physical_batch_size,
     )
+
+
+class PostProcessing:
+    """What is done with the private iterates after each step: the parameter average (evaluated in
+    place of the last iterate) and the learning-rate schedule; both in the checkpoints."""
+
+    def __init__(self, model: nn.Module, average: Optional[nn.Module],
+                 schedule: Optional[torch.optim.lr_scheduler.LRScheduler]):
+        #: the plain model under the private wrapper (its parameters are the iterates)
+        self.model = model
+        self.average = average
+        self.schedule = schedule
+
+    def after_step(self) -> None:
+        if self.average is not None:
+            self.average.update_parameters(self.model)
+        if self.schedule is not None:
+            self.schedule.step()
+
+    def evaluated(self, module: nn.Module) -> nn.Module:
+        """The model to evaluate: the average if there is one, else ``module``."""
+        return module if self.average is None else self.average
+
+    def state_dict(self) -> dict:
+        return {name: part.state_dict() for name, part in (("average", self.average), ("schedule", self.schedule))
+                if part is not None}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, part in (("average", self.average), ("schedule", self.schedule)):
+            if part is not None and name in state:
+                part.load_state_dict(state[name])
 
 
 def next_epoch_end(steps: int, sample_rate: float) -> int:
@@ -163,6 +201,7 @@ def next_epoch_end(steps: int, sample_rate: float) -> int:
 def run_epochs(
     config: TrainingConfig, module: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader,
     test_loader: DataLoader, engine: PrivacyEngine, history: RunHistory, total_steps: int,
+    extras: PostProcessing,
 ) -> None:
     """Train to ``total_steps``, evaluating (and checkpointing into the output folder) after every epoch."""
     from torch.nn import functional as F
@@ -185,6 +224,7 @@ def run_epochs(
         record = StepRecord(metrics.step, metrics.step * sample_rate, metrics.loss, metrics.batch_accuracy,
                             metrics.batch_size, engine.get_quick_epsilon())
         history.steps.append(record)
+        extras.after_step()
         window = history.steps[-20:]
         bar.set_postfix(loss=f"{sum(s.loss for s in window) / len(window):.3f}",
                         acc=f"{sum(s.batch_accuracy for s in window) / len(window):.3f}",
@@ -196,14 +236,15 @@ def run_epochs(
         next_boundary = min(next_epoch_end(engine.steps, sample_rate), total_steps)
         train_steps(module, optimizer, batches, engine, next_boundary - engine.steps, loss_fn=loss_fn, on_step=on_step)
         history.epochs.append(EpochRecord(engine.steps * sample_rate, engine.steps,
-                                          evaluate_test_accuracy(module, test_loader, engine), engine.epsilon_by_accountant()))
+                                          evaluate_test_accuracy(extras.evaluated(module), test_loader, engine),
+                                          engine.epsilon_by_accountant()))
         if engine.rank == 0:
             bar.write(f"step {engine.steps}: test accuracy {history.epochs[-1].test_accuracy:.4f}, "
                       f"epsilon ({engine.setup.accountant}) {engine.get_epsilon():.4f}", file=sys.stderr)
         if folder:
             folder.mkdir(parents=True, exist_ok=True)
             save_checkpoint(folder / CHECKPOINT_NAME, module=module, optimizer=optimizer, engine=engine,
-                            extra={"history": history.to_dict()})
+                            extra={"history": history.to_dict(), "post_processing": extras.state_dict()})
     bar.close()
 
 

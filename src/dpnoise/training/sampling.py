@@ -14,10 +14,17 @@ collated by Opacus's ``wrap_collate_with_empty`` (zero-length tensors of the dat
 
 In one process on the CPU the draws are those of Opacus's ``UniformWithReplacementSampler`` with
 the same generator (``torch.rand(N) < q``), so the batches are the ones ``DPDataLoader`` gave.
+
+Logical and physical batches: with ``max_physical_batch_size`` m, each Poisson batch (the logical
+batch, one accounted step) is yielded as ceil(n / m) physical batches of at most m examples (one
+empty batch when n = 0).  The loader tells the optimizer, through a :class:`LogicalBatchTracker`,
+whether the physical batch it yielded last ends its logical batch: only then does the optimizer
+noise the accumulated clipped sum and take the step (Opacus's ``BatchMemoryManager`` does the same).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
@@ -34,49 +41,90 @@ def shard_indices(size: int, rank: int, world_size: int) -> torch.Tensor:
     return torch.arange(rank, size, world_size)
 
 
+class LogicalBatchTracker:
+    """Whether the physical batch a loader yielded last ends its logical (Poisson) batch.
+
+    The sampler queues one flag per physical batch in the order it makes them, and the loader takes
+    one off per batch it yields (the order a ``DataLoader`` keeps, workers or not), so that the flag
+    read at ``optimizer.step()`` is the one of the batch just trained on.
+    """
+
+    def __init__(self) -> None:
+        self.queued: deque[bool] = deque()
+        #: True before the first batch and after every batch that ends a logical batch
+        self.ends_logical_batch = True
+
+    def queue(self, ends_logical_batch: bool) -> None:
+        self.queued.append(ends_logical_batch)
+
+    def advance(self) -> None:
+        """The loader yielded the next physical batch."""
+        self.ends_logical_batch = self.queued.popleft()
+
+
 class PoissonShardSampler(Sampler[list[int]]):
     """Batches of the examples ``indices``, each included independently with probability ``sample_rate``.
 
-    The draws are made by ``generator`` on its device; ``steps`` batches (empty ones included) per
-    pass, ``int(1 / sample_rate)`` by default as in Opacus.
+    The draws are made by ``generator`` on its device; ``steps`` logical batches (empty ones
+    included) per pass, ``int(1 / sample_rate)`` by default as in Opacus.  With
+    ``max_physical_batch_size`` each logical batch is yielded in physical batches of at most that
+    size, and ``tracker`` is told which physical batch ends each logical one.
     """
 
     def __init__(self, indices: torch.Tensor, sample_rate: float, generator: torch.Generator,
-                 steps: Optional[int] = None):
+                 steps: Optional[int] = None, max_physical_batch_size: Optional[int] = None,
+                 tracker: Optional[LogicalBatchTracker] = None):
         self.indices = indices
         self.sample_rate = sample_rate
         self.generator = generator
         self.steps = int(1 / sample_rate) if steps is None else steps
+        self.max_physical_batch_size = max_physical_batch_size
+        self.tracker = tracker
 
     def __len__(self) -> int:
+        """Logical batches per pass (the physical ones are as many or more, depending on the draws)."""
         return self.steps
 
     def __iter__(self) -> Iterator[list[int]]:
         for _ in range(self.steps):
             drawn = torch.rand(len(self.indices), generator=self.generator, device=self.generator.device)
-            selected = (drawn < self.sample_rate).nonzero().reshape(-1).cpu()
-            yield self.indices[selected].tolist()
+            selected = self.indices[(drawn < self.sample_rate).nonzero().reshape(-1).cpu()].tolist()
+            size = self.max_physical_batch_size or max(len(selected), 1)
+            starts = range(0, max(len(selected), 1), size)  # an empty logical batch: one empty physical batch
+            for start in starts:
+                if self.tracker is not None:
+                    self.tracker.queue(start == starts[-1])
+                yield selected[start : start + size]
 
 
 class DeviceDataLoader(DataLoader):
     """A ``DataLoader`` whose batches are moved to ``device`` (floating tensors cast to ``float_dtype``)."""
 
     def __init__(self, dataset: Dataset, *, device: torch.device, float_dtype: Optional[torch.dtype],
-                 **options: Any):
+                 tracker: Optional[LogicalBatchTracker] = None, **options: Any):
         super().__init__(dataset, **options)
         self.device = device
         self.float_dtype = float_dtype
+        self.tracker = tracker
 
     def __iter__(self) -> Iterator[Any]:
+        if self.tracker is not None:
+            self.tracker.queued.clear()  # flags of batches an abandoned pass prefetched
         for batch in super().__iter__():
+            if self.tracker is not None:
+                self.tracker.advance()
             yield to_device(batch, self.device, self.float_dtype)
 
 
 def poisson_loader(dataset: Dataset, *, sample_rate: float, shard: torch.Tensor, generator: torch.Generator,
                    device: torch.device, float_dtype: Optional[torch.dtype],
                    collate_fn: Optional[Callable] = None, num_workers: int = 0,
-                   worker_generator: Optional[torch.Generator] = None) -> DeviceDataLoader:
-    """Poisson batches of ``shard`` (indices into ``dataset``) at ``sample_rate``, on ``device``.
+                   worker_generator: Optional[torch.Generator] = None,
+                   max_physical_batch_size: Optional[int] = None,
+                   tracker: Optional[LogicalBatchTracker] = None) -> DeviceDataLoader:
+    """Poisson batches of ``shard`` (indices into ``dataset``) at ``sample_rate``, on ``device``; with
+    ``max_physical_batch_size``, each in physical batches of at most that size (``tracker`` says
+    which one ends it).
 
     ``worker_generator`` (CPU) is the one the ``DataLoader`` draws its worker base seed from at every
     new pass; it is kept apart from the sampler's, so that the draws do not depend on pass boundaries.
@@ -86,7 +134,9 @@ def poisson_loader(dataset: Dataset, *, sample_rate: float, shard: torch.Tensor,
         dataset,
         device=device,
         float_dtype=float_dtype,
-        batch_sampler=PoissonShardSampler(shard, sample_rate, generator),
+        tracker=tracker,
+        batch_sampler=PoissonShardSampler(shard, sample_rate, generator,
+                                          max_physical_batch_size=max_physical_batch_size, tracker=tracker),
         collate_fn=wrap_collate_with_empty(
             collate_fn=collate_fn or default_collate,
             sample_empty_shapes=[(0, *shape_safe(x)) for x in first],

@@ -70,6 +70,12 @@ class TrainingResult:
     kappa_at_0_9: Optional[float] = None
     #: the accountant that calibrated the noise (None: the noise was given)
     calibrated_with: Optional[str] = None
+    #: the optimisation recipe beyond the lr, in the summary when not the default: SGD momentum,
+    #: lr schedule, EMA decay of the evaluated parameter average, physical batch size
+    momentum: float = 0.0
+    lr_schedule: str = "constant"
+    ema_decay: Optional[float] = None
+    physical_batch_size: Optional[int] = None
     #: the curves: per-step (loss, batch accuracy, quick epsilon) and per-epoch (test accuracy,
     #: epsilon by accountant) records
     history: RunHistory = field(default_factory=RunHistory)
@@ -84,6 +90,9 @@ class TrainingResult:
             summary["kappa_at_0.9"] = self.kappa_at_0_9
         if self.calibrated_with is not None:
             summary["calibrated_with"] = self.calibrated_with
+        for name, default in OPTIONAL_FIELDS.items():
+            if getattr(self, name) != default:
+                summary[name] = getattr(self, name)
         if self.files:
             summary["files"] = [str(p) for p in self.files]
         return summary
@@ -102,6 +111,8 @@ SUMMARY_FIELDS = (
     "params", "noise", "noise_unit", "clip", "sample_rate", "batch_size", "epochs", "optimizer", "lr", "seed",
     "scope", "grad_sample_mode", "device", "processes", "wall_time_s",
 )
+#: fields in the summary only when they differ from these defaults
+OPTIONAL_FIELDS = {"momentum": 0.0, "lr_schedule": "constant", "ema_decay": None, "physical_batch_size": None}
 
 
 def summarize(
@@ -138,7 +149,7 @@ def summarize(
         batch_size=config.schedule.batch_size,
         epochs=config.schedule.epochs,
         optimizer=config.optimizer.name,
-        lr=optimizer.param_groups[0]["lr"],
+        lr=optimizer.param_groups[0].get("initial_lr", optimizer.param_groups[0]["lr"]),  # before any schedule
         seed=config.seed,
         scope=engine.scope_statement,
         grad_sample_mode=engine.grad_sample_mode,
@@ -150,6 +161,10 @@ def summarize(
         kappa_at_0_9=(kappa(KAPPA_REFERENCE_PROBABILITY, setup.noise, setup.alpha)
                       if setup.alpha is not None else None),
         calibrated_with=engine.calibration.accountant if engine.calibration is not None else None,
+        momentum=config.optimizer.momentum,
+        lr_schedule=config.optimizer.lr_schedule,
+        ema_decay=config.optimizer.ema_decay,
+        physical_batch_size=config.schedule.physical_batch_size,
         history=history,
     )
 
@@ -161,7 +176,8 @@ def report_lines(summary: dict[str, Any]) -> list[str]:
         f"{summary['steps']} steps, {summary['wall_time_s']:.0f} s on {summary['device']}"
         + (f", {summary['processes']} processes)" if summary["processes"] > 1 else ")"),
         f"mechanism {summary['mechanism']}: noise {summary['noise']:.6g} ({summary['noise_unit']}), "
-        f"clip {summary['clip']:g}, sample rate {summary['sample_rate']:.6g}, lr {summary['lr']:.3g}",
+        f"clip {summary['clip']:g}, sample rate {summary['sample_rate']:.6g}, lr {summary['lr']:.3g}"
+        + "".join(f", {name.replace('_', ' ')} {summary[name]}" for name in OPTIONAL_FIELDS if name in summary),
         f"epsilon at delta={summary['delta']:g}:",
     ]
     for name, eps in summary["epsilon_by_accountant"].items():
