@@ -28,7 +28,7 @@ DEFAULT_SEEDS = (0, 1, 2)
 #: Choices and defaults kept here so that building the parser imports no torch (the runner loads
 #: the datasets); a test checks them against
 #: reproductions.plans.EXPERIMENTS and reproductions.runner.DEFAULT_THREADS.
-EXPERIMENT_CHOICES = ("table2", "finetune", "dirichlet", "figures")
+EXPERIMENT_CHOICES = ("table2", "finetune", "dirichlet", "scatternet", "figures")
 DEFAULT_THREADS = 1
 EXAMPLES = """examples:
   # Lap2 paper's Table II on Fashion-MNIST, one seed, two epsilons (T = 5860 steps per run)
@@ -37,6 +37,8 @@ EXAMPLES = """examples:
   python -m reproductions --experiment table2
   # Dirichlet-mechanism paper: Dirichlet vs DP-SGD vs penultimate Gaussian, and the alpha grid
   python -m reproductions --experiment dirichlet --dataset mnist --seeds 0
+  # Tramer & Boneh's ScatterNet recipe for every mechanism (MNIST, Fashion-MNIST, CIFAR-10)
+  python -m reproductions --experiment scatternet --dataset fashion-mnist --seeds 0
   # redraw every table and figure from the records (no training)
   python -m reproductions --experiment figures
 Records: <results>/<experiment>/<run>.json, one per finished run (existing ones are skipped, so a
@@ -58,13 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", required=True, choices=EXPERIMENT_CHOICES)
     p.add_argument("--dataset", nargs="+",
                    help="datasets (default: table2 fashion-mnist mnist; dirichlet mnist fashion-mnist cifar10-jpeg; "
-                   "finetune cifar10-jpeg sst2)")
+                   "finetune cifar10-jpeg sst2; scatternet fashion-mnist mnist cifar10-jpeg)")
     p.add_argument("--quick", action="store_true", help="one seed and two epsilons per table")
     p.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2; --quick: 0)")
     p.add_argument("--epsilons", type=float, nargs="+", help="target epsilons (default: the experiment's)")
     p.add_argument("--columns", nargs="+",
                    help="only these columns, named by their calibrating accountant (table2: gaussian "
-                   "laplace-l1 lap2-paper lap2; dirichlet: dirichlet gaussian penultimate-gaussian)")
+                   "laplace-l1 lap2-paper lap2; dirichlet: dirichlet gaussian penultimate-gaussian; scatternet: "
+                   "gaussian lap2 laplace-l1 dirichlet)")
     p.add_argument("--steps", type=int,
                    help="override the planned steps T of every run (the records state it; default: the "
                    "experiment's, e.g. 5860 for table2)")
@@ -119,6 +122,9 @@ def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
                                            seeds, args.steps)
         if args.study in ("alpha-grid", "both"):
             specs += plans.alpha_grid_specs(datasets[0], seeds, args.steps)
+    elif args.experiment == "scatternet":
+        specs = plans.scatternet_specs(choose(args.dataset, plans.SCATTERNET_DATASETS),
+                                       choose(args.epsilons, plans.SCATTERNET_EPSILONS, quick), seeds, args.steps)
     else:
         specs = plans.finetune_specs(choose(args.dataset, tuple(plans.FINETUNE_TASKS)), args.epsilons, seeds,
                                      args.steps, quick)

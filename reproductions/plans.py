@@ -9,6 +9,10 @@
 * ``finetune`` -- the Lap2 paper's fine-tuning stand-ins: a linear head on frozen EfficientNet-Lite0
   features (CIFAR-10 JPEG copy) and on frozen MiniLM-L6 sentence embeddings (SST-2), sized to the
   CPU budget.
+* ``scatternet`` -- Tramèr & Boneh's recipe (``dpnoise train --recipe scatternet``, fixed in advance
+  from their published hyper-parameters) for every mechanism: Gaussian at epsilon 3 on every
+  dataset and head, and Gaussian, Lap2, Laplace-L1 and Dirichlet at epsilon 1, 2, 3 with the linear
+  head on MNIST and Fashion-MNIST, each calibrated by the mechanism's sound default accountant.
 """
 
 from __future__ import annotations
@@ -118,7 +122,23 @@ FINETUNE_PUBLISHED = {
              0.54: {"gaussian-rdp": 87.16, "laplace-l1-rdp": 48.97, "lap2-paper": 87.88}},
 }
 
-EXPERIMENTS = ("table2", "finetune", "dirichlet", "figures")
+#: Tramèr & Boneh (arXiv 2011.11660), ScatterNet at (3, 1e-5), percent: (dataset, model) -> accuracy.
+SCATTERNET_PUBLISHED = {("mnist", "scatternet-linear"): 98.7, ("mnist", "scatternet-cnn"): 98.7,
+                        ("fashion-mnist", "scatternet-linear"): 89.7, ("fashion-mnist", "scatternet-cnn"): 89.0,
+                        ("cifar10-jpeg", "scatternet-linear"): 67.0, ("cifar10-jpeg", "scatternet-cnn"): 69.3}
+SCATTERNET_DATASETS = ("fashion-mnist", "mnist", "cifar10-jpeg")
+#: every mechanism, calibrated and accounted by its sound default accountant
+SCATTERNET_COLUMNS = (
+    Column("Gaussian", "gaussian", "gaussian"),
+    Column("Lap2", "lap2", "lap2"),
+    Column("Laplace-L1", "laplace-l1", "laplace-l1"),
+    Column("Dirichlet (alpha=1) †", "dirichlet", "dirichlet"),
+)
+SCATTERNET_EPSILONS = (1.0, 2.0, 3.0)
+#: the mechanism comparison runs on these datasets with the linear head; Gaussian at epsilon 3 on all
+SCATTERNET_COMPARISON_DATASETS = ("fashion-mnist", "mnist")
+
+EXPERIMENTS = ("table2", "finetune", "dirichlet", "scatternet", "figures")
 
 
 def grid(experiment: str, datasets: Sequence[str], epsilons: Sequence[float], seeds: Sequence[int],
@@ -177,3 +197,47 @@ def finetune_specs(datasets: Sequence[str], epsilons: Optional[Sequence[float]],
             settings["steps"] = steps
         specs += grid("finetune", [dataset], task_epsilons, seeds, FINETUNE_COLUMNS, settings)
     return specs
+
+
+def scatternet_spec(dataset: str, model: str, column: Column, epsilon: float, seed: int,
+                    steps: Optional[int] = None) -> RunSpec:
+    """One run of the ``scatternet`` recipe (dpnoise.training.recipes) for ``column``'s mechanism.
+
+    The recipe's epochs become T = ceil(E / q) steps.  The Dirichlet mechanism clips nothing, so it
+    gets the Gaussian runs' largest step instead of their learning rate: lr x C (fixed in advance,
+    not tuned), with alpha = 1.
+    """
+    import math
+
+    from dpnoise.data import dataset_info
+    from dpnoise.training.recipes import RECIPES
+
+    fields = RECIPES["scatternet"].fields(dataset, model)
+    batch_size, lr, clip = fields["schedule.batch_size"], fields["optimizer.lr"], fields["mechanism.clip"]
+    planned = math.ceil(fields["schedule.epochs"] * dataset_info(dataset).train_size / batch_size)
+    spec = RunSpec(
+        experiment="scatternet", dataset=dataset, model=model, mechanism=column.mechanism,
+        calibrated_with=column.calibrated_with, target_epsilon=epsilon, seed=seed, steps=steps or planned,
+        batch_size=batch_size, delta=fields["privacy.delta"], clip=clip, optimizer=fields["optimizer.name"],
+        lr=lr * clip if column.mechanism == "dirichlet" else lr, momentum=fields["optimizer.momentum"],
+        physical_batch_size=fields["schedule.physical_batch_size"],
+    )
+    return with_alpha(spec, 1.0)
+
+
+def scatternet_specs(datasets: Sequence[str], epsilons: Sequence[float], seeds: Sequence[int],
+                     steps: Optional[int] = None) -> list[RunSpec]:
+    """Gaussian at epsilon 3 with both heads on ``datasets``; every mechanism with the linear head at
+    ``epsilons`` on the comparison datasets among them.  The linear-head runs of every seed come
+    first (minutes each), then the CNN heads (per-example gradients of convolutions: much longer)."""
+    linear, cnn = [], []
+    for seed in seeds:
+        for dataset in datasets:
+            linear.append(scatternet_spec(dataset, "scatternet-linear", SCATTERNET_COLUMNS[0], 3.0, seed, steps))
+            cnn.append(scatternet_spec(dataset, "scatternet-cnn", SCATTERNET_COLUMNS[0], 3.0, seed, steps))
+        for dataset in (d for d in datasets if d in SCATTERNET_COMPARISON_DATASETS):
+            for epsilon in epsilons:
+                for column in SCATTERNET_COLUMNS:
+                    if not (column.mechanism == "gaussian" and epsilon == 3.0):
+                        linear.append(scatternet_spec(dataset, "scatternet-linear", column, epsilon, seed, steps))
+    return linear + cnn

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional
 #: Record keys that identify a configuration (everything but the seed).
 GROUP_KEYS = (
     "experiment", "dataset", "model", "mechanism", "calibrated_with", "target_epsilon",
-    "steps_planned", "optimizer", "alpha", "effective_lr",
+    "steps_planned", "optimizer", "alpha", "effective_lr", "momentum", "lr_schedule", "ema_decay",
 )
 
 
@@ -50,6 +50,11 @@ class RunSpec:
     effective_lr: Optional[float] = None
     train_limit: Optional[int] = None
     test_limit: Optional[int] = None
+    momentum: float = 0.0
+    lr_schedule: str = "constant"
+    ema_decay: Optional[float] = None
+    #: physical batches of a logical batch (memory only: the step is the same)
+    physical_batch_size: Optional[int] = None
 
     @property
     def name(self) -> str:
@@ -59,6 +64,12 @@ class RunSpec:
         parts.append(f"elr{self.effective_lr:g}" if self.effective_lr is not None else f"lr{self.lr:g}")
         if self.alpha is not None:
             parts.append(f"alpha{self.alpha:g}")
+        if self.momentum:
+            parts.append(f"m{self.momentum:g}")
+        if self.lr_schedule != "constant":
+            parts.append(self.lr_schedule)
+        if self.ema_decay is not None:
+            parts.append(f"ema{self.ema_decay:g}")
         if self.train_limit is not None:
             parts.append(f"N{self.train_limit}")
         parts.append(f"seed{self.seed}")

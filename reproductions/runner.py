@@ -71,6 +71,14 @@ def train_argv(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> 
         argv += ["--limit", str(spec.train_limit)]
     if spec.test_limit is not None:
         argv += ["--test-limit", str(spec.test_limit)]
+    if spec.momentum:
+        argv += ["--momentum", number(spec.momentum)]
+    if spec.lr_schedule != "constant":
+        argv += ["--lr-schedule", spec.lr_schedule]
+    if spec.ema_decay is not None:
+        argv += ["--ema-decay", number(spec.ema_decay)]
+    if spec.physical_batch_size is not None:
+        argv += ["--physical-batch-size", str(spec.physical_batch_size)]
     return argv
 
 
@@ -87,9 +95,12 @@ def train_config(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -
         mechanism=MechanismConfig(spec.mechanism, clip=float(spec.clip), **alpha),
         privacy=PrivacyTarget(delta=float(spec.delta), epsilon=float(spec.target_epsilon),
                               accountant=spec.calibrated_with, calibrate_with=spec.calibrated_with),
-        schedule=Schedule(epochs=epochs_for_steps(spec), batch_size=spec.batch_size),
+        schedule=Schedule(epochs=epochs_for_steps(spec), batch_size=spec.batch_size,
+                          physical_batch_size=spec.physical_batch_size),
         optimizer=OptimizerConfig(spec.optimizer, weight_decay=float(spec.weight_decay),
-                                  label_smoothing=float(spec.label_smoothing),
+                                  label_smoothing=float(spec.label_smoothing), momentum=float(spec.momentum),
+                                  lr_schedule=spec.lr_schedule,
+                                  ema_decay=None if spec.ema_decay is None else float(spec.ema_decay),
                                   **({"effective_lr": float(spec.effective_lr)} if spec.effective_lr is not None
                                      else {"lr": float(spec.lr)})),
         output=OutputConfig(folder=Path(out_dir), progress=False),
