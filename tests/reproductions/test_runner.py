@@ -236,3 +236,19 @@ def test_features_are_computed_once_per_dataset_and_model_before_parallel_runs(t
     assert runner.warm_feature_caches(specs, tmp_path, tmp_path / "work", threads=2) == 1
     assert computed == [("digits", None, 2)]
     assert torch.get_num_threads() == threads_before
+
+
+@pytest.mark.parametrize("spec", [
+    lap2_paper_spec(3),
+    RunSpec(mechanism="dirichlet", calibrated_with="dirichlet", seed=1, alpha=0.5, effective_lr=0.3, train_limit=500,
+            test_limit=100, **{**TINY, "target_epsilon": 1.5}),
+    RunSpec(mechanism="gaussian", calibrated_with="gaussian", seed=0, optimizer="sgd", lr=16.0, momentum=0.9,
+            lr_schedule="cosine", ema_decay=0.999, physical_batch_size=2048, clip=0.1, **TINY),
+], ids=["lap2-paper", "dirichlet", "recipe"])
+def test_recorded_command_builds_the_configuration_the_runner_trains(spec, tmp_path):
+    from dpnoise.cli.main import build_parser
+    from dpnoise.cli.train import configuration_fields
+    from dpnoise.training import TrainingConfig
+
+    args = build_parser().parse_args(["train", *train_argv(spec, tmp_path / "out")])
+    assert TrainingConfig.from_fields(configuration_fields(args)) == runner.train_config(spec, tmp_path / "out")
