@@ -155,3 +155,35 @@ def test_physical_batches_need_poisson_sampling():
         make_private(net, torch.optim.SGD(net.parameters(), lr=0.1), DataLoader(data(), batch_size=60),
                      mechanism="gaussian", noise_multiplier=1.0, delta=1e-5, max_physical_batch_size=8,
                      poisson_sampling=False)
+
+
+@pytest.mark.parametrize("physical", [None, 7])
+@pytest.mark.parametrize("sample_rate", [0.003, 0.05])  # many empty batches, then none
+def test_tensor_datasets_read_a_batch_at_a_time_give_the_same_batches(physical, sample_rate):
+    from torch.utils.data import Dataset
+    from torch.utils.data._utils.collate import default_collate
+
+    from dpnoise.training.sampling import poisson_loader
+
+    tensors = data(500)
+
+    class OneByOne(Dataset):  # the generic path: per-example reads, collated
+        def __len__(self):
+            return len(tensors)
+
+        def __getitem__(self, i):
+            return tensors[i]
+
+    seen = []
+    for dataset in (tensors, OneByOne()):
+        tracker = LogicalBatchTracker()
+        loader = poisson_loader(dataset, sample_rate=sample_rate, shard=torch.arange(500),
+                                generator=torch.Generator().manual_seed(1), device=torch.device("cpu"),
+                                float_dtype=torch.float32, collate_fn=default_collate,
+                                max_physical_batch_size=physical, tracker=tracker)
+        seen.append([(x, y, tracker.ends_logical_batch) for x, y in loader])
+    fast, generic = seen
+    assert len(fast) == len(generic) >= 20
+    for (x, y, ends), (x_ref, y_ref, ends_ref) in zip(fast, generic):
+        assert ends == ends_ref and x.shape == x_ref.shape and x.dtype == x_ref.dtype and y.dtype == y_ref.dtype
+        assert torch.equal(x, x_ref) and torch.equal(y, y_ref)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 
 import torch
 from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from dpnoise.training.devices import to_device
@@ -97,6 +97,21 @@ class PoissonShardSampler(Sampler[list[int]]):
                 yield selected[start : start + size]
 
 
+class TensorBatches(Dataset):
+    """A ``TensorDataset`` read a batch at a time: ``batches[indices]`` is the tuple of its tensors at
+    ``indices`` (a list of positions; an empty list gives empty tensors of the right shapes)."""
+
+    def __init__(self, dataset: TensorDataset):
+        self.tensors = dataset.tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
+        positions = torch.as_tensor(indices, dtype=torch.long)
+        return tuple(tensor[positions] for tensor in self.tensors)
+
+
 class DeviceDataLoader(DataLoader):
     """A ``DataLoader`` whose batches are moved to ``device`` (floating tensors cast to ``float_dtype``)."""
 
@@ -129,14 +144,22 @@ def poisson_loader(dataset: Dataset, *, sample_rate: float, shard: torch.Tensor,
     ``worker_generator`` (CPU) is the one the ``DataLoader`` draws its worker base seed from at every
     new pass; it is kept apart from the sampler's, so that the draws do not depend on pass boundaries.
     """
+    sampler = PoissonShardSampler(shard, sample_rate, generator, max_physical_batch_size=max_physical_batch_size,
+                                  tracker=tracker)
+    if type(dataset) is TensorDataset and collate_fn in (None, default_collate):
+        # Whole batches by one indexing of each tensor: no per-example calls, no stacking (the same
+        # batches, empty ones included, several times faster at batches of thousands).
+        loader = DeviceDataLoader(TensorBatches(dataset), device=device, float_dtype=float_dtype, tracker=tracker,
+                                  sampler=sampler, batch_size=None, num_workers=num_workers, generator=worker_generator)
+        loader.sample_rate = sample_rate
+        return loader
     first = dataset[0]
     loader = DeviceDataLoader(
         dataset,
         device=device,
         float_dtype=float_dtype,
         tracker=tracker,
-        batch_sampler=PoissonShardSampler(shard, sample_rate, generator,
-                                          max_physical_batch_size=max_physical_batch_size, tracker=tracker),
+        batch_sampler=sampler,
         collate_fn=wrap_collate_with_empty(
             collate_fn=collate_fn or default_collate,
             sample_empty_shapes=[(0, *shape_safe(x)) for x in first],
