@@ -99,8 +99,10 @@ def column_rows(rows: Sequence[dict[str, Any]], dataset: str, column: Column) ->
 
 
 def accuracy_vs_epsilon(rows: Sequence[dict[str, Any]], datasets: Sequence[str], columns: Sequence[Column],
-                        published: dict[str, dict[float, dict[str, float]]], out: Path, title: str) -> Path:
-    """One panel per dataset: our mean accuracy (error bars: std over seeds) and, dashed, the paper's."""
+                        published: dict[str, dict[float, dict[str, float]]], out: Path, title: str,
+                        references: Optional[dict[str, tuple[str, float]]] = None) -> Path:
+    """One panel per dataset: our mean accuracy (error bars: std over seeds) and, dashed, the paper's;
+    ``references[dataset] = (label, accuracy in percent)`` adds a horizontal dashed line to a panel."""
     fig, axes = panels(len(datasets), 5.6, 4.0)
     for ax, dataset in zip(axes, datasets):
         epsilons = set()
@@ -116,6 +118,9 @@ def accuracy_vs_epsilon(rows: Sequence[dict[str, Any]], datasets: Sequence[str],
             if paper:
                 ax.plot(*zip(*paper), "x--", color=f"C{i}", alpha=0.6, label=f"{column.label} (paper)")
                 epsilons.update(eps for eps, _ in paper)
+        if dataset in (references or {}):
+            label, accuracy = references[dataset]
+            ax.axhline(accuracy, color="0.3", linestyle="--", alpha=0.7, label=label)
         ax.set(xlabel="target epsilon (delta = 1e-5)", ylabel="test accuracy (%)", title=dataset)
         log_scale(ax, "x", sorted(epsilons) or None)
         ax.grid(alpha=0.3)

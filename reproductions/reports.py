@@ -101,6 +101,26 @@ def finetune_report(results_dir: Path, figures_dir: Path) -> list[Path]:
                                         "fully fine-tuned ViT / RoBERTa, dashed)")]
 
 
+def scatternet_report(results_dir: Path, figures_dir: Path) -> list[Path]:
+    """Tramèr & Boneh's ScatterNet recipe: ours against their numbers, every mechanism compared (tables that
+    say "no runs yet" without records), and accuracy vs epsilon for each comparison dataset with runs."""
+    records = load_records(results_dir, "scatternet")
+    rows = aggregate(records)
+    linear = [r for r in rows if r["model"] == "scatternet-linear" and r["status"] == "ok"]
+    figure_datasets = [d for d in plans.SCATTERNET_COMPARISON_DATASETS if d in datasets_of(linear)]
+    return [write_markdown(figures_dir / "scatternet.md", "Tramèr & Boneh's ScatterNet recipe, Gaussian at ε = 3: "
+                           "against the published numbers", tables.scatternet_markdown(rows, records)),
+            write_markdown(figures_dir / "scatternet_mechanisms.md", "Tramèr & Boneh's ScatterNet recipe (linear "
+                           "head): every mechanism", tables.scatternet_mechanisms_markdown(rows)),
+            write_markdown(figures_dir / "summary_scatternet.md", "Tramèr & Boneh's ScatterNet recipe: summary",
+                           tables.scatternet_summary_markdown(rows, records)),
+            *[figures.accuracy_vs_epsilon(
+                linear, [d], plans.SCATTERNET_COLUMNS, {}, figures_dir / f"scatternet_{d}.png",
+                "ScatterNet + linear head (Tramèr & Boneh's recipe)",
+                references={d: ("Tramèr & Boneh, Gaussian, eps 3",
+                                plans.SCATTERNET_PUBLISHED[d, "scatternet-linear"])}) for d in figure_datasets]]
+
+
 def accounting_figures(figures_dir: Path) -> list[Path]:
     """Privacy walls (what ``dpnoise walls`` draws) and noise needed vs epsilon (with its numbers as JSON)."""
     from dpnoise.plotting import walls_figure
@@ -155,4 +175,5 @@ REPORTS: dict[str, Callable[[Path, Path], list[Path]]] = {
     "table2": table2_report,
     "dirichlet": dirichlet_report,
     "finetune": finetune_report,
+    "scatternet": scatternet_report,
 }

@@ -6,6 +6,7 @@ mean ± std over seeds with their number n) are both built from the aggregated r
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -16,6 +17,11 @@ from reproductions.plans import (
     DIRICHLET_PUBLISHED,
     FINETUNE_COLUMNS,
     FINETUNE_PUBLISHED,
+    SCATTERNET_COLUMNS,
+    SCATTERNET_COMPARISON_DATASETS,
+    SCATTERNET_DATASETS,
+    SCATTERNET_EPSILONS,
+    SCATTERNET_PUBLISHED,
     TABLE2_COLUMNS,
     TABLE2_COMPARISONS,
     TABLE2_EPSILONS,
@@ -23,7 +29,7 @@ from reproductions.plans import (
     TABLE2_SETTINGS,
     Column,
 )
-from reproductions.records import PairedDifference, format_accuracy, paired_difference
+from reproductions.records import GROUP_KEYS, PairedDifference, format_accuracy, paired_difference
 
 Row = dict[str, Any]
 
@@ -124,6 +130,11 @@ def format_paired_difference(difference: Optional[PairedDifference]) -> str:
     return f"{100 * difference.mean:+.2f}{spread} (ahead in {difference.positive} of {difference.n} seeds)"
 
 
+def format_paired_rows(first: Optional[Row], second: Optional[Row]) -> str:
+    """:func:`format_paired_difference` of two aggregated rows (``—`` when either was not run)."""
+    return "—" if first is None or second is None else format_paired_difference(paired_difference(first, second))
+
+
 def paired_differences_markdown(rows: Sequence[Row], datasets: Sequence[str],
                                 comparisons: Sequence[tuple[Column, Column]] = TABLE2_COMPARISONS,
                                 epsilons: Sequence[float] = TABLE2_EPSILONS) -> str:
@@ -133,10 +144,8 @@ def paired_differences_markdown(rows: Sequence[Row], datasets: Sequence[str],
     body = []
     for dataset in datasets:
         for eps in epsilons:
-            cells = []
-            for first, second in comparisons:
-                pair = find_column_row(rows, dataset, eps, first), find_column_row(rows, dataset, eps, second)
-                cells.append(format_paired_difference(None if None in pair else paired_difference(*pair)))
+            cells = [format_paired_rows(find_column_row(rows, dataset, eps, first),
+                                        find_column_row(rows, dataset, eps, second)) for first, second in comparisons]
             if any(cell != "—" for cell in cells):
                 body.append([dataset, f"{eps:g}", *cells])
     if not body:
@@ -424,3 +433,117 @@ def alpha_grid_summary_markdown(rows: Sequence[Row]) -> str:
     note = (f"Accuracy in %, mean over seeds (n seeds); {setting}; SGD with learning rate γ = γ_eff / κ(0.9; r*, α) "
             "for the effective learning rate γ_eff. ε covers the released outputs, not the model's parameters.")
     return f"{note}\n\n{table}"
+
+
+# --- Tramèr & Boneh's ScatterNet recipe (experiment "scatternet") ----------------------------------------------
+
+#: The heads trained on the ScatterNet features: model -> how the tables name it.
+SCATTERNET_HEADS = {"scatternet-linear": "linear", "scatternet-cnn": "CNN"}
+#: Tramèr & Boneh publish their accuracies at (3, 1e-5).
+SCATTERNET_PUBLISHED_EPSILON = 3.0
+SCATTERNET_PAPER_LINE = "↳ Tramèr & Boneh"
+#: How the summary names each mechanism's noise parameter.
+NOISE_NAMES = {"gaussian": "σ", "lap2": "b", "laplace-l1": "b", "dirichlet": "r"}
+SCATTERNET_SCOPE_NOTE = f"† Dirichlet rows. {OUTPUT_PRIVACY_SCOPE}"
+
+
+def mean_train_minutes(records: Sequence[dict[str, Any]], row: Row) -> str:
+    """Mean training wall time (``train_wall_time_s``) of the runs aggregated into ``row``, in minutes."""
+    times = [r["train_wall_time_s"] for r in records
+             if r["status"] == "ok" and all(r.get(k) == row[k] for k in GROUP_KEYS)]
+    return f"{statistics.fmean(times) / 60:.1f}" if times else "—"
+
+
+def scatternet_published_table(rows: Sequence[Row], records: Sequence[dict[str, Any]]) -> str:
+    """Gaussian at epsilon 3 per dataset and head: ours next to Tramèr & Boneh's published accuracy, the
+    difference, the mean training time of a run, and the Lap2 paper's Gaussian CNN on raw pixels (at its
+    own epsilon 3.42) where it exists ("" when none of these configurations was run)."""
+    gaussian = SCATTERNET_COLUMNS[0]
+    body, found = [], False
+    for dataset in SCATTERNET_DATASETS:
+        lap2_paper = TABLE2_PUBLISHED.get(dataset, {}).get("gaussian-rdp", (None,))[0]
+        for model, head in SCATTERNET_HEADS.items():
+            row = find_row(rows, dataset=dataset, model=model, target_epsilon=SCATTERNET_PUBLISHED_EPSILON,
+                           mechanism=gaussian.mechanism, calibrated_with=gaussian.calibrated_with)
+            found = found or row is not None
+            paper = SCATTERNET_PUBLISHED[dataset, model]
+            ok = row is not None and row["status"] == "ok"
+            body.append([DATASET_NAMES.get(dataset, dataset), head, format_accuracy(row), format_published(paper),
+                         f"{100 * row['accuracy_mean'] - paper:+.2f}" if ok else "—",
+                         mean_train_minutes(records, row) if ok else "—", format_published(lap2_paper)])
+    header = ["dataset", "head", f"ours: accuracy % (ε = {SCATTERNET_PUBLISHED_EPSILON:g})", "Tramèr & Boneh %",
+              "ours − Tramèr & Boneh (points)", "training time of a run (min)",
+              f"Lap2 paper's CNN, Gaussian (RDP), at ε = {TABLE2_EPSILONS[0]:g} %"]
+    return markdown(header, body) if found else ""
+
+
+def scatternet_markdown(rows: Sequence[Row], records: Sequence[dict[str, Any]]) -> str:
+    """Tramèr & Boneh's ScatterNet recipe, Gaussian at epsilon 3, against their published numbers."""
+    table = scatternet_published_table(rows, records)
+    if not table:
+        return "(no runs yet)"
+    return (f"{table}\n\nAccuracy in %, mean ± std over seeds (n seeds); —: not run yet. The Lap2 paper's number "
+            f"is for its own CNN on raw pixels, at ε = {TABLE2_EPSILONS[0]:g}, not {SCATTERNET_PUBLISHED_EPSILON:g}.")
+
+
+def scatternet_grid(rows: Sequence[Row], dataset: str) -> SummaryGrid:
+    """The linear head's runs on ``dataset``: every mechanism at every epsilon (the plan's and any other
+    run), with Tramèr & Boneh's Gaussian number at epsilon 3 as the paper's."""
+    linear = [r for r in rows if r["model"] == "scatternet-linear"]
+    epsilons = sorted({*SCATTERNET_EPSILONS, *(r["target_epsilon"] for r in linear if r["dataset"] == dataset)})
+    published = {SCATTERNET_PUBLISHED_EPSILON: {"gaussian": SCATTERNET_PUBLISHED[dataset, "scatternet-linear"]}}
+    return SummaryGrid(linear, dataset, epsilons, SCATTERNET_COLUMNS, published)
+
+
+def scatternet_lines(grid: SummaryGrid, with_noise: bool) -> list[Line]:
+    """Every mechanism's accuracy (with its noise when ``with_noise``), Tramèr & Boneh's below the
+    Gaussian's, and Lap2's gap to Gaussian: Gaussian minus Lap2 in points, paired by seed."""
+    lines = []
+    for column in grid.columns:
+        lines.append(grid.ours(column.calibrated_with, NOISE_NAMES[column.mechanism] if with_noise else None))
+        if column.mechanism == "gaussian":
+            lines.append(grid.paper(column.calibrated_with, SCATTERNET_PAPER_LINE))
+    gap = [format_paired_rows(*pair) for pair in zip(grid.cells("gaussian"), grid.cells("lap2"))]
+    return [*lines, ("Gaussian − Lap2 (points)", gap)]
+
+
+def noise_table(grid: SummaryGrid) -> str:
+    """The noise each mechanism was calibrated to at each epsilon, and its unit."""
+    body = []
+    for column in grid.columns:
+        cells = grid.cells(column.calibrated_with)
+        units = sorted({r["noise_unit"] for r in cells if r is not None and r["status"] == "ok"})
+        if units:
+            body.append([column.label, *map(format_noise, cells), ", ".join(units)])
+    return markdown(["noise", *[f"ε = {eps:g}" for eps in grid.epsilons], "unit"], body)
+
+
+def scatternet_mechanisms_markdown(rows: Sequence[Row]) -> str:
+    """Every mechanism under Tramèr & Boneh's recipe (linear head), per comparison dataset: accuracy per
+    epsilon with Lap2's gap to Gaussian, and the calibrated noise."""
+    parts = []
+    for dataset in SCATTERNET_COMPARISON_DATASETS:
+        grid = scatternet_grid(rows, dataset)
+        accuracy = grid.markdown(scatternet_lines(grid, with_noise=False))
+        if accuracy:
+            parts += [f"### {dataset}", "", accuracy, "", noise_table(grid), ""]
+    if not parts:
+        return "(no runs yet)"
+    note = ("Accuracy in %, mean ± std over seeds (n seeds); every mechanism calibrated and accounted by its "
+            "sound default accountant. *Gaussian − Lap2*: points, paired by seed.")
+    return "\n".join([note, "", *parts, SCATTERNET_SCOPE_NOTE])
+
+
+SCATTERNET_SUMMARY_NOTE = (
+    "Tramèr & Boneh's ScatterNet recipe. Accuracy in %, mean ± std over seeds (n seeds), and the calibrated noise "
+    "(σ: the noise multiplier; b: the absolute Laplace scale per coordinate; r: the Dirichlet scale). First "
+    f"Gaussian at ε = {SCATTERNET_PUBLISHED_EPSILON:g} against the published numbers, then every mechanism with "
+    f"the linear head; *{SCATTERNET_PAPER_LINE}*: their Gaussian at ε = {SCATTERNET_PUBLISHED_EPSILON:g}; "
+    "*Gaussian − Lap2*: points, paired by seed. † ε covers the released outputs, not the model's parameters.")
+
+
+def scatternet_summary_markdown(rows: Sequence[Row], records: Sequence[dict[str, Any]]) -> str:
+    """Tramèr & Boneh's recipe, compact: the published comparison, then one mechanism table per dataset."""
+    grids = [scatternet_grid(rows, dataset) for dataset in SCATTERNET_COMPARISON_DATASETS]
+    return join_summary(SCATTERNET_SUMMARY_NOTE, [scatternet_published_table(rows, records),
+                                                  *[g.markdown(scatternet_lines(g, with_noise=True)) for g in grids]])
