@@ -32,8 +32,10 @@ from training_helpers import digits_loader, mlp
 UNION = 20
 #: gradient mechanisms and their noise for the clipped-sum scenario
 GRADIENT_MECHANISMS = {"gaussian": 1.0, "lap2": 1.0, "laplace-l1": 1.0}
-#: splits of the union batch between 2 ranks: "halves" (rank r takes r, r+2, ...), "rank 0" (rank 1 is empty)
-SPLITS = ("halves", "rank 0")
+#: splits of the union batch between 2 ranks: "halves" (rank r takes r, r+2, ...), "rank 0" (rank 1 is empty),
+#: "halves in pieces" (the halves, each rank's in physical batches of PIECES[rank] examples)
+SPLITS = ("halves", "rank 0", "halves in pieces")
+PIECES = {0: 3, 1: 4}
 #: the budget scenario: fixed noise, a target the accountant allows for a few steps only
 BUDGET = {"lap2": dict(noise=2.0, target_epsilon=0.45, accountant="lap2-rdp"),
           "dirichlet": dict(noise=0.1, target_epsilon=0.95)}
@@ -42,7 +44,7 @@ SHARE_SAMPLES = 200_000
 
 def local_part(x: torch.Tensor, split: str, rank: int, world_size: int) -> torch.Tensor:
     """This rank's part of the union batch ``x``."""
-    if split == "halves":
+    if split in ("halves", "halves in pieces"):
         return x[rank::world_size]
     return x if rank == 0 else x[:0]
 
@@ -67,9 +69,21 @@ def clipped_sums(rank: int, world_size: int) -> dict:
                 module, optimizer, _ = private(mechanism, source)
                 optimizer.sample_noise = torch.zeros_like
                 batch = (local_part(x, split, rank, world_size), local_part(y, split, rank, world_size))
-                train_step(module, optimizer, batch, F.cross_entropy)
+                local_step(module, optimizer, batch, PIECES[rank] if split == "halves in pieces" else None)
                 grads[mechanism, source, split] = [p.grad.clone() for p in optimizer.params]
     return grads
+
+
+def local_step(module, optimizer, batch: tuple[torch.Tensor, torch.Tensor], pieces: int | None) -> None:
+    """One step on ``batch``; with ``pieces``, in physical batches of that many examples (the ranks then
+    take different numbers of physical batches for the same step)."""
+    if pieces is None:
+        train_step(module, optimizer, batch, F.cross_entropy)
+        return
+    starts = range(0, len(batch[1]), pieces)
+    for start in starts:
+        optimizer.logical_batches.ends_logical_batch = start == starts[-1]  # what the private loader tells it
+        train_step(module, optimizer, tuple(t[start:start + pieces] for t in batch), F.cross_entropy)
 
 
 def noise_shares(rank: int) -> dict:
