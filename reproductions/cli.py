@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -71,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int,
                    help="override the planned steps T of every run (the records state it; default: the "
                    "experiment's, e.g. 5860 for table2)")
+    p.add_argument("--ema-decay", type=float,
+                   help="evaluate an exponential moving average of the parameters with this decay in (0, 1) in every "
+                   "run (a variant of the experiment: its records are named ..._ema<decay>_...; default: none)")
     p.add_argument("--study", choices=("comparison", "alpha-grid", "both"), default="both",
                    help="dirichlet only: the mechanism comparison, the alpha x effective-lr grid, or both")
     p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR,
@@ -128,6 +132,8 @@ def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
     else:
         specs = plans.finetune_specs(choose(args.dataset, tuple(plans.FINETUNE_TASKS)), args.epsilons, seeds,
                                      args.steps, quick)
+    if args.ema_decay is not None:
+        specs = [replace(spec, ema_decay=args.ema_decay) for spec in specs]
     if args.columns:
         offered = sorted({s.calibrated_with for s in specs})
         unknown = [c for c in args.columns if c not in offered]
@@ -143,6 +149,7 @@ def check_options(args: argparse.Namespace) -> None:
     checks.each(checks.seed, "--seeds", args.seeds)
     checks.each(checks.check_positive, "--epsilons", args.epsilons)
     checks.optional(checks.check_count, "--steps", args.steps, 1)
+    checks.optional(checks.open_fraction, "--ema-decay", args.ema_decay)
     checks.check_count("--threads", args.threads, 1)
     checks.optional(checks.check_count, "--jobs", args.jobs, 1)
     if args.dataset and args.experiment != "figures":
