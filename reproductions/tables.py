@@ -454,23 +454,46 @@ def mean_train_minutes(records: Sequence[dict[str, Any]], row: Row) -> str:
     return f"{statistics.fmean(times) / 60:.1f}" if times else "—"
 
 
+def ema_decays(rows: Sequence[Row]) -> list[float]:
+    """The decays of the parameter-average variants among ``rows`` (runs with ``ema_decay`` set)."""
+    return sorted({r["ema_decay"] for r in rows if r.get("ema_decay") is not None})
+
+
+def ema_label(label: str, decay: float) -> str:
+    return f"{label} + EMA {decay:g}"
+
+
+def ema_note(rows: Sequence[Row]) -> str:
+    """What the EMA rows are, when there are any ("" otherwise)."""
+    if not ema_decays(rows):
+        return ""
+    return (" *+ EMA d*: the same configuration evaluated on an exponential moving average of its parameters "
+            "(decay d), post-processing at the same ε.")
+
+
 def scatternet_published_table(rows: Sequence[Row], records: Sequence[dict[str, Any]]) -> str:
     """Gaussian at epsilon 3 per dataset and head: ours next to Tramèr & Boneh's published accuracy, the
     difference, the mean training time of a run, and the Lap2 paper's Gaussian CNN on raw pixels (at its
-    own epsilon 3.42) where it exists ("" when none of these configurations was run)."""
+    own epsilon 3.42) where it exists ("" when none of these configurations was run); the plain recipe's
+    row, then one per EMA variant that was run."""
     gaussian = SCATTERNET_COLUMNS[0]
     body, found = [], False
     for dataset in SCATTERNET_DATASETS:
         lap2_paper = TABLE2_PUBLISHED.get(dataset, {}).get("gaussian-rdp", (None,))[0]
         for model, head in SCATTERNET_HEADS.items():
-            row = find_row(rows, dataset=dataset, model=model, target_epsilon=SCATTERNET_PUBLISHED_EPSILON,
-                           mechanism=gaussian.mechanism, calibrated_with=gaussian.calibrated_with)
-            found = found or row is not None
             paper = SCATTERNET_PUBLISHED[dataset, model]
-            ok = row is not None and row["status"] == "ok"
-            body.append([DATASET_NAMES.get(dataset, dataset), head, format_accuracy(row), format_published(paper),
-                         f"{100 * row['accuracy_mean'] - paper:+.2f}" if ok else "—",
-                         mean_train_minutes(records, row) if ok else "—", format_published(lap2_paper)])
+            for decay in [None, *ema_decays(rows)]:
+                row = find_row(rows, dataset=dataset, model=model, target_epsilon=SCATTERNET_PUBLISHED_EPSILON,
+                               mechanism=gaussian.mechanism, calibrated_with=gaussian.calibrated_with,
+                               ema_decay=decay)
+                if decay is not None and row is None:
+                    continue
+                found = found or row is not None
+                ok = row is not None and row["status"] == "ok"
+                body.append([DATASET_NAMES.get(dataset, dataset), head if decay is None else ema_label(head, decay),
+                             format_accuracy(row), format_published(paper),
+                             f"{100 * row['accuracy_mean'] - paper:+.2f}" if ok else "—",
+                             mean_train_minutes(records, row) if ok else "—", format_published(lap2_paper)])
     header = ["dataset", "head", f"ours: accuracy % (ε = {SCATTERNET_PUBLISHED_EPSILON:g})", "Tramèr & Boneh %",
               "ours − Tramèr & Boneh (points)", "training time of a run (min)",
               f"Lap2 paper's CNN, Gaussian (RDP), at ε = {TABLE2_EPSILONS[0]:g} %"]
@@ -483,26 +506,35 @@ def scatternet_markdown(rows: Sequence[Row], records: Sequence[dict[str, Any]]) 
     if not table:
         return "(no runs yet)"
     return (f"{table}\n\nAccuracy in %, mean ± std over seeds (n seeds); —: not run yet. The Lap2 paper's number "
-            f"is for its own CNN on raw pixels, at ε = {TABLE2_EPSILONS[0]:g}, not {SCATTERNET_PUBLISHED_EPSILON:g}.")
+            f"is for its own CNN on raw pixels, at ε = {TABLE2_EPSILONS[0]:g}, not {SCATTERNET_PUBLISHED_EPSILON:g}."
+            f"{ema_note(rows)}")
 
 
-def scatternet_grid(rows: Sequence[Row], dataset: str) -> SummaryGrid:
-    """The linear head's runs on ``dataset``: every mechanism at every epsilon (the plan's and any other
-    run), with Tramèr & Boneh's Gaussian number at epsilon 3 as the paper's."""
+def scatternet_grid(rows: Sequence[Row], dataset: str, ema_decay: Optional[float] = None) -> SummaryGrid:
+    """The linear head's runs on ``dataset`` (the plain recipe's, or the EMA variant's with ``ema_decay``):
+    every mechanism at every epsilon (the plan's and any other run, of either), with Tramèr & Boneh's
+    Gaussian number at epsilon 3 as the paper's."""
     linear = [r for r in rows if r["model"] == "scatternet-linear"]
     epsilons = sorted({*SCATTERNET_EPSILONS, *(r["target_epsilon"] for r in linear if r["dataset"] == dataset)})
     published = {SCATTERNET_PUBLISHED_EPSILON: {"gaussian": SCATTERNET_PUBLISHED[dataset, "scatternet-linear"]}}
-    return SummaryGrid(linear, dataset, epsilons, SCATTERNET_COLUMNS, published)
+    return SummaryGrid([r for r in linear if r.get("ema_decay") == ema_decay], dataset, epsilons,
+                       SCATTERNET_COLUMNS, published)
 
 
-def scatternet_lines(grid: SummaryGrid, with_noise: bool) -> list[Line]:
+def scatternet_lines(rows: Sequence[Row], grid: SummaryGrid, with_noise: bool) -> list[Line]:
     """Every mechanism's accuracy (with its noise when ``with_noise``), Tramèr & Boneh's below the
-    Gaussian's, and Lap2's gap to Gaussian: Gaussian minus Lap2 in points, paired by seed."""
+    Gaussian's, its EMA variants of ``rows`` below (lines left out where none was run), and Lap2's gap
+    to Gaussian: Gaussian minus Lap2 in points, paired by seed (plain recipe only)."""
+    variants = [(decay, scatternet_grid(rows, grid.dataset, decay)) for decay in ema_decays(rows)]
     lines = []
     for column in grid.columns:
-        lines.append(grid.ours(column.calibrated_with, NOISE_NAMES[column.mechanism] if with_noise else None))
+        noise_name = NOISE_NAMES[column.mechanism] if with_noise else None
+        lines.append(grid.ours(column.calibrated_with, noise_name))
         if column.mechanism == "gaussian":
             lines.append(grid.paper(column.calibrated_with, SCATTERNET_PAPER_LINE))
+        for decay, variant in variants:
+            label, cells = variant.ours(column.calibrated_with, noise_name)
+            lines.append((ema_label(label, decay), cells))
     gap = [format_paired_rows(*pair) for pair in zip(grid.cells("gaussian"), grid.cells("lap2"))]
     return [*lines, ("Gaussian − Lap2 (points)", gap)]
 
@@ -524,13 +556,13 @@ def scatternet_mechanisms_markdown(rows: Sequence[Row]) -> str:
     parts = []
     for dataset in SCATTERNET_COMPARISON_DATASETS:
         grid = scatternet_grid(rows, dataset)
-        accuracy = grid.markdown(scatternet_lines(grid, with_noise=False))
+        accuracy = grid.markdown(scatternet_lines(rows, grid, with_noise=False))
         if accuracy:
             parts += [f"### {dataset}", "", accuracy, "", noise_table(grid), ""]
     if not parts:
         return "(no runs yet)"
     note = ("Accuracy in %, mean ± std over seeds (n seeds); every mechanism calibrated and accounted by its "
-            "sound default accountant. *Gaussian − Lap2*: points, paired by seed.")
+            f"sound default accountant. *Gaussian − Lap2*: points, paired by seed.{ema_note(rows)}")
     return "\n".join([note, "", *parts, SCATTERNET_SCOPE_NOTE])
 
 
@@ -545,5 +577,6 @@ SCATTERNET_SUMMARY_NOTE = (
 def scatternet_summary_markdown(rows: Sequence[Row], records: Sequence[dict[str, Any]]) -> str:
     """Tramèr & Boneh's recipe, compact: the published comparison, then one mechanism table per dataset."""
     grids = [scatternet_grid(rows, dataset) for dataset in SCATTERNET_COMPARISON_DATASETS]
-    return join_summary(SCATTERNET_SUMMARY_NOTE, [scatternet_published_table(rows, records),
-                                                  *[g.markdown(scatternet_lines(g, with_noise=True)) for g in grids]])
+    return join_summary(SCATTERNET_SUMMARY_NOTE + ema_note(rows),
+                        [scatternet_published_table(rows, records),
+                         *[g.markdown(scatternet_lines(rows, g, with_noise=True)) for g in grids]])

@@ -1,5 +1,6 @@
 """The scatternet report (Tramèr & Boneh's recipe) from hand-made records: the comparison with the
-published numbers, the mechanism tables, the figures, and a results folder without records."""
+published numbers, the mechanism tables, the EMA variants' rows beside the plain recipe's, the figures,
+and a results folder without records."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ UNITS = {"gaussian": "noise multiplier sigma", "lap2": "Laplace scale b", "diric
 
 
 def write_run(results, dataset, mechanism, eps, seed, accuracy, model="scatternet-linear", noise=1.0,
-              train_minutes=2.0, status="ok"):
+              train_minutes=2.0, status="ok", ema_decay=None):
     """A record with the fields the report reads, as runner.build_record writes them."""
     record = dict(experiment="scatternet", dataset=dataset, model=model, mechanism=mechanism,
                   calibrated_with=mechanism, target_epsilon=eps, seed=seed, steps_planned=100, optimizer="sgd",
                   alpha=1.0 if mechanism == "dirichlet" else None, effective_lr=None, momentum=0.9,
-                  lr_schedule="constant", ema_decay=None, status=status, command="dpnoise train ...",
+                  lr_schedule="constant", ema_decay=ema_decay, status=status, command="dpnoise train ...",
                   wall_time_s=60 * train_minutes + 5, git_commit="0123456789", git_src_dirty=False)
     if status == "ok":
         record.update(accuracy=accuracy, noise=noise, noise_unit=UNITS[mechanism], lr=4.0, steps=100,
@@ -26,13 +27,16 @@ def write_run(results, dataset, mechanism, eps, seed, accuracy, model="scatterne
                       scope=OUTPUT_PRIVACY_SCOPE if mechanism == "dirichlet" else None)
     else:
         record["reason"] = "below the floor"
-    write_record(results / "scatternet" / f"{dataset}_{model}_{mechanism}_eps{eps:g}_seed{seed}.json", record)
+    ema = "" if ema_decay is None else f"_ema{ema_decay:g}"
+    write_record(results / "scatternet" / f"{dataset}_{model}_{mechanism}_eps{eps:g}{ema}_seed{seed}.json", record)
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     """The report of: Fashion-MNIST linear Gaussian at eps 3 (2 seeds), CIFAR-10's CNN head unreachable,
-    and Gaussian, Lap2 (2 seeds each) and Dirichlet (1 seed) at eps 1 on Fashion-MNIST."""
+    and Gaussian, Lap2 (2 seeds each) and Dirichlet (1 seed) at eps 1 on Fashion-MNIST; and their EMA 0.999
+    variants, better than the plain runs: Fashion-MNIST linear Gaussian at eps 3 and 1 (2 seeds), Lap2 at
+    eps 1 (1 seed), and MNIST's CNN head (1 seed, no plain run)."""
     root = tmp_path_factory.mktemp("scatternet")
     results = root / "results"
     write_run(results, "fashion-mnist", "gaussian", 3.0, 0, 0.88, train_minutes=2.0)
@@ -42,6 +46,13 @@ def report(tmp_path_factory):
         write_run(results, "fashion-mnist", "gaussian", 1.0, seed, gaussian, noise=2.5)
         write_run(results, "fashion-mnist", "lap2", 1.0, seed, lap2, noise=0.031)
     write_run(results, "fashion-mnist", "dirichlet", 1.0, 0, 0.70, noise=0.0959)
+    ema = dict(ema_decay=0.999)
+    write_run(results, "fashion-mnist", "gaussian", 3.0, 0, 0.91, train_minutes=5.0, **ema)
+    write_run(results, "fashion-mnist", "gaussian", 3.0, 1, 0.93, train_minutes=5.0, **ema)
+    write_run(results, "fashion-mnist", "gaussian", 1.0, 0, 0.87, noise=2.5, **ema)
+    write_run(results, "fashion-mnist", "gaussian", 1.0, 1, 0.89, noise=2.5, **ema)
+    write_run(results, "fashion-mnist", "lap2", 1.0, 0, 0.84, noise=0.031, **ema)
+    write_run(results, "mnist", "gaussian", 3.0, 0, 0.99, model="scatternet-cnn", **ema)
     written = REPORTS["scatternet"](results, root / "reports")
     return {path.name: path for path in written}
 
@@ -86,3 +97,36 @@ def test_without_records_the_tables_say_no_runs_yet(tmp_path):
     written = REPORTS["scatternet"](tmp_path / "results", tmp_path / "reports")
     assert [p.name for p in written] == ["scatternet.md", "scatternet_mechanisms.md", "summary_scatternet.md"]
     assert all(p.read_text().rstrip().endswith("(no runs yet)") for p in written)
+
+
+def test_ema_rows_under_the_plain_ones_in_the_published_comparison(report):
+    for name in ["scatternet.md", "summary_scatternet.md"]:
+        lines = report[name].read_text().splitlines()
+        plain = lines.index("| Fashion-MNIST | linear | 89.00 ± 1.41 (n=2) | 89.70 | -0.70 | 3.0 | 83.67 |")
+        assert lines[plain + 1] == ("| Fashion-MNIST | linear + EMA 0.999 | 92.00 ± 1.41 (n=2) | 89.70 | +2.30 | 5.0 "
+                                    "| 83.67 |")
+        # an EMA run without its plain run: the plain row stays "not run"
+        plain = lines.index("| MNIST | CNN | — | 98.70 | — | — | 97.27 |")
+        assert lines[plain + 1] == "| MNIST | CNN + EMA 0.999 | 99.00 (n=1) | 98.70 | +0.30 | 2.0 | 97.27 |"
+        assert not any(line.startswith(("| CIFAR-10 | CNN + EMA", "| MNIST | linear + EMA")) for line in lines)
+        assert any("*+ EMA d*" in line for line in lines)
+
+
+def test_ema_rows_per_mechanism_that_has_them(report):
+    lines = report["scatternet_mechanisms.md"].read_text().splitlines()
+    gaussian = lines.index("| Gaussian | 85.50 ± 0.71 (n=2) | — | 89.00 ± 1.41 (n=2) |")
+    assert lines[gaussian + 2] == "| Gaussian + EMA 0.999 | 88.00 ± 1.41 (n=2) | — | 92.00 ± 1.41 (n=2) |"
+    lap2 = lines.index("| Lap2 | 84.00 ± 1.41 (n=2) | — | — |")
+    assert lines[lap2 + 1] == "| Lap2 + EMA 0.999 | 84.00 (n=1) | — | — |"
+    assert not any("Dirichlet (alpha=1) † + EMA" in line for line in lines)  # no EMA run: no row
+    # the gap and the noise table: plain runs only
+    assert "| Gaussian − Lap2 (points) | +1.50 ± 0.71 (ahead in 2 of 2 seeds) | — | — |" in lines
+    assert sum(line.startswith("| Gaussian |") for line in lines) == 2  # one accuracy and one noise row
+    summary = report["summary_scatternet.md"].read_text()
+    assert "| Gaussian + EMA 0.999 | 88.00 ± 1.41 (n=2), σ = 2.5 | — | 92.00 ± 1.41 (n=2), σ = 1 |" in summary
+
+
+def test_without_ema_runs_no_ema_rows_or_note(tmp_path):
+    write_run(tmp_path / "results", "fashion-mnist", "gaussian", 3.0, 0, 0.88)
+    written = REPORTS["scatternet"](tmp_path / "results", tmp_path / "reports")
+    assert not any("EMA" in p.read_text() for p in written if p.suffix == ".md")
