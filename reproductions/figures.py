@@ -124,7 +124,7 @@ def accuracy_vs_epsilon(rows: Sequence[dict[str, Any]], datasets: Sequence[str],
         ax.set(xlabel="target epsilon (delta = 1e-5)", ylabel="test accuracy (%)", title=dataset)
         log_scale(ax, "x", sorted(epsilons) or None)
         ax.grid(alpha=0.3)
-    shared_legend(fig, axes)
+    shared_legend(fig, axes, columns=min(3, 2 * len(datasets)))  # one narrow panel fits two columns
     return save_figure(fig, title, out)
 
 
