@@ -69,12 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only these columns, named by their calibrating accountant (table2: gaussian "
                    "laplace-l1 lap2-paper lap2; dirichlet: dirichlet gaussian penultimate-gaussian; scatternet: "
                    "gaussian lap2 laplace-l1 dirichlet)")
+    p.add_argument("--models", nargs="+", help="only the runs of these models (default: every model the experiment "
+                   "trains), e.g. scatternet-linear")
     p.add_argument("--steps", type=int,
                    help="override the planned steps T of every run (the records state it; default: the "
                    "experiment's, e.g. 5860 for table2)")
     p.add_argument("--ema-decay", type=float,
                    help="evaluate an exponential moving average of the parameters with this decay in (0, 1) in every "
                    "run (a variant of the experiment: its records are named ..._ema<decay>_...; default: none)")
+    p.add_argument("--feature-statistics-noise", type=float, metavar="SIGMA",
+                   help="scatternet models: standardise the features with per-channel statistics released with "
+                   "Gaussian noise of multiplier SIGMA, in every run (a variant: records named ..._fstat<SIGMA>_...; "
+                   "the release is in every epsilon; default: GroupNorm)")
     p.add_argument("--study", choices=("comparison", "alpha-grid", "both"), default="both",
                    help="dirichlet only: the mechanism comparison, the alpha x effective-lr grid, or both")
     p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR,
@@ -134,6 +140,8 @@ def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
                                      args.steps, quick)
     if args.ema_decay is not None:
         specs = [replace(spec, ema_decay=args.ema_decay) for spec in specs]
+    if args.feature_statistics_noise is not None:
+        specs = [replace(spec, feature_statistics_noise=args.feature_statistics_noise) for spec in specs]
     if args.columns:
         offered = sorted({s.calibrated_with for s in specs})
         unknown = [c for c in args.columns if c not in offered]
@@ -141,6 +149,13 @@ def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
             raise checks.InvalidParameterError(
                 f"--columns {' '.join(unknown)}: not a column of {args.experiment}; choose from {' '.join(offered)}")
         specs = [s for s in specs if s.calibrated_with in args.columns]
+    if args.models:
+        offered = sorted({s.model for s in specs})
+        unknown = [m for m in args.models if m not in offered]
+        if unknown:
+            raise checks.InvalidParameterError(
+                f"--models {' '.join(unknown)}: not a model of these runs; choose from {' '.join(offered)}")
+        specs = [s for s in specs if s.model in args.models]
     return specs
 
 
@@ -150,6 +165,7 @@ def check_options(args: argparse.Namespace) -> None:
     checks.each(checks.check_positive, "--epsilons", args.epsilons)
     checks.optional(checks.check_count, "--steps", args.steps, 1)
     checks.optional(checks.open_fraction, "--ema-decay", args.ema_decay)
+    checks.optional(checks.check_positive, "--feature-statistics-noise", args.feature_statistics_noise)
     checks.check_count("--threads", args.threads, 1)
     checks.optional(checks.check_count, "--jobs", args.jobs, 1)
     if args.dataset and args.experiment != "figures":

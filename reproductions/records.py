@@ -17,6 +17,7 @@ from typing import Any, Iterable, Optional
 GROUP_KEYS = (
     "experiment", "dataset", "model", "mechanism", "calibrated_with", "target_epsilon",
     "steps_planned", "optimizer", "alpha", "effective_lr", "momentum", "lr_schedule", "ema_decay",
+    "feature_statistics_noise",
 )
 
 
@@ -55,6 +56,9 @@ class RunSpec:
     ema_decay: Optional[float] = None
     #: physical batches of a logical batch (memory only: the step is the same)
     physical_batch_size: Optional[int] = None
+    #: standardise the features with per-channel statistics released with this Gaussian noise
+    #: multiplier (scatternet models; the release is in every epsilon); None: GroupNorm
+    feature_statistics_noise: Optional[float] = None
 
     @property
     def name(self) -> str:
@@ -70,6 +74,8 @@ class RunSpec:
             parts.append(self.lr_schedule)
         if self.ema_decay is not None:
             parts.append(f"ema{self.ema_decay:g}")
+        if self.feature_statistics_noise is not None:
+            parts.append(f"fstat{self.feature_statistics_noise:g}")
         if self.train_limit is not None:
             parts.append(f"N{self.train_limit}")
         parts.append(f"seed{self.seed}")

@@ -79,6 +79,8 @@ def train_argv(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> 
         argv += ["--ema-decay", number(spec.ema_decay)]
     if spec.physical_batch_size is not None:
         argv += ["--physical-batch-size", str(spec.physical_batch_size)]
+    if spec.feature_statistics_noise is not None:
+        argv += ["--feature-statistics-noise", number(spec.feature_statistics_noise)]
     return argv
 
 
@@ -90,7 +92,9 @@ def train_config(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -
 
     alpha = {} if spec.alpha is None else {"alpha": float(spec.alpha)}
     return TrainingConfig(
-        data=DataConfig(spec.dataset, limit=spec.train_limit, test_limit=spec.test_limit),
+        data=DataConfig(spec.dataset, limit=spec.train_limit, test_limit=spec.test_limit,
+                        feature_statistics_noise=None if spec.feature_statistics_noise is None
+                        else float(spec.feature_statistics_noise)),
         model=spec.model,
         mechanism=MechanismConfig(spec.mechanism, clip=float(spec.clip), **alpha),
         privacy=PrivacyTarget(delta=float(spec.delta), epsilon=float(spec.target_epsilon),

@@ -62,7 +62,7 @@ def test_ours_against_the_published_numbers(report):
     # mean ± std over 2 seeds, Tramèr & Boneh's 89.7, the difference, 3 minutes a run, the Lap2 paper at 3.42
     assert "| Fashion-MNIST | linear | 89.00 ± 1.41 (n=2) | 89.70 | -0.70 | 3.0 | 83.67 |" in lines
     assert "| MNIST | CNN | — | 98.70 | — | — | 97.27 |" in lines  # not run yet: the published numbers stand
-    assert "| CIFAR-10 | CNN | unreachable | 69.30 | — | — | — |" in lines  # no Lap2-paper number for CIFAR-10
+    assert "| CIFAR-10 (JPEG q75 copy) | CNN | unreachable | 69.30 | — | — | — |" in lines  # no Lap2-paper number for CIFAR-10
     assert any("at ε = 3.42 %" in line for line in lines)
 
 
@@ -108,7 +108,7 @@ def test_ema_rows_under_the_plain_ones_in_the_published_comparison(report):
         # an EMA run without its plain run: the plain row stays "not run"
         plain = lines.index("| MNIST | CNN | — | 98.70 | — | — | 97.27 |")
         assert lines[plain + 1] == "| MNIST | CNN + EMA 0.999 | 99.00 (n=1) | 98.70 | +0.30 | 2.0 | 97.27 |"
-        assert not any(line.startswith(("| CIFAR-10 | CNN + EMA", "| MNIST | linear + EMA")) for line in lines)
+        assert not any(line.startswith(("| CIFAR-10 (JPEG q75 copy) | CNN + EMA", "| MNIST | linear + EMA")) for line in lines)
         assert any("*+ EMA d*" in line for line in lines)
 
 

@@ -14,7 +14,7 @@ depends on the accountant's kind (its :class:`~dpnoise.accounting.registry.Accou
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -67,8 +67,9 @@ class PrivacyAccountant:
 
     @property
     def steps(self) -> int:
-        """Number of composed events (training steps)."""
-        return sum(count for _, count in self._history)
+        """Number of Poisson-sampled events (training steps); releases of the whole data set (e.g. noisy
+        feature statistics composed before training) are in the ledger but are not steps."""
+        return sum(count for event, count in self._history if isinstance(event, PoissonSampledEvent))
 
     @property
     def history(self) -> list[tuple[DpEvent, int]]:
@@ -316,14 +317,19 @@ class MinimumAccountant(PrivacyAccountant):
         return min(acc.get_epsilon(delta) for acc in rdp_routes) if rdp_routes else self.get_epsilon(delta)
 
 
-def epsilon_after(accountant: str, *, steps: int, delta: float, **step_arguments: Any) -> float:
-    """Epsilon at ``delta`` of a fresh ``accountant`` after ``steps`` identical steps.
+def epsilon_after(accountant: str, *, steps: int, delta: float, releases: Sequence[DpEvent] = (),
+                  **step_arguments: Any) -> float:
+    """Epsilon at ``delta`` of a fresh ``accountant`` after ``releases`` and then ``steps`` identical steps.
 
     ``step_arguments`` as for :meth:`PrivacyAccountant.step` (``sample_rate``, the noise keyword
-    of the mechanism, ``clip``, ...).  The unsound-accountant warning is not raised: this is for
+    of the mechanism, ``clip``, ...); ``releases``: events composed before the steps (e.g. noisy
+    statistics of the training data).  The unsound-accountant warning is not raised: this is for
     callers that report each accountant's soundness themselves (tables, audits, calibration).
     """
-    acc = get_accountant(accountant).step(steps=steps, **step_arguments)
+    acc = get_accountant(accountant)
+    for release in releases:
+        acc.compose(release)
+    acc.step(steps=steps, **step_arguments)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsoundAccountantWarning)
         return acc.get_epsilon(delta)

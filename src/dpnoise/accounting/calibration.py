@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from scipy.optimize import brentq
 
 from dpnoise.accounting.accountant import UnsoundAccountantWarning, epsilon_after, flat_ledger, get_accountant
+from dpnoise.accounting.events import DpEvent
 from dpnoise.accounting.mechanisms import get_mechanism_spec, noise_keywords
 from dpnoise.accounting.pld.distribution import pld_epsilon
 from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
@@ -121,7 +122,8 @@ class CalibrationResult:
 
 
 def _epsilon(name: str, noise: float, q: float, steps: int, delta: float, **kw: object) -> float:
-    """Epsilon of ``name`` at ``noise`` in its mechanism's unit (no unsound-accountant warning)."""
+    """Epsilon of ``name`` at ``noise`` in its mechanism's unit (no unsound-accountant warning);
+    ``kw``: the other step arguments, and ``releases`` composed before the steps."""
     return epsilon_after(name, steps=steps, delta=delta, sample_rate=q,
                          **noise_keywords(get_spec(name).mechanism, noise), **kw)
 
@@ -156,12 +158,16 @@ def calibrate_noise(
     clip: float = 1.0,
     params: Optional[int] = None,
     compare: bool = True,
+    releases: Sequence[DpEvent] = (),
 ) -> CalibrationResult:
     """Smallest noise reaching the target, in the mechanism's unit (:attr:`CalibrationResult.noise_keyword`).
 
     ``compare``: also give the epsilon of that noise under the mechanism's other reported
     accountants (``epsilon_by_accountant``; PLD routes can cost more than the calibration itself).
+    ``releases``: DP events composed before the steps (e.g. noisy statistics of the training data,
+    :mod:`dpnoise.mechanisms.channel_statistics`); the target covers them and the steps together.
     """
+    releases = tuple(releases)
     eps_t, delta, q, steps = _validate(target_epsilon, delta, sample_rate, steps)
     spec = get_spec(accountant)
     if get_mechanism_spec(spec.mechanism).uses_alpha:
@@ -171,10 +177,10 @@ def calibrate_noise(
     clip = check_positive("clip", clip)
     scale = _noise_scale(accountant, clip)
     guess = gaussian_initial_noise(eps_t, delta, q, steps)
-    ratio = _smallest_ratio(accountant, eps_t, delta, q, steps, clip, params, max(guess, 1e-3))
+    ratio = _smallest_ratio(accountant, eps_t, delta, q, steps, clip, params, max(guess, 1e-3), releases)
     noise = ratio * scale
     by_acc = {
-        name: _epsilon(name, noise, q, steps, delta, clip=clip, params=params)
+        name: _epsilon(name, noise, q, steps, delta, clip=clip, params=params, releases=releases)
         for name in dict.fromkeys([accountant, *(accountants_for_mechanism(spec.mechanism) if compare else [])])
     }
     if by_acc[accountant] > eps_t:  # every route checks its answer; this guards the combination
@@ -187,7 +193,7 @@ def calibrate_noise(
 
 def _smallest_ratio(
     accountant: str, target: float, delta: float, q: float, steps: int, clip: float,
-    params: Optional[int], initial: float,
+    params: Optional[int], initial: float, releases: tuple[DpEvent, ...] = (),
 ) -> float:
     """Smallest noise / scale reaching ``target`` under ``accountant`` (Laplace: b / C; else sigma).
 
@@ -203,15 +209,18 @@ def _smallest_ratio(
     noise_keyword = get_mechanism_spec(spec.mechanism).noise.keyword
 
     def ledger(ratio: float):
-        acc = get_accountant(accountant).step(sample_rate=q, clip=clip, params=params, steps=steps,
-                                              **{noise_keyword: ratio * scale})
+        acc = get_accountant(accountant)
+        for release in releases:
+            acc.compose(release)
+        acc.step(sample_rate=q, clip=clip, params=params, steps=steps, **{noise_keyword: ratio * scale})
         return flat_ledger(acc.history)
 
     if spec.kind == "minimum":
         answers, failure = [], None
         for route in sorted(spec.routes, key=lambda r: get_spec(r).kind != "rdp"):
             try:
-                answers.append(_smallest_ratio(route, target, delta, q, steps, clip, params, min([initial, *answers])))
+                answers.append(_smallest_ratio(route, target, delta, q, steps, clip, params, min([initial, *answers]),
+                                               releases))
             except UnreachableTargetError as err:
                 failure = err
         if not answers:
@@ -226,7 +235,7 @@ def _smallest_ratio(
                               factor=1.05, tolerance=1e-5)
 
     def eps_of(ratio: float) -> float:
-        return _epsilon(accountant, ratio * scale, q, steps, delta, clip=clip, params=params)
+        return _epsilon(accountant, ratio * scale, q, steps, delta, clip=clip, params=params, releases=releases)
 
     return solve_smallest(eps_of, target, initial=initial)
 

@@ -93,7 +93,8 @@ class ComposedEvent:
 MechanismEvent = Union[GaussianEvent, LaplaceEvent, Lap2Event, DirichletEvent]
 DpEvent = Union[MechanismEvent, PoissonSampledEvent, SelfComposedEvent, ComposedEvent]
 
-_EVENT_TYPES = {
+#: every event class by name (what :func:`event_from_dict` can build)
+EVENT_TYPES = {
     cls.__name__: cls
     for cls in (
         GaussianEvent,
@@ -124,13 +125,13 @@ def event_from_dict(data: dict[str, Any]) -> DpEvent:
     """Inverse of :func:`event_to_dict`."""
     data = dict(data)
     kind = data.pop("type", None)
-    if kind not in _EVENT_TYPES:
+    if kind not in EVENT_TYPES:
         raise ValueError(f"unknown DP event type {kind!r}")
     if "event" in data:
         data["event"] = event_from_dict(data["event"])
     if "events" in data:
         data["events"] = tuple(event_from_dict(e) for e in data["events"])
-    return _EVENT_TYPES[kind](**data)
+    return EVENT_TYPES[kind](**data)
 
 
 def to_dp_accounting(event: DpEvent) -> Any:
@@ -165,6 +166,7 @@ __all__ = [
     "SelfComposedEvent",
     "ComposedEvent",
     "DpEvent",
+    "EVENT_TYPES",
     "event_to_dict",
     "event_from_dict",
     "to_dp_accounting",

@@ -49,6 +49,7 @@ OPTIONS = {
     "mechanism.noise_shares": ("--noise-shares",),
     "schedule.physical_batch_size": ("--physical-batch-size", "check_count", 1),
     "optimizer.ema_decay": ("--ema-decay", "open_fraction"), "optimizer.lr_schedule": ("--lr-schedule",),
+    "data.feature_statistics_noise": ("--feature-statistics-noise", "check_positive"),
 }
 EXAMPLES = """examples:
   # the demo: Lap2 on Fashion-MNIST, seed CNN, epsilon 1 (both Lap2 epsilons are printed)
@@ -95,6 +96,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add("--test-limit", type=int, help="evaluate on a class-balanced test subset of this size")
     add("--data-root", type=Path, help="folder with the dataset files instead of the default place")
     add("--max-length", type=int, help="token length for text datasets (default 64)")
+    add("--feature-statistics-noise", type=float, metavar="SIGMA", help="scatternet models: standardise the features "
+        "per channel with their mean and variance released with Gaussian noise of multiplier SIGMA (clipping thresholds "
+        "from noisy quantiles; 4 Gaussian releases, composed into every accountant and the calibration) instead of "
+        "GroupNorm; Tramer & Boneh used 8 (default: GroupNorm, no privacy cost)")
     add = p.add_argument_group("privacy").add_argument
     add("--mechanism", required=True, choices=MECHANISM_CHOICES, help=f"{mechanism_help()}. Output mechanisms protect "
         "the released outputs, not the parameters (docs/theory/dirichlet.md §5)")

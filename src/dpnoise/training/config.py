@@ -76,6 +76,10 @@ class DataConfig:
     root: Optional[Path] = None
     #: token length for text datasets
     max_length: int = 64
+    #: scatternet models: standardise the features with per-channel statistics released with Gaussian
+    #: noise of this multiplier (:mod:`dpnoise.mechanisms.channel_statistics`; accounted with the
+    #: training steps) instead of GroupNorm.  None: GroupNorm (no privacy cost)
+    feature_statistics_noise: Optional[float] = None
 
     def __post_init__(self) -> None:
         _as_path(self, "root")
@@ -253,6 +257,7 @@ def check_config(config: TrainingConfig) -> None:
     _optional("optimizer.ema_decay", "open_fraction", opt.ema_decay)
     _optional("data.limit", "check_count", data.limit, 1)
     _optional("data.test_limit", "check_count", data.test_limit, 1)
+    _optional("data.feature_statistics_noise", "check_positive", data.feature_statistics_noise)
     check_field("data.max_length", "count_in", data.max_length, *MAX_LENGTH_RANGE)
     check_field("seed", "seed", config.seed)
     _optional("threads", "check_count", config.threads, 1)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Sequence
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from dpnoise.accounting import (
     noise_keywords,
     steps_from_epochs,
 )
+from dpnoise.accounting.events import EVENT_TYPES, DpEvent, PoissonSampledEvent, event_to_dict
 from dpnoise.accounting.validation import check_count, check_delta, check_positive, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.training.bookkeeping import BookkeepingModule, unsupported_bookkeeping_layers
@@ -80,6 +81,8 @@ class PrivacySetup:
     target_epsilon: Optional[float]
     accountant: str
     accountants: tuple[str, ...]
+    #: releases of the training data composed before the first step (``event_to_dict`` of each)
+    data_releases: tuple[dict[str, Any], ...] = ()
 
 
 def count_trainable_parameters(module: nn.Module) -> int:
@@ -153,6 +156,7 @@ class PrivacyEngine:
         device: Optional[DeviceLike] = None,
         noise_shares: str = "split",
         max_physical_batch_size: Optional[int] = None,
+        data_releases: Sequence[DpEvent] = (),
     ) -> tuple[nn.Module, Optimizer, DataLoader]:
         """Return the private (module, optimizer, data loader).
 
@@ -201,6 +205,13 @@ class PrivacyEngine:
                 the last one it noises the whole clipped sum once and takes the step.  The usual
                 loop (``zero_grad``, forward, ``backward``, ``step`` per batch) needs no change.
                 Default: one physical batch per logical batch.
+            data_releases: DP releases of the training data made before training, as DP events without
+                subsampling, under add/remove adjacency (e.g. ``ChannelStatistics.event`` of
+                :func:`~dpnoise.mechanisms.channel_statistics.private_channel_statistics`, the noisy
+                statistics a model's input is standardised with).  Every accountant composes them
+                before the first step, the calibration and the budget cover them and the steps
+                together, and checkpoints record them.  Gradient mechanisms only (the output
+                mechanisms' epsilon has another scope and adjacency).
         """
         # Every argument is checked here, before any work (errors name the parameter).
         if self.setup is not None:
@@ -249,6 +260,7 @@ class PrivacyEngine:
             raise InvalidTrainingOptionError(f"epochs={epochs:g} at sample rate {rate:g} is an unbounded number of steps")
         check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         primary, accountant_names = self._choose_accountants(mech, accountant, calibrate_with)
+        releases = self._check_releases(data_releases, mech, accountant_names)
 
         module.to(device)
         self.device, self.group = device, group
@@ -270,6 +282,7 @@ class PrivacyEngine:
                 clip=max_grad_norm,
                 params=params,
                 alpha=alpha,
+                releases=releases,
             )
             noise = self.calibration.noise
         self.mechanism = mech
@@ -284,14 +297,17 @@ class PrivacyEngine:
             target_epsilon=target_epsilon,
             accountant=primary,
             accountants=accountant_names,
+            data_releases=tuple(event_to_dict(release) for release in releases),
         )
         if group is not None:
             group.check_same_setup({**asdict(self.setup), "noise_shares": noise_shares, "seed": self.seed})
             group.broadcast_module(module)
-        self.accountants = {name: get_accountant(name) for name in accountant_names}
+        self.data_releases = releases
+        self.accountants = {name: self._fresh_accountant(name) for name in accountant_names}
         self.budget_policy = on_budget_exhausted
         if target_epsilon is not None:
-            self.max_steps = steps_within_budget(primary, self.accounting_step_arguments(), target_epsilon, delta)
+            self.max_steps = steps_within_budget(primary, self.accounting_step_arguments(), target_epsilon, delta,
+                                                 releases)
             if self.max_steps == 0:
                 raise PrivacyBudgetExceededError(
                     f"epsilon {target_epsilon} is below what even one step costs with noise {noise} "
@@ -302,6 +318,29 @@ class PrivacyEngine:
             grad_sample_mode=grad_sample_mode, noise_shares=noise_shares,
         )
         return private_module, private_optimizer, private_loader
+
+    @staticmethod
+    def _check_releases(data_releases: Sequence[DpEvent], mech: Mechanism,
+                        accountant_names: tuple[str, ...]) -> tuple[DpEvent, ...]:
+        """``data_releases`` as a tuple, after checking that they are DP events every accountant can compose."""
+        releases = tuple(data_releases)
+        if releases and mech.spec.scope is not None:
+            raise InvalidTrainingOptionError(f"data_releases are accounted for gradient mechanisms only; {mech.name!r} "
+                                             f"is an output mechanism (its epsilon covers its outputs)")
+        for release in releases:
+            if not isinstance(release, tuple(EVENT_TYPES.values())) or isinstance(release, PoissonSampledEvent):
+                raise InvalidTrainingOptionError(f"data_releases must be DP events of the whole data set (no "
+                                                 f"Poisson sampling), got {release!r}")
+            for name in accountant_names:
+                get_accountant(name).compose(release)  # raises if this accountant cannot account it
+        return releases
+
+    def _fresh_accountant(self, name: str) -> PrivacyAccountant:
+        """Accountant ``name`` holding this run's data releases and no step."""
+        accountant = get_accountant(name)
+        for release in self.data_releases:
+            accountant.compose(release)
+        return accountant
 
     @property
     def rank(self) -> int:
@@ -556,6 +595,7 @@ class PrivacyEngine:
         saved_setup, current_setup = state["setup"], asdict(self.setup)
         if not isinstance(saved_setup, dict):
             raise inconsistent("setup", f"a {type(saved_setup).__name__}, not a dictionary")
+        saved_setup = {"data_releases": (), **saved_setup}  # written before releases existed: none
         for field in [*current_setup, *(key for key in saved_setup if key not in current_setup)]:
             saved, current = saved_setup.get(field, _MISSING), current_setup.get(field, _MISSING)
             if _normalized(saved) != _normalized(current):
@@ -583,7 +623,7 @@ class PrivacyEngine:
             raise differs("accountants", tuple(saved_accountants), tuple(self.accountants))
         arguments = self.accounting_step_arguments()
         for name in self.accountants:
-            expected = get_accountant(name)
+            expected = self._fresh_accountant(name)
             if steps:
                 expected.step(**arguments, steps=steps)
             if not _same_state(saved_accountants[name], expected.state_dict()):

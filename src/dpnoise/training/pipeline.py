@@ -33,6 +33,7 @@ from dpnoise.training.preparation import (
     build_optimizer,
     check_against_registries,
     prepare_model_and_data,
+    standardize_features,
 )
 from dpnoise.training.summary import TrainingResult, summarize
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # annotations only
     from torch import nn
     from torch.utils.data import DataLoader
 
+    from dpnoise.accounting.events import DpEvent
     from dpnoise.training.engine import PrivacyEngine
     from dpnoise.training.report import RunHistory
 
@@ -107,12 +109,14 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
 
     torch.manual_seed(config.seed)
     model, train_set, test_set = prepare_model_and_data(config)
+    releases = standardize_features(config, model, train_set)
     optimizer = build_optimizer(config, model)
     # the average is copied from the plain model, before make_private hooks it
     average = parameter_average(model, config.optimizer.ema_decay) if config.optimizer.ema_decay else None
     engine = PrivacyEngine(seed=config.seed)
     module, optimizer, loader = make_private(engine, config, model, optimizer,
-                                             DataLoader(train_set, batch_size=config.schedule.batch_size), device)
+                                             DataLoader(train_set, batch_size=config.schedule.batch_size), device,
+                                             releases)
     apply_dirichlet_learning_rate(config, optimizer, engine)
     total_steps = min(engine.planned_steps, config.schedule.max_steps or engine.planned_steps)
     extras = PostProcessing(model, average.to(engine.device) if average is not None else None,
@@ -142,9 +146,10 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
 
 def make_private(
     engine: PrivacyEngine, config: TrainingConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
-    loader: DataLoader, device: torch.device,
+    loader: DataLoader, device: torch.device, releases: tuple[DpEvent, ...] = (),
 ) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
-    """``engine.make_private`` with the configuration's mechanism, noise and target (the one call)."""
+    """``engine.make_private`` with the configuration's mechanism, noise and target (the one call), and the
+    training data's ``releases`` made before it."""
     from dpnoise.accounting import noise_keywords
 
     mechanism, privacy = config.mechanism, config.privacy
@@ -155,7 +160,7 @@ def make_private(
         alpha=mechanism.alpha if mechanism.name == "dirichlet" else None,
         accountant=privacy.accountant, calibrate_with=privacy.calibrate_with, on_budget_exhausted="stop",
         grad_sample_mode=mechanism.grad_sample_mode, device=device, noise_shares=mechanism.noise_shares,
-        max_physical_batch_size=config.schedule.physical_batch_size,
+        max_physical_batch_size=config.schedule.physical_batch_size, data_releases=releases,
     )
 
 

@@ -11,11 +11,17 @@ from typing import TYPE_CHECKING
 
 from dpnoise.training.config import DEFAULT_LR, TEXT_MODELS, InvalidConfigError, TrainingConfig, check_field
 
+#: models whose head starts with a ``norm`` layer that ``data.feature_statistics_noise`` replaces
+STANDARDIZED_MODELS = ("scatternet-linear", "scatternet-cnn")
+#: the statistics' noise generator is seeded from the run's seed plus this (not the engine's streams)
+STATISTICS_SEED_OFFSET = 7919
+
 if TYPE_CHECKING:  # annotations only
     import torch
     from torch import nn
     from torch.utils.data import Dataset
 
+    from dpnoise.accounting.events import DpEvent
     from dpnoise.models import FeatureClassifier
     from dpnoise.training.engine import PrivacyEngine
 
@@ -51,6 +57,11 @@ def check_against_registries(config: TrainingConfig) -> None:
         raise InvalidConfigError(lambda n: f"{n('schedule.batch_size')} must be <= {train_size} (the training "
                                            f"set's size; q = batch / N <= 1), got {schedule.batch_size}")
     check_field("schedule.epochs", "finite_steps", schedule.epochs, schedule.batch_size / train_size)
+    if data.feature_statistics_noise is not None and (config.model not in STANDARDIZED_MODELS
+                                                      or MECHANISMS[mechanism.name].spec.scope is not None):
+        raise InvalidConfigError(lambda n: f"{n('data.feature_statistics_noise')} applies to the models "
+                                           f"{', '.join(STANDARDIZED_MODELS)} with a gradient mechanism, not "
+                                           f"{config.model} with {mechanism.name}")
     applicable = accountants_for_mechanism(mechanism.name, include_options=True)
     for path, name in (("privacy.accountant", privacy.accountant), ("privacy.calibrate_with", privacy.calibrate_with)):
         if name is not None and name not in applicable:
@@ -109,6 +120,27 @@ def prepare_model_and_data(config: TrainingConfig) -> tuple[nn.Module, Dataset, 
     if not isinstance(model, FeatureClassifier):
         return (model, *load_splits(config))
     return (model.head, *frozen_features(model, config))
+
+
+def standardize_features(config: TrainingConfig, head: nn.Module, train_set: Dataset) -> tuple[DpEvent, ...]:
+    """With ``data.feature_statistics_noise``: replace ``head.norm`` by a standardisation with per-channel
+    statistics of the training features released with that Gaussian noise, and return the release's DP
+    event (for ``make_private(data_releases=...)``); otherwise change nothing and return ().
+
+    The noise is drawn from a generator of its own, seeded from ``config.seed``, so that every rank of a
+    distributed run and a resumed run compute the same statistics.
+    """
+    import torch
+
+    from dpnoise.mechanisms.channel_statistics import ChannelStandardization, private_channel_statistics
+
+    sigma = config.data.feature_statistics_noise
+    if sigma is None:
+        return ()
+    generator = torch.Generator().manual_seed((config.seed + STATISTICS_SEED_OFFSET) % 2**63)
+    statistics = private_channel_statistics(train_set.tensors[0], sigma, generator)
+    head.norm = ChannelStandardization(statistics.mean, statistics.variance)
+    return (statistics.event,)
 
 
 def build_optimizer(config: TrainingConfig, model: nn.Module) -> torch.optim.Optimizer:

@@ -76,6 +76,9 @@ class TrainingResult:
     lr_schedule: str = "constant"
     ema_decay: Optional[float] = None
     physical_batch_size: Optional[int] = None
+    #: the noise multiplier of the features' per-channel statistics (released before training and
+    #: included in every epsilon), when the features are standardised with them
+    feature_statistics_noise: Optional[float] = None
     #: the curves: per-step (loss, batch accuracy, quick epsilon) and per-epoch (test accuracy,
     #: epsilon by accountant) records
     history: RunHistory = field(default_factory=RunHistory)
@@ -112,7 +115,8 @@ SUMMARY_FIELDS = (
     "scope", "grad_sample_mode", "device", "processes", "wall_time_s",
 )
 #: fields in the summary only when they differ from these defaults
-OPTIONAL_FIELDS = {"momentum": 0.0, "lr_schedule": "constant", "ema_decay": None, "physical_batch_size": None}
+OPTIONAL_FIELDS = {"momentum": 0.0, "lr_schedule": "constant", "ema_decay": None, "physical_batch_size": None,
+                   "feature_statistics_noise": None}
 
 
 def summarize(
@@ -165,6 +169,7 @@ def summarize(
         lr_schedule=config.optimizer.lr_schedule,
         ema_decay=config.optimizer.ema_decay,
         physical_batch_size=config.schedule.physical_batch_size,
+        feature_statistics_noise=config.data.feature_statistics_noise,
         history=history,
     )
 
