@@ -93,17 +93,31 @@ def private_channel_statistics(features: torch.Tensor, noise_multiplier: float, 
     noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
     if not 0.0 < quantile < 1.0:
         raise InvalidMechanismError(f"quantile must be in (0, 1), got {quantile!r}")
-    if features.dim() < 2 or len(features) == 0 or not torch.isfinite(features).all():
-        raise InvalidMechanismError(f"features must be a non-empty finite tensor (n, channels, ...), got shape "
+    if features.dim() < 2 or len(features) == 0:
+        raise InvalidMechanismError(f"features must be a non-empty tensor (n, channels, ...), got shape "
                                     f"{tuple(features.shape)}")
-    flat = features.double().flatten(2) if features.dim() > 2 else features.double().unsqueeze(2)
-    channel_means, channel_squares = flat.mean(2), (flat * flat).mean(2)
+    channel_means, channel_squares = channel_moments(features)
+    if not (torch.isfinite(channel_means).all() and torch.isfinite(channel_squares).all()):
+        raise InvalidMechanismError("features must be finite (a NaN or infinite value was found)")
     clip_mean = noisy_quantile(channel_means.norm(dim=1), quantile, noise_multiplier, generator)
     clip_square = noisy_quantile(channel_squares.norm(dim=1), quantile, noise_multiplier, generator)
     mean = noisy_clipped_mean(channel_means, clip_mean, noise_multiplier, generator)
     square = noisy_clipped_mean(channel_squares, clip_square, noise_multiplier, generator)
     variance = (square - mean * mean).clamp_min(0.0)
     return ChannelStatistics(mean.float(), variance.float(), noise_multiplier, clip_mean, clip_square)
+
+
+def channel_moments(features: torch.Tensor, chunk: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per example and channel, the mean of the values and of their squares over the other dimensions
+    (``(n, channels)`` each, float64), ``chunk`` examples at a time (a float64 copy of all features
+    would take twice their memory)."""
+    means, squares = [], []
+    for start in range(0, len(features), chunk):
+        block = features[start : start + chunk].double().flatten(2) if features.dim() > 2 \
+            else features[start : start + chunk].double().unsqueeze(2)
+        means.append(block.mean(2))
+        squares.append((block * block).mean(2))
+    return torch.cat(means), torch.cat(squares)
 
 
 class ChannelStandardization(nn.Module):
