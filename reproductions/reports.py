@@ -106,7 +106,8 @@ def scatternet_report(results_dir: Path, figures_dir: Path) -> list[Path]:
     say "no runs yet" without records), and accuracy vs epsilon for each comparison dataset with runs."""
     records = load_records(results_dir, "scatternet")
     rows = aggregate(records)
-    linear = [r for r in rows if r["model"] == "scatternet-linear" and r["status"] == "ok" and r["ema_decay"] is None]
+    linear = [r for r in rows if r["model"] == "scatternet-linear" and r["status"] == "ok" and r["ema_decay"] is None
+              and r.get("feature_statistics_noise") is None]
     figure_datasets = [d for d in plans.SCATTERNET_COMPARISON_DATASETS if d in datasets_of(linear)]
     return [write_markdown(figures_dir / "scatternet.md", "Tramèr & Boneh's ScatterNet recipe, Gaussian at ε = 3: "
                            "against the published numbers", tables.scatternet_markdown(rows, records)),

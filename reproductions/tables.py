@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from dpnoise.accounting import ACCOUNTANTS, OUTPUT_PRIVACY_SCOPE
 from reproductions.plans import (
@@ -467,12 +467,36 @@ def ema_label(label: str, decay: float) -> str:
     return f"{label} + EMA {decay:g}"
 
 
+def statistics_noises(rows: Sequence[Row]) -> list[float]:
+    """The noise multipliers of the runs whose features were standardised with noisy channel statistics."""
+    return sorted({r["feature_statistics_noise"] for r in rows if r.get("feature_statistics_noise") is not None})
+
+
+def statistics_label(label: str, sigma: float) -> str:
+    return f"{label} + noisy channel statistics σ {sigma:g}"
+
+
+def variants(rows: Sequence[Row]) -> list[tuple[dict[str, Optional[float]], Callable[[str], str]]]:
+    """(fields, how the row's label changes) of the plain recipe and of each variant among ``rows``:
+    an EMA decay, or features standardised with noisy channel statistics instead of GroupNorm."""
+    plain = {"ema_decay": None, "feature_statistics_noise": None}
+    return [(plain, lambda label: label),
+            *[({**plain, "ema_decay": d}, lambda label, d=d: ema_label(label, d)) for d in ema_decays(rows)],
+            *[({**plain, "feature_statistics_noise": s}, lambda label, s=s: statistics_label(label, s))
+              for s in statistics_noises(rows)]]
+
+
 def ema_note(rows: Sequence[Row]) -> str:
     """What the EMA rows are, when there are any ("" otherwise)."""
-    if not ema_decays(rows):
-        return ""
-    return (" *+ EMA d*: the same configuration evaluated on an exponential moving average of its parameters "
-            "(decay d), post-processing at the same ε.")
+    notes = []
+    if ema_decays(rows):
+        notes.append(" *+ EMA d*: the same configuration evaluated on an exponential moving average of its "
+                     "parameters (decay d), post-processing at the same ε.")
+    if statistics_noises(rows):
+        notes.append(" *+ noisy channel statistics σ s*: the features standardised per channel with a mean and a "
+                     "variance released with Gaussian noise of multiplier s (Tramèr & Boneh's normalisation, "
+                     "thresholds from noisy quantiles) instead of GroupNorm; the release is inside the same ε.")
+    return "".join(notes)
 
 
 def scatternet_published_table(rows: Sequence[Row], records: Sequence[dict[str, Any]]) -> str:
@@ -486,15 +510,14 @@ def scatternet_published_table(rows: Sequence[Row], records: Sequence[dict[str, 
         lap2_paper = TABLE2_PUBLISHED.get(dataset, {}).get("gaussian-rdp", (None,))[0]
         for model, head in SCATTERNET_HEADS.items():
             paper = SCATTERNET_PUBLISHED[dataset, model]
-            for decay in [None, *ema_decays(rows)]:
+            for fields, label in variants(rows):
                 row = find_row(rows, dataset=dataset, model=model, target_epsilon=SCATTERNET_PUBLISHED_EPSILON,
-                               mechanism=gaussian.mechanism, calibrated_with=gaussian.calibrated_with,
-                               ema_decay=decay)
-                if decay is not None and row is None:
+                               mechanism=gaussian.mechanism, calibrated_with=gaussian.calibrated_with, **fields)
+                if any(v is not None for v in fields.values()) and row is None:
                     continue
                 found = found or row is not None
                 ok = row is not None and row["status"] == "ok"
-                body.append([DATASET_NAMES.get(dataset, dataset), head if decay is None else ema_label(head, decay),
+                body.append([DATASET_NAMES.get(dataset, dataset), label(head),
                              format_accuracy(row), format_published(paper),
                              f"{100 * row['accuracy_mean'] - paper:+.2f}" if ok else "—",
                              mean_train_minutes(records, row) if ok else "—", format_published(lap2_paper)])
@@ -521,7 +544,8 @@ def scatternet_grid(rows: Sequence[Row], dataset: str, ema_decay: Optional[float
     linear = [r for r in rows if r["model"] == "scatternet-linear"]
     epsilons = sorted({*SCATTERNET_EPSILONS, *(r["target_epsilon"] for r in linear if r["dataset"] == dataset)})
     published = {SCATTERNET_PUBLISHED_EPSILON: {"gaussian": SCATTERNET_PUBLISHED[dataset, "scatternet-linear"]}}
-    return SummaryGrid([r for r in linear if r.get("ema_decay") == ema_decay], dataset, epsilons,
+    return SummaryGrid([r for r in linear if r.get("ema_decay") == ema_decay
+                        and r.get("feature_statistics_noise") is None], dataset, epsilons,
                        SCATTERNET_COLUMNS, published)
 
 
@@ -529,14 +553,14 @@ def scatternet_lines(rows: Sequence[Row], grid: SummaryGrid, with_noise: bool) -
     """Every mechanism's accuracy (with its noise when ``with_noise``), Tramèr & Boneh's below the
     Gaussian's, its EMA variants of ``rows`` below (lines left out where none was run), and Lap2's gap
     to Gaussian: Gaussian minus Lap2 in points, paired by seed (plain recipe only)."""
-    variants = [(decay, scatternet_grid(rows, grid.dataset, decay)) for decay in ema_decays(rows)]
+    averaged = [(decay, scatternet_grid(rows, grid.dataset, decay)) for decay in ema_decays(rows)]
     lines = []
     for column in grid.columns:
         noise_name = NOISE_NAMES[column.mechanism] if with_noise else None
         lines.append(grid.ours(column.calibrated_with, noise_name))
         if column.mechanism == "gaussian":
             lines.append(grid.paper(column.calibrated_with, SCATTERNET_PAPER_LINE))
-        for decay, variant in variants:
+        for decay, variant in averaged:
             label, cells = variant.ours(column.calibrated_with, noise_name)
             lines.append((ema_label(label, decay), cells))
     gap = [format_paired_rows(*pair) for pair in zip(grid.cells("gaussian"), grid.cells("lap2"))]

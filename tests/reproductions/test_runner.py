@@ -244,7 +244,9 @@ def test_features_are_computed_once_per_dataset_and_model_before_parallel_runs(t
             test_limit=100, **{**TINY, "target_epsilon": 1.5}),
     RunSpec(mechanism="gaussian", calibrated_with="gaussian", seed=0, optimizer="sgd", lr=16.0, momentum=0.9,
             lr_schedule="cosine", ema_decay=0.999, physical_batch_size=2048, clip=0.1, **TINY),
-], ids=["lap2-paper", "dirichlet", "recipe"])
+    RunSpec(mechanism="gaussian", calibrated_with="gaussian", seed=0, feature_statistics_noise=8.0,
+            **{**TINY, "model": "scatternet-linear"}),
+], ids=["lap2-paper", "dirichlet", "recipe", "feature-statistics"])
 def test_recorded_command_builds_the_configuration_the_runner_trains(spec, tmp_path):
     from dpnoise.cli.main import build_parser
     from dpnoise.cli.train import configuration_fields

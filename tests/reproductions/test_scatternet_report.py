@@ -14,12 +14,13 @@ UNITS = {"gaussian": "noise multiplier sigma", "lap2": "Laplace scale b", "diric
 
 
 def write_run(results, dataset, mechanism, eps, seed, accuracy, model="scatternet-linear", noise=1.0,
-              train_minutes=2.0, status="ok", ema_decay=None):
+              train_minutes=2.0, status="ok", ema_decay=None, feature_statistics_noise=None):
     """A record with the fields the report reads, as runner.build_record writes them."""
     record = dict(experiment="scatternet", dataset=dataset, model=model, mechanism=mechanism,
                   calibrated_with=mechanism, target_epsilon=eps, seed=seed, steps_planned=100, optimizer="sgd",
                   alpha=1.0 if mechanism == "dirichlet" else None, effective_lr=None, momentum=0.9,
-                  lr_schedule="constant", ema_decay=ema_decay, status=status, command="dpnoise train ...",
+                  lr_schedule="constant", ema_decay=ema_decay, feature_statistics_noise=feature_statistics_noise,
+                  status=status, command="dpnoise train ...",
                   wall_time_s=60 * train_minutes + 5, git_commit="0123456789", git_src_dirty=False)
     if status == "ok":
         record.update(accuracy=accuracy, noise=noise, noise_unit=UNITS[mechanism], lr=4.0, steps=100,
@@ -28,7 +29,9 @@ def write_run(results, dataset, mechanism, eps, seed, accuracy, model="scatterne
     else:
         record["reason"] = "below the floor"
     ema = "" if ema_decay is None else f"_ema{ema_decay:g}"
-    write_record(results / "scatternet" / f"{dataset}_{model}_{mechanism}_eps{eps:g}{ema}_seed{seed}.json", record)
+    fstat = "" if feature_statistics_noise is None else f"_fstat{feature_statistics_noise:g}"
+    write_record(results / "scatternet" / f"{dataset}_{model}_{mechanism}_eps{eps:g}{ema}{fstat}_seed{seed}.json",
+                 record)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,8 @@ def report(tmp_path_factory):
     """The report of: Fashion-MNIST linear Gaussian at eps 3 (2 seeds), CIFAR-10's CNN head unreachable,
     and Gaussian, Lap2 (2 seeds each) and Dirichlet (1 seed) at eps 1 on Fashion-MNIST; and their EMA 0.999
     variants, better than the plain runs: Fashion-MNIST linear Gaussian at eps 3 and 1 (2 seeds), Lap2 at
-    eps 1 (1 seed), and MNIST's CNN head (1 seed, no plain run)."""
+    eps 1 (1 seed), and MNIST's CNN head (1 seed, no plain run); and a run with noisy channel statistics
+    (Fashion-MNIST linear Gaussian at eps 3, 1 seed, much worse: it must not leak into the plain rows)."""
     root = tmp_path_factory.mktemp("scatternet")
     results = root / "results"
     write_run(results, "fashion-mnist", "gaussian", 3.0, 0, 0.88, train_minutes=2.0)
@@ -53,6 +57,7 @@ def report(tmp_path_factory):
     write_run(results, "fashion-mnist", "gaussian", 1.0, 1, 0.89, noise=2.5, **ema)
     write_run(results, "fashion-mnist", "lap2", 1.0, 0, 0.84, noise=0.031, **ema)
     write_run(results, "mnist", "gaussian", 3.0, 0, 0.99, model="scatternet-cnn", **ema)
+    write_run(results, "fashion-mnist", "gaussian", 3.0, 0, 0.50, feature_statistics_noise=8.0)
     written = REPORTS["scatternet"](results, root / "reports")
     return {path.name: path for path in written}
 
@@ -130,3 +135,14 @@ def test_without_ema_runs_no_ema_rows_or_note(tmp_path):
     write_run(tmp_path / "results", "fashion-mnist", "gaussian", 3.0, 0, 0.88)
     written = REPORTS["scatternet"](tmp_path / "results", tmp_path / "reports")
     assert not any("EMA" in p.read_text() for p in written if p.suffix == ".md")
+
+
+def test_noisy_statistics_rows_are_a_variant_of_their_own(report):
+    for name in ["scatternet.md", "summary_scatternet.md"]:
+        lines = report[name].read_text().splitlines()
+        assert ("| Fashion-MNIST | linear + noisy channel statistics σ 8 | 50.00 (n=1) | 89.70 | -39.70 | 2.0 "
+                "| 83.67 |") in lines
+        assert "| Fashion-MNIST | linear | 89.00 ± 1.41 (n=2) | 89.70 | -0.70 | 3.0 | 83.67 |" in lines
+        assert any("*+ noisy channel statistics σ s*" in line for line in lines)
+    mechanisms = report["scatternet_mechanisms.md"].read_text()
+    assert "50.00" not in mechanisms  # the mechanism grid and the figure hold the plain recipe only
