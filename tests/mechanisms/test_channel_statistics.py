@@ -43,11 +43,45 @@ def test_noisy_quantile_is_the_bin_edge_above_the_true_quantile():
         assert float((values <= NORM_BIN_EDGES[edge - 1]).double().mean()) < quantile  # not one bin later
 
 
-def test_noisy_quantile_noise_moves_the_answer_by_the_counts_noise():
-    values = torch.full((100,), 0.5, dtype=torch.float64)
-    # Every value is in one bin; with noise sigma = 1000 on each count the answer is spread over the bins.
-    answers = {noisy_quantile(values, 0.5, 1000.0, generator(seed)) for seed in range(20)}
-    assert len(answers) > 5
+@pytest.mark.parametrize("added", [0.0, 1e-20, 1.0, float(NORM_BIN_EDGES[100]), 1e10, 1.7e308])
+def test_one_added_value_moves_exactly_one_count_by_one(monkeypatch, added):
+    """The histogram's L2 sensitivity is 1: record the counts the noise is added to."""
+    seen = []
+
+    def recording_noise(reference, noise_multiplier, clip, generator, shares=1):
+        seen.append(reference.clone())
+        return torch.zeros_like(reference)
+
+    monkeypatch.setattr("dpnoise.mechanisms.channel_statistics.gaussian_noise", recording_noise)
+    values = torch.rand(500, generator=generator(7), dtype=torch.float64) + 0.1
+    for data in (values, torch.cat([values, torch.tensor([added], dtype=torch.float64)])):
+        noisy_quantile(data, 0.5, 1.0, generator())
+    difference = seen[1] - seen[0]
+    assert float(difference.abs().sum()) == 1.0 and float(difference.max()) == 1.0
+
+
+def test_the_four_draws_are_the_noise_the_event_describes(monkeypatch):
+    """Exactly RELEASES Gaussian draws: std sigma on each count, sigma * C on each clipped sum."""
+    from dpnoise.mechanisms import channel_statistics
+
+    draws = []
+    real = channel_statistics.gaussian_noise
+
+    def recording_noise(reference, noise_multiplier, clip, generator, shares=1):
+        draws.append((noise_multiplier, clip, shares, reference.dtype))
+        return real(reference, noise_multiplier, clip, generator, shares)
+
+    monkeypatch.setattr(channel_statistics, "gaussian_noise", recording_noise)
+    stats = private_channel_statistics(features(), 3.0, generator())
+    assert draws == [(3.0, 1.0, 1, torch.float64), (3.0, 1.0, 1, torch.float64),
+                     (3.0, stats.clip_mean, 1, torch.float64), (3.0, stats.clip_square, 1, torch.float64)]
+    assert len(draws) == RELEASES
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-12, 1e6])
+def test_norms_outside_the_bins_are_refused(scale):
+    with pytest.raises(InvalidMechanismError, match="outside .* rescale the features"):
+        private_channel_statistics(features() * scale, 8.0, generator())
 
 
 def test_clipped_sum_moves_by_at_most_the_clip_when_one_example_is_added():
@@ -138,6 +172,7 @@ def test_standardization_centres_and_scales_each_channel():
     (dict(quantile=0.0), "quantile"),
     (dict(quantile=1.0), "quantile"),
     (dict(quantile=float("nan")), "quantile"),
+    (dict(quantile="0.5"), "quantile"),
 ])
 def test_bad_parameters_are_refused(bad, match):
     options = {"noise_multiplier": 8.0, "quantile": 0.5, **bad}

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from dpnoise.accounting import UnreachableTargetError, calibrate_noise, epsilon_after, noise_keywords
-from dpnoise.accounting.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
+from dpnoise.accounting.events import (ComposedEvent, DirichletEvent, GaussianEvent, PoissonSampledEvent,
+                                      SelfComposedEvent)
 from dpnoise.cli.main import main
 from dpnoise.training import (CheckpointMismatchError, endless_batches, load_checkpoint, make_private, save_checkpoint,
                               train_steps)
@@ -71,8 +72,28 @@ def test_calibrated_noise_meets_the_target_in_dp_accounting():
 
 
 def test_a_release_alone_above_the_target_is_unreachable():
-    with pytest.raises(UnreachableTargetError, match="unreachable"):
-        calibrate_noise("gaussian-rdp", 1.0, 1e-5, 0.05, 100, releases=(SelfComposedEvent(GaussianEvent(0.5), 4),))
+    with pytest.raises(UnreachableTargetError, match="releases before training alone cost epsilon=24"):
+        calibrate_noise("gaussian", 1.0, 1e-5, 0.05, 100, releases=(SelfComposedEvent(GaussianEvent(0.5), 4),))
+
+
+def test_quick_epsilon_and_the_budget_message_include_the_release(digits_train):
+    _, optimizer, _ = build(digits_train, noise_multiplier=1.0)
+    engine = optimizer.privacy_engine
+    assert engine.get_quick_epsilon() >= engine.get_epsilon() > 0  # before any step: the release
+    with pytest.raises(Exception, match="the data_releases alone cost 0.9"):
+        build(digits_train, noise_multiplier=0.3, target_epsilon=1.0)
+
+
+def test_laplace_steps_after_the_release_match_dp_accounting():
+    """The laplace-l1 PLD route on release + steps against dp_accounting's own composition."""
+    dp_accounting = pytest.importorskip("dp_accounting")
+    q, steps, b = 0.02, 50, 4.0
+    ours = epsilon_after("laplace-l1-pld", steps=steps, delta=1e-5, releases=(RELEASE,), sample_rate=q,
+                         laplace_scale=b, clip=1.0)
+    reference = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    reference.compose(dp_accounting.GaussianDpEvent(8.0 / 2))  # four Gaussians of sigma 8 = one of sigma 4
+    reference.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.LaplaceDpEvent(b)), steps)
+    assert ours == pytest.approx(reference.get_epsilon(1e-5), rel=0.01)
 
 
 def test_checkpoint_records_the_releases(digits_train, tmp_path):
@@ -88,11 +109,26 @@ def test_checkpoint_records_the_releases(digits_train, tmp_path):
         load_checkpoint(path, module=without[0], optimizer=without[1], engine=without[1].privacy_engine)
 
 
+def test_checkpoint_whose_ledgers_lack_the_release_is_refused(digits_train, tmp_path):
+    module, optimizer, loader = build(digits_train, noise_multiplier=1.0)
+    engine = optimizer.privacy_engine
+    train_steps(module, optimizer, endless_batches(loader), engine, 2)
+    state = engine.state_dict()
+    for acc_state in state["accountants"].values():
+        acc_state["history"] = acc_state["history"][1:]  # the release removed, the steps kept
+    again = build(digits_train, noise_multiplier=1.0)
+    with pytest.raises(CheckpointMismatchError, match="ledger"):
+        again[1].privacy_engine.load_state_dict(state)
+
+
 @pytest.mark.parametrize("mechanism, releases, match", [
     ("dirichlet", (RELEASE,), "gradient mechanisms only"),
     ("penultimate-gaussian", (RELEASE,), "gradient mechanisms only"),
     ("gaussian", (PoissonSampledEvent(0.1, GaussianEvent(1.0)),), "no Poisson sampling"),
+    ("gaussian", (ComposedEvent((RELEASE, PoissonSampledEvent(0.1, GaussianEvent(1.0)))),), "no Poisson sampling"),
     ("gaussian", ("not an event",), "must be DP events"),
+    ("gaussian", RELEASE, "data_releases must be a list or tuple"),
+    ("gaussian", (DirichletEvent(0.5, 1.0),), "data_releases: accountant 'gaussian' cannot account"),
 ])
 def test_releases_that_do_not_apply_are_refused(digits_train, mechanism, releases, match):
     with warnings.catch_warnings():
@@ -110,6 +146,15 @@ def mnist_available():
     except Exception as err:  # noqa: BLE001  (not installed here: make data)
         pytest.skip(f"mnist not installed: {err}")
     return dataset_info("mnist")
+
+
+def test_cli_feature_statistics_with_the_cnn_head(mnist_available, capsys):
+    pytest.importorskip("kymatio")
+    assert main(["train", "--dataset", "mnist", "--model", "scatternet-cnn", "--mechanism", "lap2", "--noise", "0.5",
+                 "--delta", "1e-5", "--epochs", "1", "--batch-size", "100", "--limit", "300", "--test-limit", "100",
+                 "--max-steps", "1", "--feature-statistics-noise", "4", "--json", "--no-progress", "--threads", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["feature_statistics_noise"] == 4.0 and summary["steps"] == 1
 
 
 def test_cli_feature_statistics_run_reports_them_and_their_cost(mnist_available, tmp_path, capsys):

@@ -175,6 +175,11 @@ def calibrate_noise(
     if not spec.sound:
         warnings.warn(spec.warning or "", UnsoundAccountantWarning, stacklevel=2)
     clip = check_positive("clip", clip)
+    if releases:
+        spent = _epsilon(accountant, 1.0, q, 0, delta, clip=clip, params=params, releases=releases)  # no step
+        if spent >= eps_t:
+            raise UnreachableTargetError(f"epsilon={eps_t:g} is unreachable: the releases before training alone "
+                                         f"cost epsilon={spent:.4g} under {accountant} (delta={delta:g})")
     scale = _noise_scale(accountant, clip)
     guess = gaussian_initial_noise(eps_t, delta, q, steps)
     ratio = _smallest_ratio(accountant, eps_t, delta, q, steps, clip, params, max(guess, 1e-3), releases)

@@ -65,15 +65,20 @@ def noisy_quantile(values: torch.Tensor, quantile: float, noise_multiplier: floa
     """The ``quantile`` of non-negative ``values`` from their histogram over :data:`NORM_BIN_EDGES` with
     N(0, noise_multiplier^2) added to each count (one Gaussian release of L2 sensitivity 1).
 
-    Returns the upper edge of the first bin where the noisy cumulative count reaches ``quantile * n``
-    (the last edge if none does); values outside the edges count in the first or last bin.
+    Returns the upper edge of the first bin where the noisy cumulative count reaches ``quantile * n``;
+    values outside the edges count in the first or last bin.  An answer in the first or the last bin
+    is refused (:class:`InvalidMechanismError`): the values are outside the range the bins resolve.
     """
     edges = NORM_BIN_EDGES
     bins = torch.bucketize(values.double().flatten(), edges[1:-1])
     counts = torch.bincount(bins, minlength=len(edges) - 1).double()
     noisy = counts + gaussian_noise(counts, noise_multiplier, 1.0, generator)
     reached = torch.nonzero(noisy.cumsum(0) >= quantile * len(values))
-    return float(edges[int(reached[0]) + 1] if len(reached) else edges[-1])
+    index = int(reached[0]) if len(reached) else len(counts) - 1
+    if index in (0, len(counts) - 1):
+        raise InvalidMechanismError(f"the per-example norms' {quantile:g} quantile is outside [{float(edges[1]):.3g}, "
+                                    f"{float(edges[-2]):.3g}], the range of the noisy-quantile bins: rescale the features")
+    return float(edges[index + 1])
 
 
 def noisy_clipped_mean(vectors: torch.Tensor, clip: float, noise_multiplier: float,
@@ -91,7 +96,7 @@ def private_channel_statistics(features: torch.Tensor, noise_multiplier: float, 
     :func:`noisy_quantile` (the ``quantile`` of the per-example norms), then :func:`noisy_clipped_mean` of
     the per-example channel means and mean squares, all with ``noise_multiplier``, in float64."""
     noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
-    if not 0.0 < quantile < 1.0:
+    if not isinstance(quantile, (int, float)) or not 0.0 < quantile < 1.0:
         raise InvalidMechanismError(f"quantile must be in (0, 1), got {quantile!r}")
     if features.dim() < 2 or len(features) == 0:
         raise InvalidMechanismError(f"features must be a non-empty tensor (n, channels, ...), got shape "

@@ -37,8 +37,9 @@ from dpnoise.accounting import (
     noise_keywords,
     steps_from_epochs,
 )
-from dpnoise.accounting.events import EVENT_TYPES, DpEvent, PoissonSampledEvent, event_to_dict
-from dpnoise.accounting.validation import check_count, check_delta, check_positive, check_sample_rate
+from dpnoise.accounting.accountant import flat_ledger
+from dpnoise.accounting.events import EVENT_TYPES, DpEvent, event_to_dict
+from dpnoise.accounting.validation import InvalidParameterError, check_count, check_delta, check_positive, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.training.bookkeeping import BookkeepingModule, unsupported_bookkeeping_layers
 from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
@@ -309,9 +310,10 @@ class PrivacyEngine:
             self.max_steps = steps_within_budget(primary, self.accounting_step_arguments(), target_epsilon, delta,
                                                  releases)
             if self.max_steps == 0:
+                spent = f"; the data_releases alone cost {self.get_epsilon():.4g}" if releases else ""
                 raise PrivacyBudgetExceededError(
                     f"epsilon {target_epsilon} is below what even one step costs with noise {noise} "
-                    f"(accountant {primary}, delta {delta}); increase the budget or the noise"
+                    f"(accountant {primary}, delta {delta}{spent}); increase the budget or the noise"
                 )
         private_module, private_optimizer = self._wrap(
             module, optimizer, expected_batch_size=sample_rate * len(data_loader.dataset),
@@ -323,16 +325,24 @@ class PrivacyEngine:
     def _check_releases(data_releases: Sequence[DpEvent], mech: Mechanism,
                         accountant_names: tuple[str, ...]) -> tuple[DpEvent, ...]:
         """``data_releases`` as a tuple, after checking that they are DP events every accountant can compose."""
+        if not isinstance(data_releases, (list, tuple)):
+            raise InvalidTrainingOptionError(f"data_releases must be a list or tuple of DP events, got "
+                                             f"{type(data_releases).__name__}")
         releases = tuple(data_releases)
         if releases and mech.spec.scope is not None:
             raise InvalidTrainingOptionError(f"data_releases are accounted for gradient mechanisms only; {mech.name!r} "
                                              f"is an output mechanism (its epsilon covers its outputs)")
         for release in releases:
-            if not isinstance(release, tuple(EVENT_TYPES.values())) or isinstance(release, PoissonSampledEvent):
+            if not isinstance(release, tuple(EVENT_TYPES.values())) or any(
+                    sampled.sampling_probability < 1.0 for sampled, _ in flat_ledger([(release, 1)])):
                 raise InvalidTrainingOptionError(f"data_releases must be DP events of the whole data set (no "
                                                  f"Poisson sampling), got {release!r}")
             for name in accountant_names:
-                get_accountant(name).compose(release)  # raises if this accountant cannot account it
+                try:
+                    get_accountant(name).compose(release)
+                except (InvalidParameterError, NotImplementedError) as err:
+                    raise InvalidTrainingOptionError(f"data_releases: accountant {name!r} cannot account "
+                                                     f"{release!r}: {err}") from None
         return releases
 
     def _fresh_accountant(self, name: str) -> PrivacyAccountant:
