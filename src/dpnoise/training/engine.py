@@ -122,6 +122,8 @@ class PrivacyEngine:
         self.setup: Optional[PrivacySetup] = None
         self.mechanism: Optional[Mechanism] = None
         self.accountants: dict[str, PrivacyAccountant] = {}
+        #: releases of the training data composed into every accountant before the first step
+        self.data_releases: tuple[DpEvent, ...] = ()
         self.steps = 0
         self.max_steps: Optional[int] = None
         self.planned_steps: Optional[int] = None

@@ -10,8 +10,9 @@ More Data)", arXiv 2011.11660, the hyper-parameters of their public code's READM
 large batches, a large constant learning rate.  The epochs are those their noise multipliers
 consume the budget in (40; 25 for the MNIST CNN; 60 on CIFAR-10).  Two deliberate differences:
 GroupNorm (27 groups) on the scattering features for every dataset, where they used noisy
-per-channel normalisation on MNIST and CIFAR-10 (it costs privacy budget and needs its own
-accounting), and Poisson sampling where they shuffled (the accountants assume Poisson sampling).
+per-channel normalisation on MNIST and CIFAR-10 (it costs privacy budget: add
+``data.feature_statistics_noise`` = 8, ``--feature-statistics-noise 8``, for it), and Poisson
+sampling where they shuffled (the accountants assume Poisson sampling).
 This module imports no torch.
 """
 
