@@ -142,21 +142,20 @@ def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
         specs = [replace(spec, ema_decay=args.ema_decay) for spec in specs]
     if args.feature_statistics_noise is not None:
         specs = [replace(spec, feature_statistics_noise=args.feature_statistics_noise) for spec in specs]
-    if args.columns:
-        offered = sorted({s.calibrated_with for s in specs})
-        unknown = [c for c in args.columns if c not in offered]
-        if unknown:
-            raise checks.InvalidParameterError(
-                f"--columns {' '.join(unknown)}: not a column of {args.experiment}; choose from {' '.join(offered)}")
-        specs = [s for s in specs if s.calibrated_with in args.columns]
-    if args.models:
-        offered = sorted({s.model for s in specs})
-        unknown = [m for m in args.models if m not in offered]
-        if unknown:
-            raise checks.InvalidParameterError(
-                f"--models {' '.join(unknown)}: not a model of these runs; choose from {' '.join(offered)}")
-        specs = [s for s in specs if s.model in args.models]
-    return specs
+    specs = only(specs, "calibrated_with", args.columns, "--columns", f"a column of {args.experiment}")
+    return only(specs, "model", args.models, "--models", "a model of these runs")
+
+
+def only(specs: list[RunSpec], field: str, chosen: Optional[list[str]], flag: str, what: str) -> list[RunSpec]:
+    """The specs whose ``field`` is one of ``chosen`` (all of them when nothing is chosen); a choice that no
+    spec has is refused, naming ``flag`` and the choices."""
+    if not chosen:
+        return specs
+    offered = sorted({getattr(s, field) for s in specs})
+    unknown = [c for c in chosen if c not in offered]
+    if unknown:
+        raise checks.InvalidParameterError(f"{flag} {' '.join(unknown)}: not {what}; choose from {' '.join(offered)}")
+    return [s for s in specs if getattr(s, field) in chosen]
 
 
 def check_options(args: argparse.Namespace) -> None:

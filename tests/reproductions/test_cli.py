@@ -38,6 +38,8 @@ def no_runs(monkeypatch):
     *cases("--jobs", BAD_COUNT),
     *cases("--dataset", ["foo", "sst2"]),
     *cases("--columns", ["foo", "dirichlet"]),
+    *cases("--models", ["foo", "scatternet-cnn"]),
+    *cases("--feature-statistics-noise", BAD_POSITIVE),
 ])
 def test_dry_run_refuses(capsys, tmp_path, no_runs, flag, value):
     figures = tmp_path / "figures"
