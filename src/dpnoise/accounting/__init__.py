@@ -17,6 +17,7 @@ from dpnoise.accounting.accountant import (
     PrivacyAccountant,
     RdpAccountant,
     UnsoundAccountantWarning,
+    accountant_holding,
     epsilon_after,
     get_accountant,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "calibrate_lap2",
     "calibrate_noise",
     "clip_from_gradient_norms",
+    "accountant_holding",
     "epsilon_after",
     "get_accountant",
     "get_mechanism_spec",

@@ -326,13 +326,18 @@ def epsilon_after(accountant: str, *, steps: int, delta: float, releases: Sequen
     statistics of the training data).  The unsound-accountant warning is not raised: this is for
     callers that report each accountant's soundness themselves (tables, audits, calibration).
     """
-    acc = get_accountant(accountant)
-    for release in releases:
-        acc.compose(release)
-    acc.step(steps=steps, **step_arguments)
+    acc = accountant_holding(accountant, releases).step(steps=steps, **step_arguments)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsoundAccountantWarning)
         return acc.get_epsilon(delta)
+
+
+def accountant_holding(name: str, releases: Sequence[DpEvent]) -> PrivacyAccountant:
+    """A fresh accountant ``name`` whose ledger holds ``releases`` (events before any training step)."""
+    acc = get_accountant(name)
+    for release in releases:
+        acc.compose(release)
+    return acc
 
 
 _KINDS = {"rdp": RdpAccountant, "pld": PldAccountant, "minimum": MinimumAccountant}
@@ -354,6 +359,7 @@ __all__ = [
     "PrivacyAccountant",
     "RdpAccountant",
     "UnsoundAccountantWarning",
+    "accountant_holding",
     "epsilon_after",
     "flat_ledger",
     "get_accountant",

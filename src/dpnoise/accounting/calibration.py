@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from scipy.optimize import brentq
 
-from dpnoise.accounting.accountant import UnsoundAccountantWarning, epsilon_after, flat_ledger, get_accountant
+from dpnoise.accounting.accountant import UnsoundAccountantWarning, accountant_holding, epsilon_after, flat_ledger
 from dpnoise.accounting.events import DpEvent
 from dpnoise.accounting.mechanisms import get_mechanism_spec, noise_keywords
 from dpnoise.accounting.pld.distribution import pld_epsilon
@@ -214,10 +214,8 @@ def _smallest_ratio(
     noise_keyword = get_mechanism_spec(spec.mechanism).noise.keyword
 
     def ledger(ratio: float):
-        acc = get_accountant(accountant)
-        for release in releases:
-            acc.compose(release)
-        acc.step(sample_rate=q, clip=clip, params=params, steps=steps, **{noise_keyword: ratio * scale})
+        acc = accountant_holding(accountant, releases).step(sample_rate=q, clip=clip, params=params, steps=steps,
+                                                            **{noise_keyword: ratio * scale})
         return flat_ledger(acc.history)
 
     if spec.kind == "minimum":

@@ -31,6 +31,7 @@ from dpnoise.accounting import (
     CalibrationResult,
     PrivacyAccountant,
     UnsoundAccountantWarning,
+    accountant_holding,
     accountants_for_mechanism,
     get_accountant,
     noise_from_keywords,
@@ -306,7 +307,7 @@ class PrivacyEngine:
             group.check_same_setup({**asdict(self.setup), "noise_shares": noise_shares, "seed": self.seed})
             group.broadcast_module(module)
         self.data_releases = releases
-        self.accountants = {name: self._fresh_accountant(name) for name in accountant_names}
+        self.accountants = {name: accountant_holding(name, releases) for name in accountant_names}
         self.budget_policy = on_budget_exhausted
         if target_epsilon is not None:
             self.max_steps = steps_within_budget(primary, self.accounting_step_arguments(), target_epsilon, delta,
@@ -341,18 +342,11 @@ class PrivacyEngine:
                                                  f"Poisson sampling), got {release!r}")
             for name in accountant_names:
                 try:
-                    get_accountant(name).compose(release)
+                    accountant_holding(name, (release,))
                 except (InvalidParameterError, NotImplementedError) as err:
                     raise InvalidTrainingOptionError(f"data_releases: accountant {name!r} cannot account "
                                                      f"{release!r}: {err}") from None
         return releases
-
-    def _fresh_accountant(self, name: str) -> PrivacyAccountant:
-        """Accountant ``name`` holding this run's data releases and no step."""
-        accountant = get_accountant(name)
-        for release in self.data_releases:
-            accountant.compose(release)
-        return accountant
 
     @property
     def rank(self) -> int:
@@ -552,8 +546,9 @@ class PrivacyEngine:
         * its step counter k is an integer with 0 <= k <= ``max_steps`` (when there is a budget),
           and ``budget_exhausted`` is set only once k reached ``max_steps``;
         * it holds exactly this engine's accountants, and the state of each one equals the state
-          of a fresh accountant of that name (``get_accountant``, as in ``make_private``) after
-          ``step(**accounting_step_arguments(), steps=k)``: a ledger cannot be shortened, emptied
+          of a fresh accountant of that name holding the run's data releases (``accountant_holding``,
+          as in ``make_private``) after ``step(**accounting_step_arguments(), steps=k)``: a ledger
+          cannot be shortened, emptied
           or recorded with other noise without contradicting the step counter or the setup;
         * it holds the generators of as many ranks as this run has (resume with the same K).
 
@@ -635,7 +630,7 @@ class PrivacyEngine:
             raise differs("accountants", tuple(saved_accountants), tuple(self.accountants))
         arguments = self.accounting_step_arguments()
         for name in self.accountants:
-            expected = self._fresh_accountant(name)
+            expected = accountant_holding(name, self.data_releases)
             if steps:
                 expected.step(**arguments, steps=steps)
             if not _same_state(saved_accountants[name], expected.state_dict()):
