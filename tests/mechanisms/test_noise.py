@@ -8,6 +8,7 @@ import torch
 from scipy import stats
 
 from dpnoise.mechanisms import gaussian_noise, laplace_noise
+from dpnoise.mechanisms.noise import standard_exponential
 
 
 def test_laplace_scale_is_absolute():
@@ -57,3 +58,25 @@ def test_noise_is_drawn_in_float64_then_cast(sampler, shares):
 def test_a_share_count_below_one_is_refused_by_name(sampler):
     with pytest.raises(ValueError, match="^shares must be"):
         sampler(torch.zeros(3), 1.0, 1.0, None, 0)
+
+
+@pytest.mark.parametrize("shares", [1, 2, 3])
+def test_one_laplace_share_is_a_difference_of_two_gamma_variables(shares):
+    """One share alone has the law of b (G1 - G2), G ~ Gamma(1/K, 1) (drawn here by NumPy), in the bulk and
+    the tails."""
+    share = laplace_noise(torch.zeros(100_000), 0.7, 1.0, torch.Generator().manual_seed(5), shares).double().numpy()
+    rng = np.random.default_rng(6)
+    reference = 0.7 * (rng.gamma(1 / shares, size=400_000) - rng.gamma(1 / shares, size=400_000))
+    assert stats.ks_2samp(share, reference).pvalue > 1e-3
+    for t in (2.0, 4.0):
+        expected = np.mean(np.abs(reference) > t * 0.7) * len(share)
+        assert abs(np.sum(np.abs(share) > t * 0.7) - expected) < 5 * math.sqrt(expected) + 1, t
+
+
+def test_exponential_variables_cover_the_float64_support():
+    """-log(1 - U) with 53-bit uniforms: non-negative, finite, at most 53 log 2, and Exp(1) in the far tail."""
+    sample = standard_exponential(torch.zeros(2_000_000), torch.Generator().manual_seed(7)).numpy()
+    assert sample.dtype == np.float64 and sample.min() >= 0 and sample.max() <= 53 * math.log(2)
+    expected = len(sample) * math.exp(-10.0)  # P(E > 10)
+    assert abs(np.sum(sample > 10.0) - expected) < 5 * math.sqrt(expected) + 1
+    assert stats.kstest(sample[:100_000], stats.expon.cdf).pvalue > 1e-3

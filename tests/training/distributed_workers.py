@@ -106,12 +106,16 @@ def refusals(rank: int) -> dict:
         train_step(module, optimizer, (x[rank::2], y[rank::2]), F.cross_entropy)
     except DistributedError as err:
         messages["missing share"] = str(err)
-    module, optimizer, _ = private("gaussian")
-    optimizer.privacy_engine.steps += rank  # rank 1 believes it took one step more
-    try:
-        train_step(module, optimizer, (x[rank::2], y[rank::2]), F.cross_entropy)
-    except DistributedError as err:
-        messages["step count"] = str(err)
+    for mechanism, name in (("gaussian", "step count"), ("dirichlet", "step count, output mechanism")):
+        module, optimizer, _ = private(mechanism, **({"noise": 0.1} if mechanism == "dirichlet" else {}))
+        optimizer.privacy_engine.steps += rank  # rank 1 believes it took one step more
+        before = [p.detach().clone() for p in module.parameters()]
+        try:
+            train_step(module, optimizer, (x[rank::2], y[rank::2]), F.nll_loss if mechanism == "dirichlet"
+                       else F.cross_entropy)
+        except DistributedError as err:
+            messages[name] = str(err)
+        messages[name + " applied"] = not all(torch.equal(b, p) for b, p in zip(before, module.parameters()))
     try:
         private("gaussian", noise=1.0 + rank)
     except DistributedError as err:

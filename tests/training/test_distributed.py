@@ -50,7 +50,7 @@ from dpnoise.training import (
     train_steps,
 )
 from dpnoise.training.checkpoint import read_checkpoint, write_checkpoint_state
-from dpnoise.training.distributed import generator_seeds
+from dpnoise.training.distributed import count_digits, digits_count, generator_seeds
 
 import distributed_workers as workers
 from training_helpers import digits_loader, mlp
@@ -166,7 +166,9 @@ def test_a_missing_share_a_skipped_step_or_another_setup_stops_every_rank(ranks)
         messages = rank["refusals"]
         assert "1 noise shares were added to this step, 2 expected" in messages["missing share"]
         assert "update is refused" in messages["missing share"]
-        assert messages["step count"] == "ranks disagree on the step count: rank 0 has 0, rank 1 has 1"
+        for name in ("step count", "step count, output mechanism"):
+            assert messages[name] == "ranks disagree on the step count: rank 0 has 0, rank 1 has 1", name
+            assert not messages[name + " applied"], f"{name}: the refused update was applied"
         assert messages["setup"].startswith("ranks disagree on the privacy setup: noise is")
 
 
@@ -215,6 +217,19 @@ def test_the_run_resumes_under_torchrun_with_the_epsilon_and_accuracy_of_one_pro
 
 
 # ------------------------------------------------------------------------------------------ one process
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_values_checked_across_ranks_survive_their_sum_exactly_in_every_dtype(dtype):
+    """A checked value travels in its base-256 digits beside zeros from the other ranks: every digit and
+    every sum with zeros is exact, also where the value itself is not (2^24 + 1 in float32)."""
+    for value in (0, 1, 255, 256, 2 ** 24 + 1, 10 ** 12 + 7, 2 ** 64 - 1):
+        digits = count_digits(value, dtype, torch.device("cpu"))
+        summed = digits + torch.zeros_like(digits)
+        assert digits.dtype == dtype and digits_count(summed.tolist()) == value
+    for bad in (-1, 2 ** 64):
+        with pytest.raises(ValueError, match="checked across ranks"):
+            count_digits(bad, dtype, torch.device("cpu"))
+
+
 def test_every_rank_and_role_gets_its_own_seed():
     assert generator_seeds(7) == (7, 8, 9)  # one process: as before
     seeds = [s for k in range(2, 9) for r in range(k) for s in generator_seeds(7, r, k)]

@@ -11,8 +11,8 @@ what the engine needs from the process group:
   on CUDA) with a timeout, so that a dead or stalled rank makes the others fail within a minute;
 * :func:`generator_seeds`: per-rank seeds (different on every rank);
 * :class:`RankGroup`: the collectives, each turning a failure of the group into a one-line
-  :class:`DistributedError`, and the consistency checks (same setup, same step count, every noise
-  share added).
+  :class:`DistributedError`, and the consistency checks (same setup; same step count and every noise
+  share added, both carried by the step's one all-reduce).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -30,6 +30,8 @@ from dpnoise.errors import DpnoiseError
 
 #: how long a collective waits for the other ranks before failing (process groups made here)
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=45)
+#: base-256 digits of a value checked by :meth:`RankGroup.all_reduce_sum` (values below 2^64)
+COUNT_DIGITS = 8
 
 
 class DistributedError(DpnoiseError, RuntimeError):
@@ -56,36 +58,41 @@ class RankGroup:
                 f"rank {self.rank} of {self.world_size}: {what} failed: another rank died or stalled for more "
                 f"than the process group's timeout ({first})") from None
 
-    def all_reduce_sum(self, tensors: Sequence[torch.Tensor], what: str) -> None:
-        """Sum ``tensors`` over all ranks, in place, in one all-reduce (flattened in their common dtype)."""
+    def all_reduce_sum(self, tensors: Sequence[torch.Tensor], what: str,
+                       same: Optional[Mapping[str, int]] = None) -> None:
+        """Sum ``tensors`` over all ranks, in place, in one all-reduce (flattened in their common dtype).
+
+        ``same`` ({name: non-negative integer}): values every rank must hold, checked in the same
+        all-reduce (no collective of their own, which on gloo costs about as much as the sum itself).
+        Each rank writes its value, in base-256 digits (exact in every floating dtype), into slots of
+        its own and zeros elsewhere; unless all ranks hold the same value, every rank raises
+        :class:`DistributedError` after the all-reduce, before anything is applied.
+        """
+        same = dict(same or {})
         dtype = tensors[0].dtype
         for tensor in tensors[1:]:
             dtype = torch.promote_types(dtype, tensor.dtype)
-        flat = torch.cat([t.reshape(-1).to(dtype) for t in tensors])
+        slots = torch.zeros((len(same), self.world_size, COUNT_DIGITS), dtype=dtype, device=tensors[0].device)
+        for row, value in zip(slots, same.values()):
+            row[self.rank] = count_digits(value, dtype, tensors[0].device)
+        flat = torch.cat([*(t.reshape(-1).to(dtype) for t in tensors), slots.reshape(-1)])
         self._collective(what, dist.all_reduce, flat, op=dist.ReduceOp.SUM)
         offset = 0
         for tensor in tensors:
             tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
             offset += tensor.numel()
+        held = flat[offset:].view_as(slots)
+        for name, row in zip(same, held.tolist()):
+            values = [digits_count(digits) for digits in row]
+            if len(set(values)) != 1:
+                raise DistributedError(f"ranks disagree on the {name}: " + ", ".join(
+                    f"rank {r} has {v}" for r, v in enumerate(values)))
 
     def gather_objects(self, value: Any, what: str) -> list[Any]:
         """Every rank's ``value`` (picklable), in rank order, on every rank."""
         gathered: list[Any] = [None] * self.world_size
         self._collective(what, dist.all_gather_object, gathered, value)
         return gathered
-
-    def check_same(self, what: str, value: int) -> None:
-        """Raise :class:`DistributedError` on every rank unless every rank holds the same integer ``value``.
-
-        One all-reduce of a K-vector in which each rank writes its value at its own position.
-        """
-        slots = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
-        slots[self.rank] = value
-        self._collective(what, dist.all_reduce, slots, op=dist.ReduceOp.SUM)
-        values = [int(v) for v in slots.tolist()]
-        if len(set(values)) != 1:
-            raise DistributedError(f"ranks disagree on the {what}: " + ", ".join(
-                f"rank {r} has {v}" for r, v in enumerate(values)))
 
     def check_same_setup(self, setup: dict[str, Any]) -> None:
         """Raise :class:`DistributedError` unless every rank was made private with the same ``setup``."""
@@ -102,6 +109,19 @@ class RankGroup:
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 self._collective("broadcasting rank 0's model", dist.broadcast, tensor, 0)
+
+
+def count_digits(value: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The base-256 digits of ``value``, least significant first, as a :data:`COUNT_DIGITS`-vector of
+    ``dtype`` (digits up to 255 are exact even in bfloat16, so a sum with zeros returns them unchanged)."""
+    if not 0 <= value < 256 ** COUNT_DIGITS:
+        raise ValueError(f"a value checked across ranks must be in [0, 2^64), got {value}")
+    return torch.tensor([(value >> (8 * i)) & 255 for i in range(COUNT_DIGITS)], dtype=dtype, device=device)
+
+
+def digits_count(digits: Sequence[float]) -> int:
+    """The value whose :func:`count_digits` are ``digits``."""
+    return sum(int(digit) << (8 * i) for i, digit in enumerate(digits))
 
 
 def current_group(device: torch.device) -> Optional[RankGroup]:

@@ -471,12 +471,11 @@ class PrivacyEngine:
     def admit_step(self) -> bool:
         """True if one more step fits the target budget; otherwise stop (False) or raise.
 
-        In a process group, every rank first checks that all ranks are at the same step (one
-        all-reduce), so that their accountants hold the same ledger and the budget stops them all at
+        In a process group, the step's all-reduce checks that all ranks are at the same step (the
+        distributed optimizers pass :attr:`steps` to :meth:`RankGroup.all_reduce_sum`), so that their
+        accountants hold the same ledger and the budget, the same on every rank, stops them all at
         the same step.
         """
-        if self.group is not None:
-            self.group.check_same("step count", self.steps)
         if self.max_steps is None or self.steps < self.max_steps:
             return True
         self.budget_exhausted = True

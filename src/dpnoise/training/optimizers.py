@@ -45,6 +45,9 @@ from dpnoise.training.sampling import LogicalBatchTracker
 class StepGate(Protocol):
     """What the optimizers need from the privacy engine."""
 
+    #: steps recorded so far (the distributed optimizers check that every rank holds the same)
+    steps: int
+
     def admit_step(self) -> bool:
         """True if one more step fits the budget; False (stop) or raise when it does not."""
 
@@ -164,9 +167,10 @@ class DistributedNoisyGradientOptimizer(NoisyGradientOptimizer):
 
     With ``noise_shares="split"`` every rank adds one of K independent shares of the noise
     (:mod:`dpnoise.mechanisms.noise`); with ``"rank0"`` rank 0 adds all of it.  One all-reduce
-    sums the noisy local sums together with a count of the shares added; unless it is K ("split")
-    or 1 ("rank0") the step is refused on every rank (:class:`DistributedError`), so that no update
-    ever carries less noise than the accountants assume.  Then every rank divides by the expected
+    sums the noisy local sums together with a count of the shares added, and checks the ranks' step
+    counts; unless the count is K ("split") or 1 ("rank0") and the step counts agree, the step is
+    refused on every rank (:class:`DistributedError`), so that no update ever carries less noise
+    than the accountants assume.  Then every rank divides by the expected
     global batch size q N, as one process does.
     """
 
@@ -189,7 +193,8 @@ class DistributedNoisyGradientOptimizer(NoisyGradientOptimizer):
         super().add_noise()
         added = torch.tensor([float(self.adds_share)], dtype=self.params[0].grad.dtype,
                              device=self.params[0].grad.device)
-        self.group.all_reduce_sum([*(p.grad for p in self.params), added], "summing the noisy clipped sums")
+        self.group.all_reduce_sum([*(p.grad for p in self.params), added], "summing the noisy clipped sums",
+                                  same={"step count": self.gate.steps})
         expected = self.group.world_size if self.noise_shares == "split" else 1
         if int(added.item()) != expected:
             raise DistributedError(f"{int(added.item())} noise shares were added to this step, {expected} expected "
@@ -308,7 +313,7 @@ class DistributedOutputPrivateOptimizer(OutputPrivateOptimizer):
         if not self.gate.admit_step():
             return None
         size = torch.tensor([float(examples)], dtype=sums[0].dtype, device=sums[0].device)
-        self.group.all_reduce_sum([*sums, size], "summing the gradients")
+        self.group.all_reduce_sum([*sums, size], "summing the gradients", same={"step count": self.gate.steps})
         for p, summed in zip(self.trainable_params, sums):
             p.grad = summed / size.clamp(min=1.0)
         self.gate.record_step()
