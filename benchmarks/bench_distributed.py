@@ -141,9 +141,14 @@ def measure(mechanism: str, batch_size: int, rounds: int, steps: int) -> None:
     speedup = timings.ratio("1 process", "2 processes")
     ceiling = timings.ratio("1 process", "2 independent")
     print(f"throughput 2 processes / 1 process at batch {batch_size}: {speedup:.2f}x (target >= {TARGET}) "
-          f"{'PASS' if speedup >= TARGET else 'MISS'}")
-    print(f"ceiling, 2 independent processes / 1 process: {ceiling:.2f}x; parallel efficiency "
-          f"{speedup / ceiling:.0%}\n")
+          f"{'PASS' if speedup >= TARGET else 'MISS'}; rounds: {per_round(timings, '2 processes')}")
+    print(f"ceiling, 2 independent processes / 1 process: {ceiling:.2f}x; rounds: {per_round(timings, '2 independent')}")
+    print(f"parallel efficiency (throughput ratio / ceiling): {speedup / ceiling:.0%}\n")
+
+
+def per_round(timings, name: str) -> str:
+    """The 1 process's time over ``name``'s in each round (the paired ratio is their median)."""
+    return ", ".join(f"{a / b:.2f}" for a, b in zip(timings.seconds["1 process"], timings.seconds[name]))
 
 
 def positive_int(text: str) -> int:
