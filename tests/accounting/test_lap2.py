@@ -82,7 +82,7 @@ def test_majorization_head_block_is_an_upper_bound_within_2e_12(b, n):
     t = _x(n) / b
     exact = log_laplace_moment(t[:, None], np.arange(257)[None, :]).sum(axis=0)
     bound = majorization_log_moments(b, n, 256)
-    assert np.all(bound >= exact * (1 - 1e-15))
+    assert np.all(bound >= exact)  # the rounding raise covers the fast sum's error
     assert np.all(bound <= exact * (1 + 2e-12) + 1e-300)
 
 
