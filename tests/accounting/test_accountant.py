@@ -5,6 +5,7 @@ import warnings
 
 import numpy as np
 import pytest
+from scipy import optimize, stats
 
 from dpnoise.accounting import (
     ACCOUNTANTS,
@@ -198,3 +199,35 @@ def test_accounting_imports_without_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _exact_shared_inclusion_gaussian_delta(epsilon: float, mu: float, q: float, steps: int) -> float:
+    """delta(epsilon) of T steps of the per-example Gaussian release under replace-one adjacency, exactly: the
+    example is in K ~ Bin(T, q) steps, and K Gaussian releases of privacy-loss mean mu are a Gaussian of loss
+    N(K mu, 2 K mu), whose delta is Phi(-eps/s + s/2) - e^eps Phi(-eps/s - s/2) with s = sqrt(2 K mu)."""
+    k = np.arange(1, steps + 1)
+    s = np.sqrt(2 * k * mu)
+    per_k = stats.norm.cdf(-epsilon / s + s / 2) - np.exp(epsilon) * stats.norm.cdf(-epsilon / s - s / 2)
+    return float(np.sum(stats.binom.pmf(k, steps, q) * per_k))
+
+
+def test_penultimate_default_bounds_the_exact_replace_one_epsilon_which_refutes_the_add_remove_reading():
+    """Each sampled example's activation, clipped to C, released with N(0, sigma^2 C^2): a replaced input moves it
+    by up to 2C (privacy-loss mean mu = 2 / sigma^2 per release)."""
+    sigma, q, steps, delta = 2.0, 0.00512, 5860, 1e-5
+    exact = optimize.brentq(lambda e: _exact_shared_inclusion_gaussian_delta(e, 2 / sigma ** 2, q, steps) - delta, 0.1, 200)
+    default = get_accountant("penultimate-gaussian").step(noise_multiplier=sigma, sample_rate=q, steps=steps)
+    assert exact <= default.get_epsilon(delta) <= 1.3 * exact
+    for reading in ("penultimate-gaussian-pld", "penultimate-gaussian-rdp"):
+        with pytest.warns(UnsoundAccountantWarning, match="NOT a valid bound under replace-one"):
+            claimed = get_accountant(reading).step(noise_multiplier=sigma, sample_rate=q, steps=steps).get_epsilon(delta)
+        assert claimed < exact / 10, reading
+
+
+def test_replace_one_release_equals_the_add_remove_bound_without_sampling():
+    """At q = 1 every example's output is released every step: both readings are the Gaussian's RDP at sigma / 2."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnsoundAccountantWarning)
+        pen = get_accountant("penultimate-gaussian").step(noise_multiplier=2.0, sample_rate=1.0, steps=3)
+        reading = get_accountant("penultimate-gaussian-rdp").step(noise_multiplier=2.0, sample_rate=1.0, steps=3)
+    np.testing.assert_allclose(pen.get_rdp(), reading.get_rdp(), rtol=1e-12)

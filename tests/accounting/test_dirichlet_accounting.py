@@ -2,9 +2,16 @@
 
 import numpy as np
 import pytest
+from scipy import integrate, stats
 from scipy.special import gammaln
 
-from dpnoise.accounting import UnreachableTargetError, calibrate_dirichlet_r, steps_from_epochs
+from dpnoise.accounting import (
+    UnreachableTargetError,
+    UnsoundAccountantWarning,
+    calibrate_dirichlet_r,
+    epsilon_after,
+    steps_from_epochs,
+)
 from dpnoise.accounting.rdp.dirichlet import exact_vertex_rdp, ponnoprat_rdp, sampled_dirichlet_rdp
 from dpnoise.accounting.rdp.orders import INTEGER_ORDERS
 
@@ -37,22 +44,75 @@ def test_inadmissible_orders_are_infinite():
 
 
 def test_general_subsampling_bound_is_above_tight_form():
-    general = sampled_dirichlet_rdp(0.01, 0.05, 1.0, INTEGER_ORDERS)
+    general = sampled_dirichlet_rdp(0.01, 0.05, 1.0, INTEGER_ORDERS, subsampling="general")
     tight = sampled_dirichlet_rdp(0.01, 0.05, 1.0, INTEGER_ORDERS, subsampling="tight")
     finite = np.isfinite(general)
     assert np.all(general[finite] >= tight[finite])
 
 
+@pytest.mark.parametrize("q,r,alpha", [(0.01, 0.3, 1.0), (0.2, 0.1, 0.5), (1.0, 0.5, 1.0)])
+def test_replace_one_subsampling_is_the_exact_divergence_of_the_released_mixtures(q, r, alpha):
+    """D_a((1-q) bot + q Beta(alpha+r, alpha) || (1-q) bot + q Beta(alpha, alpha+r)) by numerical integration
+    (two classes: the worst pair is two vertices, and Dir(r e_k + alpha) has Beta marginals)."""
+    orders = np.arange(2, int(np.ceil(1 + alpha / r)), dtype=float)
+    p, q_ = stats.beta(alpha + r, alpha), stats.beta(alpha, alpha + r)
+    for order, value in zip(orders, sampled_dirichlet_rdp(q, r, alpha, orders)):
+        moment, _ = integrate.quad(lambda x: np.exp(order * p.logpdf(x) + (1 - order) * q_.logpdf(x)), 0, 1,
+                                   epsabs=0, epsrel=1e-9, limit=400)
+        assert value == pytest.approx(np.log(1 - q + q * moment) / (order - 1), rel=1e-6), order
+
+
+def _monte_carlo_delta(r: float, alpha: float, q: float, steps: int, epsilon: float, runs: int, seed: int):
+    """(estimate, standard error) of delta(epsilon) = E_P[(1 - exp(epsilon - L))_+] for the Dirichlet pair
+    s = e_1 vs e_2 under replace-one adjacency: L sums one sample's loss r (log G1 - log G2), G1 ~ Gamma(alpha + r),
+    G2 ~ Gamma(alpha), over the Bin(steps, q) steps that include the example (the others release nothing of it)."""
+    rng = np.random.default_rng(seed)
+    included = rng.binomial(steps, q, size=runs)
+    loss = np.zeros(runs)
+    for k in range(included.max()):
+        live = included > k
+        loss[live] += r * (np.log(rng.gamma(alpha + r, size=live.sum())) - np.log(rng.gamma(alpha, size=live.sum())))
+    hockey = np.clip(1 - np.exp(epsilon - loss), 0, None)
+    return hockey.mean(), hockey.std() / np.sqrt(runs)
+
+
+def test_the_default_stands_and_the_papers_add_remove_reading_is_refuted_by_monte_carlo():
+    """At r* for epsilon 4 (the theory notes' setting), a Monte-Carlo estimate of the true delta(4): far above
+    1e-5 for the add/remove reading's r* (its epsilon is not a bound), not above it for the default's."""
+    q, delta, target = 256 / 50000, 1e-5, 4.0
+    steps = steps_from_epochs(30, q)
+    with pytest.warns(UnsoundAccountantWarning, match="NOT a valid bound under replace-one"):
+        paper = calibrate_dirichlet_r(target, delta, q, steps, alpha=1.0, accountant="dirichlet-add-remove").noise
+    sound = calibrate_dirichlet_r(target, delta, q, steps, alpha=1.0).noise
+    assert sound < paper
+    refuted, error = _monte_carlo_delta(paper, 1.0, q, steps, target, 200_000, seed=0)
+    assert refuted - 5 * error > 100 * delta
+    held, error = _monte_carlo_delta(sound, 1.0, q, steps, target, 200_000, seed=1)
+    assert held - 5 * error <= delta
+
+
 @pytest.mark.parametrize("target,base,expected", [(4.0, "dirichlet-ponnoprat", 0.248), (1.0, "dirichlet-ponnoprat", 0.0953),
-                                                   (4.0, "dirichlet", 0.333), (1.0, "dirichlet", 0.111)])
-def test_calibration_reproduces_spec_examples(target, base, expected):
+                                                   (4.0, "dirichlet-add-remove", 0.333), (1.0, "dirichlet-add-remove", 0.111)])
+def test_calibration_reproduces_spec_examples_of_the_papers_reading(target, base, expected):
     q = 256 / 50000
-    result = calibrate_dirichlet_r(target, 1e-5, q, steps_from_epochs(30, q), alpha=1.0, accountant=base)
+    with pytest.warns(UnsoundAccountantWarning):
+        result = calibrate_dirichlet_r(target, 1e-5, q, steps_from_epochs(30, q), alpha=1.0, accountant=base)
     assert result.noise == pytest.approx(expected, abs=6e-4)
     assert result.epsilon <= target
 
 
-def test_floor_is_reported_as_unreachable():
+def test_default_calibration_meets_its_target_under_the_exact_replace_one_rdp():
+    q = 256 / 50000
+    steps = steps_from_epochs(30, q)
+    result = calibrate_dirichlet_r(4.0, 1e-5, q, steps, alpha=1.0)
+    assert result.accountant == "dirichlet" and result.epsilon <= 4.0
+    # the largest such r: 1% more noise-free concentration overshoots
+    assert epsilon_after("dirichlet", steps=steps, delta=1e-5, sample_rate=q, concentration=result.noise * 1.01,
+                         alpha=1.0) > 4.0
+
+
+def test_the_add_remove_floor_is_reported_as_unreachable_and_the_default_has_none():
     q = 0.02048
-    with pytest.raises(UnreachableTargetError, match=r"floor of epsilon=1\.8"):
-        calibrate_dirichlet_r(1.0, 1e-5, q, steps_from_epochs(100, q))
+    with pytest.warns(UnsoundAccountantWarning), pytest.raises(UnreachableTargetError, match=r"floor of epsilon=1\.8"):
+        calibrate_dirichlet_r(1.0, 1e-5, q, steps_from_epochs(100, q), accountant="dirichlet-add-remove")
+    assert calibrate_dirichlet_r(1.0, 1e-5, q, steps_from_epochs(100, q)).epsilon <= 1.0

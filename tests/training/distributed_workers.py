@@ -38,7 +38,7 @@ SPLITS = ("halves", "rank 0", "halves in pieces")
 PIECES = {0: 3, 1: 4}
 #: the budget scenario: fixed noise, a target the accountant allows for a few steps only
 BUDGET = {"lap2": dict(noise=2.0, target_epsilon=0.45, accountant="lap2-rdp"),
-          "dirichlet": dict(noise=0.1, target_epsilon=0.95)}
+          "dirichlet": dict(noise=0.05, target_epsilon=0.95)}
 SHARE_SAMPLES = 200_000
 
 

@@ -47,7 +47,7 @@ def test_layer_opacus_cannot_handle_is_refused_by_name(digits_train):
 
 def test_epsilon_below_the_reachable_floor(digits_train):
     with pytest.raises(UnreachableTargetError, match="unreachable"):
-        make(digits_train, mechanism="dirichlet", target_epsilon=0.05, epochs=50)
+        make(digits_train, mechanism="dirichlet", target_epsilon=0.01, epochs=50)
     with pytest.raises(PrivacyBudgetExceededError, match="even one step"):
         make(digits_train, mechanism="gaussian", noise_multiplier=0.3, target_epsilon=0.01)
 

@@ -307,6 +307,8 @@ def calibrate_dirichlet_r(
     spec = get_spec(accountant)
     if spec.mechanism != "dirichlet":
         raise ValueError(f"accountant {accountant!r} is not a Dirichlet accountant")
+    if not spec.sound:
+        warnings.warn(spec.warning or "", UnsoundAccountantWarning, stacklevel=2)
 
     def eps_of_inverse(inv_r: float) -> float:
         return _epsilon(accountant, 1.0 / inv_r, q, steps, delta, alpha=alpha)

@@ -219,7 +219,7 @@ register_mechanism(MechanismSpec(
     "add N(0, sigma^2 C^2)",
     noise=NOISE_MULTIPLIER, perturbs="outputs", noise_distribution="gaussian",
     event=_penultimate_gaussian_event,
-    accountants=("penultimate-gaussian", "penultimate-gaussian-pld", "penultimate-gaussian-rdp"),
+    accountants=("penultimate-gaussian", "penultimate-gaussian-pld"),
     audit_pair=AuditPair("gaussian-shift", noise_factor=0.5),
     scope=OUTPUT_PRIVACY_SCOPE,
 ))

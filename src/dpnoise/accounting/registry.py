@@ -37,6 +37,16 @@ class AccountantSpec:
 
 
 _SOUND = AccountingMethods()
+_ADD_REMOVE_READING = (
+    "{name} applies an add/remove subsampling bound to the {mechanism} mechanism's replace-one base "
+    "bound, as the Dirichlet paper's Theorem 10 does: it is NOT a valid bound under replace-one "
+    "adjacency, where each sampled example's output is released with it{example} (docs/theory/dirichlet.md, "
+    "pitfall \"Reading of Theorem 10\")."
+)
+_DIRICHLET_READING = _ADD_REMOVE_READING.format(
+    name="{name}", mechanism="Dirichlet",
+    example=" (e.g. 4 where the true epsilon is above 18 at alpha = 1, q = 0.00512, 5860 steps, delta = 1e-5)",
+) + " Use 'dirichlet' for a guarantee."
 _PLD_NOTE = (
     "dp_accounting's privacy loss distribution with pessimistic (connect-the-dots) rounding, "
     "arXiv 2207.04380"
@@ -71,13 +81,26 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
             "Poisson-sampled Laplace with L1 clipping: exact binomial expansion of the 1-D shift "
             "at integer orders (Zhu & Wang 2019 tight form, which holds for Laplace).",
         ),
-        *_pld_and_rdp(
-            "penultimate-gaussian",
-            "Poisson-sampled Gaussian at noise multiplier sigma/2 (input replacement moves a "
-            "clipped activation by up to 2C)",
-            "Gaussian noise on per-example clipped penultimate activations (reconstruction of Monir "
-            "& Ghinita 2024, docs/theory/dirichlet.md Sec. 6): sampled Gaussian RDP at multiplier "
-            "sigma/2 (input replacement moves a clipped activation by up to 2C).",
+        AccountantSpec(
+            "penultimate-gaussian", "penultimate-gaussian", AccountingMethods(gaussian_release="replace-one"), True,
+            "Gaussian noise on per-example clipped penultimate activations (reconstruction of Monir & "
+            "Ghinita 2024, docs/theory/dirichlet.md Sec. 6), replace-one adjacency, each sampled "
+            "example's noisy activation released: Gaussian RDP at multiplier sigma/2 (input replacement "
+            "moves a clipped activation by up to 2C), subsampled exactly as log(1 - q + q e^{(a-1) eps(a)}) "
+            "/ (a-1) (the example's inclusion is visible). RDP only.",
+        ),
+        AccountantSpec(
+            "penultimate-gaussian-pld", "penultimate-gaussian", _SOUND, False,
+            f"Poisson-sampled Gaussian PLD (add/remove) at noise multiplier sigma/2: {_PLD_NOTE}.",
+            warning=_ADD_REMOVE_READING.format(name="penultimate-gaussian-pld", mechanism="penultimate-layer "
+                                               "Gaussian", example="") + " Use 'penultimate-gaussian' for a guarantee.",
+            kind="pld",
+        ),
+        AccountantSpec(
+            "penultimate-gaussian-rdp", "penultimate-gaussian", _SOUND, False,
+            "Sampled Gaussian RDP (add/remove) at noise multiplier sigma/2.",
+            warning=_ADD_REMOVE_READING.format(name="penultimate-gaussian-rdp", mechanism="penultimate-layer "
+                                               "Gaussian", example="") + " Use 'penultimate-gaussian' for a guarantee.",
         ),
         AccountantSpec(
             "lap2", "lap2", _SOUND, True,
@@ -113,22 +136,32 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
             "it is not a guarantee for removal. Use 'lap2' for a guarantee.",
         ),
         AccountantSpec(
-            "dirichlet", "dirichlet", AccountingMethods(dirichlet_base="exact-vertex"), True,
-            "Dirichlet mechanism: exact two-vertex base RDP, proven for integer orders "
-            "(docs/theory/dirichlet.md Sec. 1.2), with the general Poisson subsampling bound of Zhu & "
-            "Wang (ICML 2019, 'Poisson Subsampled Renyi Differential Privacy'). RDP only: no PLD dominating pair is known.",
+            "dirichlet", "dirichlet", AccountingMethods(), True,
+            "Dirichlet mechanism, replace-one adjacency (labels public, one private input changed), each "
+            "sampled example's sample released: exact two-vertex base RDP, proven for integer orders "
+            "(docs/theory/dirichlet.md Sec. 1.2), subsampled exactly as log(1 - q + q e^{(a-1) eps(a)}) "
+            "/ (a-1) (the example's inclusion is visible). RDP only: no PLD dominating pair is known.",
         ),
         AccountantSpec(
-            "dirichlet-ponnoprat", "dirichlet", AccountingMethods(dirichlet_base="ponnoprat"), True,
+            "dirichlet-add-remove", "dirichlet", AccountingMethods(dirichlet_subsampling="general"), False,
+            "Dirichlet mechanism read as the paper's Theorem 10: exact two-vertex base RDP with Zhu & "
+            "Wang's general add/remove subsampling bound (ICML 2019).",
+            warning=_DIRICHLET_READING.format(name="dirichlet-add-remove"),
+        ),
+        AccountantSpec(
+            "dirichlet-ponnoprat", "dirichlet",
+            AccountingMethods(dirichlet_base="ponnoprat", dirichlet_subsampling="general"), False,
             "Dirichlet mechanism as in the paper: Ponnoprat (2023, arXiv 2110.01984) base RDP + Zhu "
-            "& Wang general subsampling (sound, looser than 'dirichlet').",
+            "& Wang general subsampling.",
+            warning=_DIRICHLET_READING.format(name="dirichlet-ponnoprat"),
         ),
         AccountantSpec(
             "dirichlet-tight", "dirichlet",
-            AccountingMethods(dirichlet_base="exact-vertex", dirichlet_subsampling="tight"), False,
+            AccountingMethods(dirichlet_subsampling="tight"), False,
             "Dirichlet with Zhu & Wang's tight subsampling form (docs/theory/dirichlet.md Sec. 2.2).",
-            warning="dirichlet-tight assumes a condition of Zhu & Wang's tight bound that is "
-            "unproven for the Dirichlet mechanism. Use 'dirichlet' for a guarantee.",
+            warning="dirichlet-tight applies Zhu & Wang's add/remove subsampling to a replace-one bound "
+            "and assumes a condition of their tight form that is unproven for the Dirichlet mechanism. "
+            "Use 'dirichlet' for a guarantee.",
         ),
     ]
 }

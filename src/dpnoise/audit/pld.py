@@ -27,7 +27,10 @@ in the mechanism's unit times the pair's ``noise_factor``):
   limit of feasible softmax outputs); Y = r log(G_1/G_2) = r logit(Beta), independent of d.
 
 Subsampling (one Bernoulli draw per example and step): add direction P = (1-q) P_0 + q P_v, Q = P_0,
-L = log(1 - q + q e^Y); remove direction P = P_0, Q = the mixture, L = -log(1 - q + q e^Y).
+L = log(1 - q + q e^Y); remove direction P = P_0, Q = the mixture, L = -log(1 - q + q e^Y).  Output
+mechanisms (each sampled example's own noisy output released, replace-one adjacency): the changed
+example is released in the same steps under both datasets, so L = 0 with probability 1 - q and
+L = Y with probability q ("replace-one"; the pairs are symmetric, so one direction suffices).
 """
 
 from __future__ import annotations
@@ -225,6 +228,7 @@ def subsampled_loss_distribution(
 
     add:    L = log(1 - q + q e^Y) under (1-q) P_0 + q P_v, increasing in Y: uses floor(Y) laws.
     remove: L = -log(1 - q + q e^Y) under P_0, decreasing in Y: uses the ceil(Y) law (mirror of pv).
+    replace-one: L = Y under P_v with probability q, else 0 (the example not released): floor(Y) laws.
     """
     q = sample_rate
     y = laws.y
@@ -234,8 +238,10 @@ def subsampled_loss_distribution(
         loss, mass = mix, (1.0 - q) * laws.p0 + q * laws.pv
     elif direction == "remove":
         loss, mass = -mix, laws.pv[::-1]
+    elif direction == "replace-one":
+        loss, mass = np.append(y, 0.0), np.append(q * laws.pv, 1.0 - q)
     else:
-        raise InvalidParameterError(f"direction must be 'add' or 'remove', got {direction!r}")
+        raise InvalidParameterError(f"direction must be 'add', 'remove' or 'replace-one', got {direction!r}")
     finite = np.isfinite(loss)
     if not finite.all():  # cells of zero mass may be dropped; any other is an error
         if np.any(mass[~finite] > 0):
@@ -366,15 +372,17 @@ def _shift_laws(family: str, noise: float, clip: float, k: int, alpha: float | N
 def epsilon_lower_bound(
     laws: ShiftLaws, sample_rate: float, steps: int, delta: float,
     loss_step: float | None = None, max_grid: int = 1 << 23,
+    directions: Sequence[str] = ("add", "remove"),
 ) -> dict[str, float]:
     """Lower bounds on eps(delta) of the subsampled, T-fold composed pair, per direction.
 
     ``loss_step`` (default 0.02/T, so the floor rounding costs at most ~0.02 in eps) is coarsened
-    by integer factors until the composition window fits ``max_grid`` points.
+    by integer factors until the composition window fits ``max_grid`` points.  ``directions``:
+    ("add", "remove") for add/remove adjacency, ("replace-one",) for an output mechanism.
     """
     step = loss_step if loss_step is not None else min(1e-3, 0.02 / steps)
     out = {}
-    for direction in ("add", "remove"):
+    for direction in directions:
         dist = subsampled_loss_distribution(laws, sample_rate, direction, step)
         lo, hi = _tail_window(dist, steps, TAIL_MASS)
         factor = max(1, int(np.ceil((hi - lo) / step / (0.9 * max_grid))))
@@ -410,10 +418,13 @@ def lower_bound(
 
     ``noise`` is in the mechanism's unit; the pairs are its registered ``audit_pair``.  For the
     ``laplace-spread`` family (lap2) they are the shifts (C/sqrt(k))(1,..,1,0,..) for k in ``ks``
-    (default: a geometric grid up to ``params``); every other family has one pair.  Both adjacency
-    directions are evaluated; the maximum over pairs and directions is reported.
+    (default: a geometric grid up to ``params``); every other family has one pair.  Gradient
+    mechanisms: both directions of add/remove adjacency; output mechanisms: replace-one adjacency
+    with each sampled example's output released.  The maximum over pairs and directions is reported.
     """
-    pair = get_mechanism_spec(mechanism).audit_pair
+    spec = get_mechanism_spec(mechanism)
+    pair = spec.audit_pair
+    directions = ("replace-one",) if spec.perturbs == "outputs" else ("add", "remove")
     family, noise = pair.family, noise * pair.noise_factor
     if family == "laplace-spread":
         if ks is None:
@@ -429,12 +440,13 @@ def lower_bound(
     scan = []
     for k in ks:
         laws = shift_laws(family, noise, clip, k, alpha, grid // 8 if coarse else grid)
-        eps = epsilon_lower_bound(laws, sample_rate, steps, delta, 4 * step if coarse else step, max_grid)
+        eps = epsilon_lower_bound(laws, sample_rate, steps, delta, 4 * step if coarse else step, max_grid,
+                                  directions)
         scan.extend({"k": int(k), "direction": d, "epsilon": e, "coarse": coarse} for d, e in eps.items())
     if coarse:
         worst = max(scan, key=lambda row: row["epsilon"])["k"]
         laws = shift_laws(family, noise, clip, worst, alpha, grid)
-        eps = epsilon_lower_bound(laws, sample_rate, steps, delta, step, max_grid)
+        eps = epsilon_lower_bound(laws, sample_rate, steps, delta, step, max_grid, directions)
         scan.extend({"k": worst, "direction": d, "epsilon": e, "coarse": False} for d, e in eps.items())
     best = max(scan, key=lambda row: row["epsilon"])
     return BoundResult(mechanism, best["epsilon"], best["direction"], best["k"], scan)

@@ -1,4 +1,4 @@
-"""Dirichlet mechanism (Ponnoprat 2023) under Poisson subsampling (Zhu & Wang 2019); docs/theory/dirichlet.md §1-3.
+"""Dirichlet mechanism (Ponnoprat 2023) under Poisson subsampling; docs/theory/dirichlet.md §1-3.
 
 Mechanism: p~ ~ Dir(r s + alpha 1_d) for a softmax vector s; labels public, inputs private.
 """
@@ -14,11 +14,12 @@ from dpnoise.accounting.rdp.curve import monotone_envelope
 from dpnoise.accounting.rdp.orders import on_integer_orders
 from dpnoise.accounting.rdp.subsampling import (
     log_moment_add_direction,
+    log_moment_shared_inclusion,
     log_moment_zhu_wang_general,
 )
 
 DirichletBase = Literal["ponnoprat", "exact-vertex"]
-DirichletSubsampling = Literal["general", "tight"]
+DirichletSubsampling = Literal["replace-one", "general", "tight"]
 
 
 def dirichlet_max_order(r: float, alpha: float) -> float:
@@ -60,16 +61,21 @@ def sampled_dirichlet_rdp(
     r: float,
     alpha: float,
     orders: np.ndarray,
-    base: DirichletBase = "ponnoprat",
-    subsampling: DirichletSubsampling = "general",
+    base: DirichletBase = "exact-vertex",
+    subsampling: DirichletSubsampling = "replace-one",
 ) -> np.ndarray:
     """RDP of the Poisson-subsampled Dirichlet mechanism at integer orders (+inf elsewhere).
 
-    ``general``: Zhu & Wang (2019) Thm 9, valid for any mechanism (the default).  ``tight``: their
-    tight form, whose extra condition is unproven for the Dirichlet mechanism (docs/theory/dirichlet.md §2.2).
+    ``replace-one`` (the default): replace-one adjacency with each sampled example's sample released,
+    exact (:func:`~dpnoise.accounting.rdp.subsampling.log_moment_shared_inclusion`).  ``general``:
+    Zhu & Wang (2019) Thm 9 for add/remove adjacency, applied to the replace-one base bound as the
+    Dirichlet paper's Theorem 10 does; under replace-one adjacency it is below the truth
+    (docs/theory/dirichlet.md, pitfall "Reading of Theorem 10").  ``tight``: Zhu & Wang's tight form,
+    whose extra condition is also unproven for the Dirichlet mechanism (§2.2).
     """
     base_fn = {"ponnoprat": ponnoprat_rdp, "exact-vertex": exact_vertex_rdp}[base]
-    combine = {"general": log_moment_zhu_wang_general, "tight": log_moment_add_direction}[subsampling]
+    combine = {"replace-one": lambda q_, ints, base: log_moment_shared_inclusion(q_, base[ints.astype(int)]),
+               "general": log_moment_zhu_wang_general, "tight": log_moment_add_direction}[subsampling]
 
     def compute(ints: np.ndarray) -> np.ndarray:
         eta = np.arange(int(ints.max()) + 1, dtype=float)
@@ -78,5 +84,5 @@ def sampled_dirichlet_rdp(
         return combine(q, ints, base_log_moments) / (ints - 1)
 
     rdp = on_integer_orders(orders, compute)
-    # Each order's value is a proven bound (general form), so the running min from the right is too.
-    return monotone_envelope(orders, rdp) if subsampling == "general" else rdp
+    # Each order's value is a bound (exact for replace-one), so the running min from the right is too.
+    return rdp if subsampling == "tight" else monotone_envelope(orders, rdp)

@@ -6,7 +6,7 @@ import numpy as np
 from scipy.special import gammaln, log_ndtr
 
 from dpnoise.accounting.rdp.orders import integer_mask
-from dpnoise.accounting.rdp.subsampling import log_moment_add_direction
+from dpnoise.accounting.rdp.subsampling import log_moment_add_direction, log_moment_shared_inclusion
 
 #: Outside [FRACTIONAL_MIN_NOISE, FRACTIONAL_MAX_NOISE] the fractional-order series cancels
 #: catastrophically (small sigma: terms of size i^2 / (2 sigma^2) with opposite signs; large sigma:
@@ -145,3 +145,18 @@ def sampled_gaussian_rdp(q: float, noise_multiplier: float, orders: np.ndarray) 
             log_a = _log_a_fractional_orders(q, noise_multiplier, orders[fractional])
             out[fractional] = log_a / (orders[fractional] - 1)
     return out
+
+
+def shared_inclusion_gaussian_rdp(q: float, noise_multiplier: float, orders: np.ndarray) -> np.ndarray:
+    """RDP of a Gaussian output released for each sampled example, under replace-one adjacency.
+
+    Each sampled example's (clipped) output gets its own Gaussian noise and is released with it (the
+    penultimate-layer baseline, docs/theory/dirichlet.md Sec. 6): the base pair is N(0, s^2) vs
+    N(1, s^2) at sensitivity 1 (R(a) = a (a-1) / (2 s^2)), and the changed example's release is
+    there exactly in the steps that sample it
+    (:func:`~dpnoise.accounting.rdp.subsampling.log_moment_shared_inclusion`); exact at every order.
+    """
+    a = np.asarray(orders, dtype=float)
+    with np.errstate(over="ignore"):
+        base = a * (a - 1) * inverse_two_sigma_squared(noise_multiplier)
+    return log_moment_shared_inclusion(q, base) / (a - 1)

@@ -28,11 +28,14 @@ from dpnoise.accounting.rdp.dirichlet import (
     DirichletSubsampling,
     sampled_dirichlet_rdp,
 )
-from dpnoise.accounting.rdp.gaussian import sampled_gaussian_rdp
+from dpnoise.accounting.rdp.gaussian import sampled_gaussian_rdp, shared_inclusion_gaussian_rdp
 from dpnoise.accounting.rdp.lap2 import lap2_add_only_rdp, lap2_paper_rdp, lap2_sound_rdp
 from dpnoise.accounting.rdp.laplace import sampled_laplace_rdp
 
 Lap2Method = Literal["sound", "paper", "add-only"]
+#: "add-remove": the noisy sum of a batch (DP-SGD); "replace-one": each sampled example's own noisy
+#: output released (the penultimate-layer baseline), replace-one adjacency
+GaussianRelease = Literal["add-remove", "replace-one"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,9 @@ class AccountingMethods:
     """Which bound to use where a mechanism has several (defaults: the proven ones)."""
 
     lap2: Lap2Method = "sound"
-    dirichlet_base: DirichletBase = "ponnoprat"
-    dirichlet_subsampling: DirichletSubsampling = "general"
+    gaussian_release: GaussianRelease = "add-remove"
+    dirichlet_base: DirichletBase = "exact-vertex"
+    dirichlet_subsampling: DirichletSubsampling = "replace-one"
 
 
 RdpFunction = Callable[[object, float, np.ndarray, AccountingMethods], np.ndarray]
@@ -59,7 +63,9 @@ def register_rdp(event_type: type) -> Callable[[RdpFunction], RdpFunction]:
 
 
 @register_rdp(GaussianEvent)
-def _gaussian(event: GaussianEvent, q: float, orders: np.ndarray, _: AccountingMethods) -> np.ndarray:
+def _gaussian(event: GaussianEvent, q: float, orders: np.ndarray, methods: AccountingMethods) -> np.ndarray:
+    if methods.gaussian_release == "replace-one":
+        return shared_inclusion_gaussian_rdp(q, event.noise_multiplier, orders)
     return sampled_gaussian_rdp(q, event.noise_multiplier, orders)
 
 

@@ -39,6 +39,24 @@ def log_moment_add_direction(
     return _mixture(q, orders, log_expm1(np.asarray(base_log_moments, dtype=float)))
 
 
+def log_moment_shared_inclusion(q: float, base_log_moments: np.ndarray) -> np.ndarray:
+    """Replace-one adjacency for a mechanism that releases each sampled example's own output.
+
+    ``base_log_moments``: R(a) = (a-1) eps_base(a) AT the orders wanted (any real a > 1), not indexed
+    by eta like the other functions here.  The changed example is sampled with probability q under
+    both datasets (one coin), and when it is not, nothing of it is released; so one step's outputs
+    are P' = (1-q) 1_bot + q P against Q' = (1-q) 1_bot + q Q, with "not sampled" (bot) outside the
+    support of P and Q, and E_Q'[(P'/Q')^a] = 1 - q + q E_Q[(P/Q)^a] exactly:
+    (a-1) eps(a) = log(1 - q + q e^{R(a)}) (docs/theory/dirichlet.md, pitfall "Reading of
+    Theorem 10").  Linear in q for small q: the example's inclusion is visible in the output, so
+    there is no q^2 amplification as in Zhu & Wang's add/remove bounds.
+    """
+    R = np.asarray(base_log_moments, dtype=float)
+    if q == 1.0:
+        return R
+    return np.logaddexp(np.log1p(-q), np.log(q) + R)
+
+
 def log_moment_zhu_wang_general(
     q: float, orders: np.ndarray, base_log_moments: np.ndarray
 ) -> np.ndarray:
