@@ -1,8 +1,9 @@
 """Exact lower bounds on the true epsilon of runs calibrated by an accountant that is not a valid bound.
 
-A run calibrated by ``lap2-paper`` claims its target epsilon; :func:`dpnoise.audit.bound.audit_bound`
-computes, for the same noise, sampling rate, steps and model size, a proven lower bound on the true
-epsilon (exact PLD of a feasible pair, docs/theory/lap2.md §3).  A lower bound above the target refutes the
+A run calibrated by ``lap2-paper``, or by the Dirichlet paper's add/remove reading of an output mechanism,
+claims its target epsilon; :func:`dpnoise.audit.bound.audit_bound` computes, for the same noise, sampling
+rate, steps and model size (and alpha), a proven lower bound on the true epsilon (exact PLD of a feasible
+pair, docs/theory/lap2.md §3, docs/theory/dirichlet.md).  A lower bound above the target refutes the
 claim.  Bounds are cached per experiment in ``lower_bounds.json`` (they take seconds to a minute
 each and are the same for every seed and dataset that share the setting).
 """
@@ -19,7 +20,7 @@ from reproductions.records import LOWER_BOUNDS_FILE
 
 logger = logging.getLogger(__name__)
 #: What fixes the bound: the accountant names the mechanism, the rest its parameters.
-BOUND_KEYS = ("calibrated_with", "noise", "sample_rate", "steps_taken", "params", "clip", "delta")
+BOUND_KEYS = ("calibrated_with", "noise", "sample_rate", "steps_taken", "params", "clip", "delta", "alpha")
 
 
 def needs_lower_bound(row: dict[str, Any]) -> bool:
@@ -29,7 +30,8 @@ def needs_lower_bound(row: dict[str, Any]) -> bool:
 
 def bound_key(row: dict[str, Any]) -> dict[str, Any]:
     return {"calibrated_with": row["calibrated_with"], "noise": row["noise"], "sample_rate": row["sample_rate"],
-            "steps_taken": max(row["steps"]), "params": row["params"], "clip": row["clip"], "delta": row["delta"]}
+            "steps_taken": max(row["steps"]), "params": row["params"], "clip": row["clip"], "delta": row["delta"],
+            "alpha": row.get("alpha")}
 
 
 def compute_lower_bound(key: dict[str, Any]) -> float:
@@ -37,7 +39,7 @@ def compute_lower_bound(key: dict[str, Any]) -> float:
     from dpnoise.audit.bound import audit_bound
 
     result = audit_bound(key["calibrated_with"], key["noise"], key["sample_rate"], key["steps_taken"], key["delta"],
-                         clip=key["clip"], params=key["params"])
+                         clip=key["clip"], params=key["params"], alpha=key.get("alpha"))
     return float(result["lower_bound_epsilon"])
 
 
@@ -50,7 +52,7 @@ def annotate_lower_bounds(rows: Sequence[dict[str, Any]], folder: Path) -> list[
     for row in rows:
         if needs_lower_bound(row):
             key = bound_key(row)
-            hit = next((c for c in cache if all(c[k] == key[k] for k in BOUND_KEYS)), None)
+            hit = next((c for c in cache if all(c.get(k) == key[k] for k in BOUND_KEYS)), None)
             if hit is None:
                 logger.info("exact lower bound for %s", key)
                 hit = {**key, "lower_bound_epsilon": compute_lower_bound(key)}

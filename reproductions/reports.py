@@ -61,7 +61,7 @@ def dirichlet_comparison_report(results_dir: Path, figures_dir: Path) -> list[Pa
     records = load_records(results_dir, "dirichlet")
     if not records:
         return []
-    rows = aggregate(records)
+    rows = annotate_lower_bounds(aggregate(records), results_dir / "dirichlet")
     datasets = datasets_of(rows)
     epsilons = sorted({r["target_epsilon"] for r in rows})
     table = write_markdown(figures_dir / "dirichlet.md", "Dirichlet-mechanism paper: Dirichlet vs DP-SGD vs "

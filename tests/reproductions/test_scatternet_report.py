@@ -16,15 +16,16 @@ UNITS = {"gaussian": "noise multiplier sigma", "lap2": "Laplace scale b", "diric
 def write_run(results, dataset, mechanism, eps, seed, accuracy, model="scatternet-linear", noise=1.0,
               train_minutes=2.0, status="ok", ema_decay=None, feature_statistics_noise=None):
     """A record with the fields the report reads, as runner.build_record writes them."""
+    calibrated_with = {"dirichlet": "dirichlet-add-remove"}.get(mechanism, mechanism)  # as plans.SCATTERNET_COLUMNS
     record = dict(experiment="scatternet", dataset=dataset, model=model, mechanism=mechanism,
-                  calibrated_with=mechanism, target_epsilon=eps, seed=seed, steps_planned=100, optimizer="sgd",
+                  calibrated_with=calibrated_with, target_epsilon=eps, seed=seed, steps_planned=100, optimizer="sgd",
                   alpha=1.0 if mechanism == "dirichlet" else None, effective_lr=None, momentum=0.9,
                   lr_schedule="constant", ema_decay=ema_decay, feature_statistics_noise=feature_statistics_noise,
                   status=status, command="dpnoise train ...",
                   wall_time_s=60 * train_minutes + 5, git_commit="0123456789", git_src_dirty=False)
     if status == "ok":
         record.update(accuracy=accuracy, noise=noise, noise_unit=UNITS[mechanism], lr=4.0, steps=100,
-                      epsilon_by_accountant={mechanism: eps}, train_wall_time_s=60 * train_minutes,
+                      epsilon_by_accountant={calibrated_with: eps}, train_wall_time_s=60 * train_minutes,
                       scope=OUTPUT_PRIVACY_SCOPE if mechanism == "dirichlet" else None)
     else:
         record["reason"] = "below the floor"
@@ -78,7 +79,7 @@ def test_mechanism_table_has_the_paper_line_the_dagger_and_the_gap(report):
     gaussian = lines.index("| Gaussian | 85.50 ± 0.71 (n=2) | — | 89.00 ± 1.41 (n=2) |")
     assert lines[gaussian + 1] == "| *↳ Tramèr & Boneh* | — | — | 89.70 |"
     assert "| Lap2 | 84.00 ± 1.41 (n=2) | — | — |" in lines
-    assert "| Dirichlet (alpha=1) † | 70.00 (n=1) | — | — |" in lines  # partial seeds: n=1
+    assert "| Dirichlet (alpha=1) † * | 70.00 (n=1) | — | — |" in lines  # partial seeds: n=1; * not a bound
     assert "| Gaussian − Lap2 (points) | +1.50 ± 0.71 (ahead in 2 of 2 seeds) | — | — |" in lines
     assert not any(line.startswith("| Laplace-L1") for line in lines)  # not run: left out
     assert "| Lap2 | 0.031 | — | — | Laplace scale b |" in lines  # the noise table, with the unit
@@ -89,7 +90,7 @@ def test_mechanism_table_has_the_paper_line_the_dagger_and_the_gap(report):
 def test_summary_puts_the_noise_in_the_cells(report):
     text = report["summary_scatternet.md"].read_text()
     assert "| Fashion-MNIST | linear | 89.00 ± 1.41 (n=2) | 89.70 | -0.70 | 3.0 | 83.67 |" in text
-    assert "| Dirichlet (alpha=1) † | 70.00 (n=1), r = 0.0959 | — | — |" in text
+    assert "| Dirichlet (alpha=1) † * | 70.00 (n=1), r = 0.0959 | — | — |" in text
     assert "| Gaussian − Lap2 (points) | +1.50 ± 0.71 (ahead in 2 of 2 seeds) | — | — |" in text
 
 
