@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
-from dpnoise.accounting import ACCOUNTANTS
+from dpnoise.accounting import ACCOUNTANTS, MECHANISMS, epsilon_after, noise_keywords
 from reproductions.records import LOWER_BOUNDS_FILE
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,15 @@ def annotate_lower_bounds(rows: Sequence[dict[str, Any]], folder: Path) -> list[
                 hit = {**key, "lower_bound_epsilon": compute_lower_bound(key)}
                 cache.append(hit)
                 cache_path.write_text(json.dumps(cache, indent=1) + "\n")
-            row = {**row, "lower_bound_epsilon": hit["lower_bound_epsilon"]}
+            row = {**row, "lower_bound_epsilon": hit["lower_bound_epsilon"], "sound_epsilon": sound_epsilon(row)}
         out.append(row)
     return out
+
+
+def sound_epsilon(row: dict[str, Any]) -> float:
+    """The epsilon of ``row``'s noise, sampling rate and steps under its mechanism's sound default accountant
+    (the upper end of the interval its true epsilon lies in)."""
+    mechanism = ACCOUNTANTS[row["calibrated_with"]].mechanism
+    return float(epsilon_after(MECHANISMS[mechanism].default_accountant, steps=max(row["steps"]), delta=row["delta"],
+                               sample_rate=row["sample_rate"], clip=row["clip"], params=row["params"],
+                               alpha=row.get("alpha"), **noise_keywords(mechanism, row["noise"])))

@@ -105,7 +105,7 @@ def scatternet_report(results_dir: Path, figures_dir: Path) -> list[Path]:
     """Tramèr & Boneh's ScatterNet recipe: ours against their numbers, every mechanism compared (tables that
     say "no runs yet" without records), and accuracy vs epsilon for each comparison dataset with runs."""
     records = load_records(results_dir, "scatternet")
-    rows = aggregate(records)
+    rows = annotate_lower_bounds(aggregate(records), results_dir / "scatternet")
     linear = [r for r in rows if r["model"] == "scatternet-linear" and r["status"] == "ok" and r["ema_decay"] is None
               and r.get("feature_statistics_noise") is None]
     figure_datasets = [d for d in plans.SCATTERNET_COMPARISON_DATASETS if d in datasets_of(linear)]

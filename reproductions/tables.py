@@ -290,6 +290,7 @@ def format_true_epsilon(row: Optional[Row]) -> str:
         return "—"
     lower = row["lower_bound_epsilon"]
     sound = [eps for name, eps in row["epsilon_by_accountant"].items() if ACCOUNTANTS[name].sound]
+    sound += [row["sound_epsilon"]] if row.get("sound_epsilon") is not None else []
     text = f"{lower:.3g} – {min(sound):.3g}" if sound else f"≥ {lower:.3g}"
     return f"**{text}: claim refuted**" if lower > row["target_epsilon"] else text
 
@@ -379,13 +380,17 @@ def table2_summary_markdown(rows: Sequence[Row], datasets: Sequence[str],
     return join_summary(TABLE2_SUMMARY_NOTE, tables)
 
 
+#: the columns of output mechanisms calibrated by Theorem 10's add/remove reading
+DIRICHLET_READING_NOTE = (
+    "* The Dirichlet and penultimate-Gaussian runs were calibrated by the Dirichlet paper's add/remove reading of "
+    "its Theorem 10, which is not a bound under replace-one adjacency (docs/theory/dirichlet.md); "
+    f"*{TRUE_EPSILON_LINE}*: the interval the true ε of the released outputs lies in, from the exact lower bound "
+    "to the sound default accountant's ε for the same noise.")
 DIRICHLET_SUMMARY_NOTE = (
     "Accuracy in %, mean ± std over seeds (n seeds), and the calibrated noise (r: the Dirichlet scale, larger is "
     "less noise; σ: the noise multiplier). *exact − Ponnoprat*: points gained by calibrating r with the exact base "
     "RDP instead of Ponnoprat's bound, paired by seed, and the change of r. † ε covers the released outputs, not "
-    "the model's parameters. * The Dirichlet and penultimate-Gaussian runs were calibrated by the paper's "
-    "add/remove reading of Theorem 10, which is not a bound under replace-one adjacency (docs/theory/dirichlet.md); "
-    f"*{TRUE_EPSILON_LINE}*: the exact lower bound on the true ε of the released outputs.")
+    "the model's parameters. " + DIRICHLET_READING_NOTE)
 
 
 def dirichlet_summary_markdown(rows: Sequence[Row], datasets: Sequence[str], epsilons: Sequence[float]) -> str:
@@ -565,6 +570,8 @@ def scatternet_lines(rows: Sequence[Row], grid: SummaryGrid, with_noise: bool) -
         lines.append(grid.ours(column.calibrated_with, noise_name))
         if column.mechanism == "gaussian":
             lines.append(grid.paper(column.calibrated_with, SCATTERNET_PAPER_LINE))
+        if not ACCOUNTANTS[column.calibrated_with].sound:
+            lines.append(grid.true_epsilon(column.calibrated_with))
         for decay, variant in averaged:
             label, cells = variant.ours(column.calibrated_with, noise_name)
             lines.append((ema_label(label, decay), cells))
@@ -595,7 +602,8 @@ def scatternet_mechanisms_markdown(rows: Sequence[Row]) -> str:
     if not parts:
         return "(no runs yet)"
     note = ("Accuracy in %, mean ± std over seeds (n seeds); every mechanism calibrated and accounted by its "
-            f"sound default accountant. *Gaussian − Lap2*: points, paired by seed.{ema_note(rows)}")
+            f"sound default accountant but the Dirichlet mechanism (*). *Gaussian − Lap2*: points, paired by seed. "
+            f"{DIRICHLET_READING_NOTE}{ema_note(rows)}")
     return "\n".join([note, "", *parts, SCATTERNET_SCOPE_NOTE])
 
 
@@ -604,7 +612,8 @@ SCATTERNET_SUMMARY_NOTE = (
     "(σ: the noise multiplier; b: the absolute Laplace scale per coordinate; r: the Dirichlet scale). First "
     f"Gaussian at ε = {SCATTERNET_PUBLISHED_EPSILON:g} against the published numbers, then every mechanism with "
     f"the linear head; *{SCATTERNET_PAPER_LINE}*: their Gaussian at ε = {SCATTERNET_PUBLISHED_EPSILON:g}; "
-    "*Gaussian − Lap2*: points, paired by seed. † ε covers the released outputs, not the model's parameters.")
+    "*Gaussian − Lap2*: points, paired by seed. † ε covers the released outputs, not the model's parameters. "
+    + DIRICHLET_READING_NOTE)
 
 
 def scatternet_summary_markdown(rows: Sequence[Row], records: Sequence[dict[str, Any]]) -> str:

@@ -4,6 +4,8 @@ and a results folder without records."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dpnoise.accounting import OUTPUT_PRIVACY_SCOPE
@@ -25,6 +27,7 @@ def write_run(results, dataset, mechanism, eps, seed, accuracy, model="scatterne
                   wall_time_s=60 * train_minutes + 5, git_commit="0123456789", git_src_dirty=False)
     if status == "ok":
         record.update(accuracy=accuracy, noise=noise, noise_unit=UNITS[mechanism], lr=4.0, steps=100,
+                      sample_rate=0.137, delta=1e-5, clip=0.1, params=7850,
                       epsilon_by_accountant={calibrated_with: eps}, train_wall_time_s=60 * train_minutes,
                       scope=OUTPUT_PRIVACY_SCOPE if mechanism == "dirichlet" else None)
     else:
@@ -91,6 +94,10 @@ def test_summary_puts_the_noise_in_the_cells(report):
     text = report["summary_scatternet.md"].read_text()
     assert "| Fashion-MNIST | linear | 89.00 ± 1.41 (n=2) | 89.70 | -0.70 | 3.0 | 83.67 |" in text
     assert "| Dirichlet (alpha=1) † * | 70.00 (n=1), r = 0.0959 | — | — |" in text
+    true_epsilon = next(line for line in text.splitlines() if line.startswith("| *↳ its true ε* |"))
+    cell = true_epsilon.split("|")[2]  # "lower – sound", in bold with "claim refuted" when lower > target 1
+    lower, sound = (float(x) for x in re.findall(r"\d+\.?\d*", cell)[:2])
+    assert 0 < lower <= sound and (lower > 1.0) == ("claim refuted" in cell)
     assert "| Gaussian − Lap2 (points) | +1.50 ± 0.71 (ahead in 2 of 2 seeds) | — | — |" in text
 
 
