@@ -14,6 +14,7 @@ from dpnoise.accounting import (
 )
 from dpnoise.accounting.rdp.dirichlet import exact_vertex_rdp, ponnoprat_rdp, sampled_dirichlet_rdp
 from dpnoise.accounting.rdp.orders import INTEGER_ORDERS
+from dpnoise.accounting.rdp.subsampling import log_moment_shared_inclusion
 
 
 def test_exact_vertex_sanity_value():
@@ -116,3 +117,15 @@ def test_the_add_remove_floor_is_reported_as_unreachable_and_the_default_has_non
     with pytest.warns(UnsoundAccountantWarning), pytest.raises(UnreachableTargetError, match=r"floor of epsilon=1\.8"):
         calibrate_dirichlet_r(1.0, 1e-5, q, steps_from_epochs(100, q), accountant="dirichlet-add-remove")
     assert calibrate_dirichlet_r(1.0, 1e-5, q, steps_from_epochs(100, q)).epsilon <= 1.0
+
+
+def test_shared_inclusion_is_above_the_exact_value_by_at_most_a_few_ulp():
+    """log(1 - q + q e^R) against 50-digit arithmetic, also where 1 - q + q e^R rounds to 1 in double precision."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 50
+    for q in (1e-6, 0.003, 0.3, 0.9):
+        R = np.array([1e-300, 1e-13, 1e-6, 0.5, 5.0, 300.0, 699.0, 701.0, 1e4])
+        got = log_moment_shared_inclusion(q, R)
+        exact = np.array([float(mpmath.log1p(mpmath.mpf(q) * mpmath.expm1(mpmath.mpf(r)))) for r in R])
+        assert np.all(got >= exact) and np.all(got <= exact * (1 + 1e-14)), q
+    assert np.isinf(log_moment_shared_inclusion(0.01, np.array([np.inf]))[0])

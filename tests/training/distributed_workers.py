@@ -116,6 +116,14 @@ def refusals(rank: int) -> dict:
         except DistributedError as err:
             messages[name] = str(err)
         messages[name + " applied"] = not all(torch.equal(b, p) for b, p in zip(before, module.parameters()))
+    for policy in ("stop", "raise"):  # rank 0 is at the budget, rank 1 a step before it: neither may hang
+        module, optimizer, _ = private("lap2", on_budget_exhausted=policy, **BUDGET["lap2"])
+        engine = optimizer.privacy_engine
+        engine.steps = engine.max_steps - rank
+        try:
+            train_step(module, optimizer, (x[rank::2], y[rank::2]), F.cross_entropy)
+        except DistributedError as err:
+            messages[f"budget boundary, {policy}"] = str(err)
     try:
         private("gaussian", noise=1.0 + rank)
     except DistributedError as err:

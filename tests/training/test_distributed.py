@@ -162,6 +162,7 @@ def test_the_ranks_noise_shares_sum_to_the_mechanisms_noise(ranks):
 
 
 def test_a_missing_share_a_skipped_step_or_another_setup_stops_every_rank(ranks):
+    """Also when the ranks disagree at the budget's last step, under either budget policy."""
     for rank in ranks:
         messages = rank["refusals"]
         assert "1 noise shares were added to this step, 2 expected" in messages["missing share"]
@@ -170,6 +171,8 @@ def test_a_missing_share_a_skipped_step_or_another_setup_stops_every_rank(ranks)
             assert messages[name] == "ranks disagree on the step count: rank 0 has 0, rank 1 has 1", name
             assert not messages[name + " applied"], f"{name}: the refused update was applied"
         assert messages["setup"].startswith("ranks disagree on the privacy setup: noise is")
+        for policy in ("stop", "raise"):  # the rank that refuses joins the step's all-reduce: no hang
+            assert messages[f"budget boundary, {policy}"].startswith("ranks disagree on the step count: rank 0 has ")
 
 
 @pytest.mark.parametrize("mechanism", sorted(workers.BUDGET))

@@ -22,7 +22,9 @@ OUTPUT_PRIVACY_SCOPE = (
     "Scope: this epsilon bounds what the released noisy outputs reveal about the private inputs "
     "(labels are public). It is NOT a guarantee for the trained model's parameters: the SGD "
     "update is not a post-processing of the released outputs, since it depends on the private "
-    "input through the network's Jacobian (docs/theory/dirichlet.md Sec. 5)."
+    "input through the network's Jacobian, and over several training steps the same dependence "
+    "reaches the later outputs of the other examples, which the accountant does not charge "
+    "(docs/theory/dirichlet.md Sec. 5)."
 )
 
 

@@ -66,7 +66,7 @@ class RankGroup:
         all-reduce (no collective of their own, which on gloo costs about as much as the sum itself).
         Each rank writes its value, in base-256 digits (exact in every floating dtype), into slots of
         its own and zeros elsewhere; unless all ranks hold the same value, every rank raises
-        :class:`DistributedError` after the all-reduce, before anything is applied.
+        :class:`DistributedError` after the all-reduce, before ``tensors`` are overwritten.
         """
         same = dict(same or {})
         dtype = tensors[0].dtype
@@ -77,16 +77,16 @@ class RankGroup:
             row[self.rank] = count_digits(value, dtype, tensors[0].device)
         flat = torch.cat([*(t.reshape(-1).to(dtype) for t in tensors), slots.reshape(-1)])
         self._collective(what, dist.all_reduce, flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for tensor in tensors:
-            tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
-            offset += tensor.numel()
-        held = flat[offset:].view_as(slots)
+        held = flat[flat.numel() - slots.numel():].view_as(slots)
         for name, row in zip(same, held.tolist()):
             values = [digits_count(digits) for digits in row]
             if len(set(values)) != 1:
                 raise DistributedError(f"ranks disagree on the {name}: " + ", ".join(
                     f"rank {r} has {v}" for r, v in enumerate(values)))
+        offset = 0
+        for tensor in tensors:
+            tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
 
     def gather_objects(self, value: Any, what: str) -> list[Any]:
         """Every rank's ``value`` (picklable), in rank order, on every rank."""

@@ -35,6 +35,7 @@ from opacus.optimizers import DPOptimizer
 from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 from torch.optim import Optimizer
 
+from dpnoise.errors import DpnoiseError
 from dpnoise.mechanisms.clipping import clip_factors, clipped_sum, per_example_norms
 from dpnoise.mechanisms.registry import Mechanism
 from dpnoise.training.bookkeeping import BookkeepingModule
@@ -130,6 +131,10 @@ class NoisyGradientOptimizer(DPOptimizer):
             _mark_as_processed(p.grad_sample)
         return sums
 
+    def admit_step(self) -> bool:
+        """Whether the privacy engine admits this step (False: stop; or it raises)."""
+        return self.gate.admit_step()
+
     def sample_noise(self, reference: torch.Tensor) -> torch.Tensor:
         """The mechanism's noise for one parameter's clipped sum ``reference`` (same shape, dtype, device)."""
         return self.mechanism.sample_noise(reference, self.noise, self.max_grad_norm, self.generator, 1)
@@ -148,7 +153,7 @@ class NoisyGradientOptimizer(DPOptimizer):
             self.accumulate_physical_batch()
             return False
         self._is_last_step_skipped = False  # whatever happens now, the next zero_grad starts a new sum
-        if not self.gate.admit_step():
+        if not self.admit_step():
             return False
         self.clip_and_accumulate()
         self.add_noise()
@@ -182,6 +187,10 @@ class DistributedNoisyGradientOptimizer(NoisyGradientOptimizer):
         self.shares = group.world_size if noise_shares == "split" else 1
         self.adds_share = noise_shares == "split" or group.rank == 0
 
+    def admit_step(self) -> bool:
+        """The engine's decision, taken with the other ranks (:func:`admit_with_the_other_ranks`)."""
+        return admit_with_the_other_ranks(self.gate, self.group, [*self.params, self.params[0].reshape(-1)[:1]])
+
     def sample_noise(self, reference: torch.Tensor) -> torch.Tensor:
         """This rank's share of the noise (zero on ranks other than 0 with ``noise_shares="rank0"``)."""
         if not self.adds_share:
@@ -194,7 +203,7 @@ class DistributedNoisyGradientOptimizer(NoisyGradientOptimizer):
         added = torch.tensor([float(self.adds_share)], dtype=self.params[0].grad.dtype,
                              device=self.params[0].grad.device)
         self.group.all_reduce_sum([*(p.grad for p in self.params), added], "summing the noisy clipped sums",
-                                  same={"step count": self.gate.steps})
+                                  same=step_checks(self.gate, admitted=True))
         expected = self.group.world_size if self.noise_shares == "split" else 1
         if int(added.item()) != expected:
             raise DistributedError(f"{int(added.item())} noise shares were added to this step, {expected} expected "
@@ -310,11 +319,35 @@ class DistributedOutputPrivateOptimizer(OutputPrivateOptimizer):
             self.accumulate_physical_batch()
             return None
         sums, examples = self.logical_batch_sums()
-        if not self.gate.admit_step():
+        if not admit_with_the_other_ranks(self.gate, self.group, [*sums, sums[0].reshape(-1)[:1]]):
             return None
         size = torch.tensor([float(examples)], dtype=sums[0].dtype, device=sums[0].device)
-        self.group.all_reduce_sum([*sums, size], "summing the gradients", same={"step count": self.gate.steps})
+        self.group.all_reduce_sum([*sums, size], "summing the gradients", same=step_checks(self.gate, admitted=True))
         for p, summed in zip(self.trainable_params, sums):
             p.grad = summed / size.clamp(min=1.0)
         self.gate.record_step()
         return self.original_optimizer.step(closure)
+
+
+def step_checks(gate: StepGate, admitted: bool) -> dict[str, int]:
+    """What every rank must agree on in a step's all-reduce: its step count and whether it takes the step."""
+    return {"step count": gate.steps, "step admission (1: taken)": int(admitted)}
+
+
+def admit_with_the_other_ranks(gate: StepGate, group: RankGroup, like: list[torch.Tensor]) -> bool:
+    """``gate.admit_step()``, with a rank that refuses the step (or raises) still joining the step's all-reduce.
+
+    ``like``: tensors of the shapes and dtypes the step's all-reduce sums.  Ranks with the same ledger
+    decide alike, and a refusal is then a last all-reduce of zeros; but a rank that refuses while
+    another takes the step would leave it blocked in the all-reduce (and pair its next collective with
+    the wrong one), so the refusing rank joins that all-reduce with zeros and its admission in the
+    checked values: every rank then raises :class:`DistributedError` naming the disagreement.
+    """
+    try:
+        admitted = gate.admit_step()
+    except DpnoiseError:  # the budget, under on_budget_exhausted="raise": the other ranks must hear of it
+        group.all_reduce_sum([torch.zeros_like(t) for t in like], "refusing the step", step_checks(gate, False))
+        raise
+    if not admitted:
+        group.all_reduce_sum([torch.zeros_like(t) for t in like], "refusing the step", step_checks(gate, False))
+    return admitted

@@ -14,6 +14,8 @@ from scipy.special import gammaln
 from dpnoise.accounting.rdp.logmath import log_binomial_mixture, log_expm1
 
 _LOG3 = float(np.log(3.0))
+#: below this, e^R - 1 is finite in double precision
+_EXPM1_LIMIT = 700.0
 
 
 def _mixture(q: float, orders: np.ndarray, log_terms: np.ndarray) -> np.ndarray:
@@ -54,7 +56,13 @@ def log_moment_shared_inclusion(q: float, base_log_moments: np.ndarray) -> np.nd
     R = np.asarray(base_log_moments, dtype=float)
     if q == 1.0:
         return R
-    return np.logaddexp(np.log1p(-q), np.log(q) + R)
+    # log1p(q expm1(R)) keeps its relative accuracy for small R, where 1 - q + q e^R rounds to 1
+    # (logaddexp there can come out below the truth); logaddexp beyond, where expm1 overflows.
+    small = R < _EXPM1_LIMIT
+    with np.errstate(over="ignore"):
+        value = np.where(small, np.log1p(q * np.expm1(np.where(small, R, 0.0))),
+                         np.logaddexp(np.log1p(-q), np.log(q) + R))
+    return value * (1.0 + 8 * np.finfo(float).eps)  # >= 0: raised by a few ulp of its rounding
 
 
 def log_moment_zhu_wang_general(
