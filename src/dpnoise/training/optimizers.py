@@ -343,11 +343,14 @@ def admit_with_the_other_ranks(gate: StepGate, group: RankGroup, like: list[torc
     the wrong one), so the refusing rank joins that all-reduce with zeros and its admission in the
     checked values: every rank then raises :class:`DistributedError` naming the disagreement.
     """
+    def join_as_refused() -> None:
+        group.all_reduce_sum([torch.zeros_like(t) for t in like], "refusing the step", step_checks(gate, False))
+
     try:
         admitted = gate.admit_step()
     except DpnoiseError:  # the budget, under on_budget_exhausted="raise": the other ranks must hear of it
-        group.all_reduce_sum([torch.zeros_like(t) for t in like], "refusing the step", step_checks(gate, False))
+        join_as_refused()
         raise
     if not admitted:
-        group.all_reduce_sum([torch.zeros_like(t) for t in like], "refusing the step", step_checks(gate, False))
+        join_as_refused()
     return admitted
