@@ -37,16 +37,17 @@ class AccountantSpec:
 
 
 _SOUND = AccountingMethods()
-_ADD_REMOVE_READING = (
-    "{name} applies an add/remove subsampling bound to the {mechanism} mechanism's replace-one base "
-    "bound, as the Dirichlet paper's Theorem 10 does: it is NOT a valid bound under replace-one "
-    "adjacency, where each sampled example's output is released with it{example} (docs/theory/dirichlet.md, "
-    "pitfall \"Reading of Theorem 10\")."
-)
-_DIRICHLET_READING = _ADD_REMOVE_READING.format(
-    name="{name}", mechanism="Dirichlet",
-    example=" (e.g. 4 where the true epsilon is above 18 at alpha = 1, q = 0.00512, 5860 steps, delta = 1e-5)",
-) + " Use 'dirichlet' for a guarantee."
+
+
+def _add_remove_reading(name: str, mechanism: str, default: str, example: str = "") -> str:
+    """The warning of an output mechanism's accountant that reads its subsampling as add/remove."""
+    return (f"{name} applies an add/remove subsampling bound to the {mechanism} mechanism's replace-one base "
+            "bound, as the Dirichlet paper's Theorem 10 does: it is NOT a valid bound under replace-one "
+            f"adjacency, where each sampled example's output is released with it{example} "
+            f"(docs/theory/dirichlet.md, pitfall \"Reading of Theorem 10\"). Use '{default}' for a guarantee.")
+
+
+_DIRICHLET_EXAMPLE = " (e.g. 4 where the true epsilon is above 18 at alpha = 1, q = 0.00512, 5860 steps, delta = 1e-5)"
 _PLD_NOTE = (
     "dp_accounting's privacy loss distribution with pessimistic (connect-the-dots) rounding, "
     "arXiv 2207.04380"
@@ -90,17 +91,15 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
             "/ (a-1) (the example's inclusion is visible). RDP only.",
         ),
         AccountantSpec(
-            "penultimate-gaussian-pld", "penultimate-gaussian", _SOUND, False,
+            "penultimate-gaussian-pld", "penultimate-gaussian", AccountingMethods(), False,
             f"Poisson-sampled Gaussian PLD (add/remove) at noise multiplier sigma/2: {_PLD_NOTE}.",
-            warning=_ADD_REMOVE_READING.format(name="penultimate-gaussian-pld", mechanism="penultimate-layer "
-                                               "Gaussian", example="") + " Use 'penultimate-gaussian' for a guarantee.",
+            warning=_add_remove_reading("penultimate-gaussian-pld", "penultimate-layer Gaussian", "penultimate-gaussian"),
             kind="pld",
         ),
         AccountantSpec(
-            "penultimate-gaussian-rdp", "penultimate-gaussian", _SOUND, False,
+            "penultimate-gaussian-rdp", "penultimate-gaussian", AccountingMethods(), False,
             "Sampled Gaussian RDP (add/remove) at noise multiplier sigma/2.",
-            warning=_ADD_REMOVE_READING.format(name="penultimate-gaussian-rdp", mechanism="penultimate-layer "
-                                               "Gaussian", example="") + " Use 'penultimate-gaussian' for a guarantee.",
+            warning=_add_remove_reading("penultimate-gaussian-rdp", "penultimate-layer Gaussian", "penultimate-gaussian"),
         ),
         AccountantSpec(
             "lap2", "lap2", _SOUND, True,
@@ -146,14 +145,14 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
             "dirichlet-add-remove", "dirichlet", AccountingMethods(dirichlet_subsampling="general"), False,
             "Dirichlet mechanism read as the paper's Theorem 10: exact two-vertex base RDP with Zhu & "
             "Wang's general add/remove subsampling bound (ICML 2019).",
-            warning=_DIRICHLET_READING.format(name="dirichlet-add-remove"),
+            warning=_add_remove_reading("dirichlet-add-remove", "Dirichlet", "dirichlet", _DIRICHLET_EXAMPLE),
         ),
         AccountantSpec(
             "dirichlet-ponnoprat", "dirichlet",
             AccountingMethods(dirichlet_base="ponnoprat", dirichlet_subsampling="general"), False,
             "Dirichlet mechanism as in the paper: Ponnoprat (2023, arXiv 2110.01984) base RDP + Zhu "
             "& Wang general subsampling.",
-            warning=_DIRICHLET_READING.format(name="dirichlet-ponnoprat"),
+            warning=_add_remove_reading("dirichlet-ponnoprat", "Dirichlet", "dirichlet", _DIRICHLET_EXAMPLE),
         ),
         AccountantSpec(
             "dirichlet-tight", "dirichlet",
