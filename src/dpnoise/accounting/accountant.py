@@ -307,7 +307,9 @@ class MinimumAccountant(PrivacyAccountant):
         by_route = self.epsilon_by_route(delta)
         route = min(by_route, key=lambda name: by_route[name][0])
         epsilon, bound = by_route[route]
-        return epsilon, f"{route}: {bound}"
+        # A route that could not answer (e.g. a PLD whose round-off bound exceeds delta) is named with its reason.
+        skipped = [f"{name}: {why}" for name, (value, why) in by_route.items() if name != route and value == np.inf]
+        return epsilon, f"{route}: {bound}" + (f" ({'; '.join(skipped)})" if skipped else "")
 
     def _delta(self, epsilon: float) -> float:
         return min(acc.get_delta(epsilon) for acc in self.routes())

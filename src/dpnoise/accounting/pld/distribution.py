@@ -4,7 +4,13 @@ dp_accounting (Google, https://github.com/google/differential-privacy, ``dp_acco
 builds the PLD of the Poisson-sampled Gaussian and Laplace mechanisms under add/remove adjacency
 with "connect the dots" pessimistic discretisation (Doroshenko, Ghazi, Kamath, Kumar, Manurangsi,
 "Connect the dots: tighter discrete approximations of privacy loss distributions",
-arXiv 2207.04380): every epsilon(delta) it returns is an upper bound on the true one.
+arXiv 2207.04380): in exact arithmetic every epsilon(delta) of its PLDs is an upper bound on the
+true one.  Its FFT composition is not exact: its float64 round-off is an absolute error per mass,
+which at deltas of 1e-10 and below is of the order of delta itself.  So this module does not ask
+dp_accounting for epsilon(delta); each composed PLD carries a proven bound on that round-off
+(:mod:`dpnoise.accounting.pld.roundoff`), and epsilon(delta) is the smallest epsilon whose
+delta(epsilon) *with the bound added* is at most delta.  Where the bound alone exceeds delta,
+the route answers +inf and the default accountants use their RDP route.
 
 * Gaussian and penultimate-gaussian: ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma))``;
 * Laplace with L1 clipping: ``PoissonSampledDpEvent(q, LaplaceDpEvent(b / C))`` (the worst case of
@@ -14,18 +20,20 @@ arXiv 2207.04380): every epsilon(delta) it returns is an upper bound on the true
   accounting of differential privacy via characteristic function", arXiv 2106.08567), so the PLD
   of the Poisson-sampled Gaussian with noise multiplier 1/M_n bounds it.
 
-The PLD route is only attempted where its grid stays small (:func:`pld_feasibility`); elsewhere
-it reports "not computed" and the accountant falls back on its RDP route.  Every PLD is checked
-(mass at most 1, infinity mass in [0, 1], no NaN) before it gives an epsilon.
+The PLD route is only attempted where its grid stays small (:func:`pld_feasibility`); elsewhere,
+or where a PLD fails its checks (NaN, lost mass, masses outside their round-off bounds), it
+reports "not computed" with the reason and the accountant falls back on its RDP route.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Optional
 
 import numpy as np
+from scipy.signal import lfilter
 
 from dpnoise.accounting.events import (
     DpEvent,
@@ -35,6 +43,13 @@ from dpnoise.accounting.events import (
     PoissonSampledEvent,
 )
 from dpnoise.accounting.pld.gdp import lap2_gdp_mu
+from dpnoise.accounting.pld.roundoff import (
+    composition_relative_error,
+    convolution_entry_error,
+    self_convolution_entry_error,
+    self_convolution_length,
+    summation_error_factor,
+)
 from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
 
 #: Value grid of the first pass: fine enough (about 0.1% of epsilon) from epsilon ~ 3 up.
@@ -114,14 +129,14 @@ def _single_step_pld(event: PoissonSampledEvent, discretization: float) -> Any:
     )
 
 
-def checked_pld(pld: Any, source: str, compositions: int = 1) -> Any:
-    """``pld`` after checking each of its two PMFs (remove and add directions).
+def checked_pld(pld: Any, source: str) -> Any:
+    """The single-step ``pld`` after checking each of its two PMFs (remove and add directions).
 
     Finite masses; negative masses only at rounding level; infinity mass in [0, 1]; total mass
     (infinity included) not below 1 (lost mass could hide privacy loss) and at most
-    1 + 1e-6 per composition: dp_accounting's pessimistic add-direction PMF carries up to ~1e-8
-    extra mass per step (finer grids more), which can only raise delta(epsilon), i.e. stays
-    conservative; the upper check catches gross failures only.
+    1 + 2e-6: dp_accounting's pessimistic add-direction PMF carries up to ~1e-8 extra mass
+    (finer grids more), which can only raise delta(epsilon), i.e. stays conservative; the upper
+    check catches gross failures only.
     """
     for direction in ("_pmf_remove", "_pmf_add"):
         pmf = getattr(pld, direction)
@@ -131,7 +146,7 @@ def checked_pld(pld: Any, source: str, compositions: int = 1) -> Any:
         # FFT composition leaves rounding-level negative masses (~1e-16); more is a failure.
         if not np.all(np.isfinite(probs)) or probs[probs < 0].sum() < -_MASS_TOLERANCE:
             raise InvalidPrivacyCurveError(f"{source}: PLD has NaN or negative mass; refusing to report an epsilon")
-        excess_allowed = _EXCESS_MASS_PER_STEP * (1 + compositions)
+        excess_allowed = 2 * _EXCESS_MASS_PER_STEP
         if not 0.0 <= infinity_mass <= 1.0 + _MASS_TOLERANCE or not 1.0 - _MASS_TOLERANCE <= total <= 1.0 + excess_allowed:
             raise InvalidPrivacyCurveError(
                 f"{source}: PLD masses are invalid ({direction[5:]} direction: total {total:.12g}, "
@@ -159,22 +174,153 @@ def composed_grid_points(step: Any, count: int, discretization: float) -> float:
     return max(widths) / discretization
 
 
-@lru_cache(maxsize=128)
-def composed_pld(history: tuple[tuple[DpEvent, int], ...], discretization: float) -> Any:
-    """The checked PLD of ``history`` (events with repetition counts), composed in order.
+@dataclass(frozen=True)
+class BoundedPmf:
+    """One direction of a composed PLD with a bound on its floating-point error.
 
-    Raises :class:`PldTooCostly` when a composition's predicted grid exceeds MAX_COMPOSED_POINTS.
+    ``probs[i]`` is the computed mass at loss ``losses[i]`` (ascending); the exact composition of
+    the computed single-step PMFs is within ``entry_error`` of it entry by entry; the true masses
+    are at most ``1 + relative_error`` times that (single-step rounding); ``slack`` is mass that
+    truncation dropped without moving it to the infinity mass.
     """
-    total = None
+
+    losses: np.ndarray
+    probs: np.ndarray
+    infinity_mass: float
+    entry_error: float
+    relative_error: float
+    slack: float
+
+    def _loss_budget(self, delta: float) -> float:
+        """The largest sum_{l > eps} (1 - e^{eps - l}) p(l), as computed, that still certifies ``delta``."""
+        budget = (delta - self.slack) / (1.0 + self.relative_error) - self.infinity_mass
+        return budget / (1.0 + summation_error_factor(4 * self.probs.size))
+
+    def _computed_loss_sum(self, epsilon: float) -> float:
+        start = int(np.searchsorted(self.losses, epsilon, side="right"))
+        weights = -np.expm1(epsilon - self.losses[start:])
+        return float(weights @ np.maximum(self.probs[start:] + self.entry_error, 0.0))
+
+    def delta_upper_bound(self, epsilon: float) -> float:
+        """A proven upper bound on the hockey-stick divergence at ``epsilon`` of the exact PLD."""
+        loss_sum = self._computed_loss_sum(epsilon) * (1.0 + summation_error_factor(4 * self.probs.size))
+        return (1.0 + self.relative_error) * (self.infinity_mass + loss_sum) + self.slack
+
+    def epsilon_upper_bound(self, delta: float) -> float:
+        """The smallest epsilon >= 0 (to rounding, never below) whose :meth:`delta_upper_bound` is <= ``delta``.
+
+        Locates the grid cell with suffix sums without cancellation,
+        S(l_j) = sum_{k > j} (1 - e^{-h}) (c_k + B_k), B_k = sum_{i > k} e^{-(l_i - l_k)} c_i
+        (a decaying linear recurrence), solves S(l_j + t) = S(l_j) + E_j (1 - e^t), t in [-h, 0],
+        in the cell, and certifies the result by direct evaluation.
+        """
+        budget = self._loss_budget(delta)
+        if budget < 0:
+            return math.inf
+        masses = np.maximum(self.probs + self.entry_error, 0.0)
+        if masses.size == 0 or self._computed_loss_sum(0.0) <= budget:
+            return 0.0
+        step = float(self.losses[1] - self.losses[0]) if masses.size > 1 else 1.0
+        decay = math.exp(-step)
+        # tail[k] = c_k + B_k = sum_{i >= k} e^{-(l_i - l_k)} c_i, computed from the top down.
+        tail = lfilter([1.0], [1.0, -decay], masses[::-1])[::-1]
+        # grid_sums[j] = S(l_j) = (1 - e^{-h}) sum_{k > j} tail[k]
+        grid_sums = -math.expm1(-step) * np.concatenate([np.cumsum(tail[::-1])[::-1][1:], [0.0]])
+        j = int(np.argmax(grid_sums <= budget))
+        candidates = []
+        if j > 0:
+            # Aimed a hair below the budget, so that the rounding of the direct check cannot refuse it.
+            gap = (budget * (1.0 - _CELL_SOLVE_MARGIN) - grid_sums[j]) / tail[j]
+            candidates.append(float(self.losses[j]) + math.log1p(-min(max(gap, 0.0), -math.expm1(-step))))
+        candidates += [float(loss) for loss in self.losses[j:j + 8]]
+        for epsilon in candidates:
+            epsilon = max(epsilon, 0.0)
+            if self._computed_loss_sum(epsilon) <= budget:
+                return epsilon
+        return float(self.losses[-1])
+
+
+@dataclass(frozen=True)
+class ComposedPld:
+    """A composed PLD (both directions) whose epsilon(delta) and delta(epsilon) are proven bounds."""
+
+    directions: tuple[BoundedPmf, ...]
+
+    def epsilon_for_delta(self, delta: float) -> float:
+        return max(direction.epsilon_upper_bound(delta) for direction in self.directions)
+
+    def delta_for_epsilon(self, epsilon: float) -> float:
+        return max(direction.delta_upper_bound(epsilon) for direction in self.directions)
+
+
+_DIRECTIONS = ("_pmf_remove", "_pmf_add")
+_CELL_SOLVE_MARGIN = 1e-9
+#: dp_accounting's default tail truncation of self_compose and compose (moved to the infinity
+#: mass by self_compose and, on the right, by compose; compose drops at most half of it on the left).
+_TAIL_MASS_TRUNCATION = 1e-15
+
+
+def _dense(pld: Any, direction: str) -> Any:
+    return getattr(pld, direction).to_dense_pmf()
+
+
+def _bounded_pmf(pld: Any, direction: str, entry_error: float, compositions: int, slack: float,
+                 discretization: float) -> BoundedPmf:
+    dense = _dense(pld, direction)
+    probs = np.asarray(dense._probs, dtype=float)  # noqa: SLF001 (no public accessor)
+    losses = (dense._lower_loss + np.arange(probs.size)) * discretization  # noqa: SLF001
+    return BoundedPmf(losses, probs, float(dense._infinity_mass), entry_error,  # noqa: SLF001
+                      composition_relative_error(compositions), slack)
+
+
+def _check_within_error(bounded: BoundedPmf, source: str) -> None:
+    """The composed masses are finite and no more negative than their round-off bound allows."""
+    if not np.all(np.isfinite(bounded.probs)) or not math.isfinite(bounded.infinity_mass):
+        raise InvalidPrivacyCurveError(f"{source}: PLD has NaN or infinite mass")
+    if bounded.probs.size and float(bounded.probs.min()) < -bounded.entry_error:
+        raise InvalidPrivacyCurveError(
+            f"{source}: PLD has a mass of {float(bounded.probs.min()):.3g}, below its round-off bound "
+            f"-{bounded.entry_error:.3g}")
+    total = float(bounded.probs.sum()) + bounded.infinity_mass
+    if total < 1.0 - _MASS_TOLERANCE - bounded.entry_error * bounded.probs.size:
+        raise InvalidPrivacyCurveError(f"{source}: PLD lost mass (total {total:.12g})")
+
+
+@lru_cache(maxsize=128)
+def composed_pld(history: tuple[tuple[DpEvent, int], ...], discretization: float) -> ComposedPld:
+    """The PLD of ``history`` (events with repetition counts), composed in order, with round-off bounds.
+
+    Raises :class:`PldTooCostly` when a composition's predicted grid exceeds MAX_COMPOSED_POINTS and
+    :class:`InvalidPrivacyCurveError` when a PLD is invalid (NaN, lost mass, or masses outside
+    their round-off bounds).
+    """
+    total, errors, slack = None, {}, 0.0
     for event, count in history:
         step = checked_pld(_single_step_pld(event, discretization), f"PLD of {event}")
         points = composed_grid_points(step, count, discretization)
         if points > MAX_COMPOSED_POINTS:
             raise PldTooCostly(f"{count} steps need a PLD grid of ~{points:.3g} points > {MAX_COMPOSED_POINTS}")
-        composed = step.self_compose(count) if count > 1 else step
-        total = composed if total is None else total.compose(composed)
+        step_errors = {}
+        for direction in _DIRECTIONS:
+            probs = np.asarray(_dense(step, direction)._probs, dtype=float)  # noqa: SLF001
+            length = self_convolution_length(probs, count, _TAIL_MASS_TRUNCATION)
+            step_errors[direction] = self_convolution_entry_error(probs, count, length)
+        composed = step.self_compose(count, tail_mass_truncation=_TAIL_MASS_TRUNCATION) if count > 1 else step
+        if total is None:
+            total, errors = composed, step_errors
+            continue
+        for direction in _DIRECTIONS:
+            errors[direction] = convolution_entry_error(
+                errors[direction], np.asarray(_dense(total, direction)._probs, dtype=float),  # noqa: SLF001
+                step_errors[direction], np.asarray(_dense(composed, direction)._probs, dtype=float))  # noqa: SLF001
+        total = total.compose(composed, tail_mass_truncation=_TAIL_MASS_TRUNCATION)
+        slack += _TAIL_MASS_TRUNCATION / 2
     steps = sum(count for _, count in history)
-    return checked_pld(total, f"PLD of {steps} composed step(s)", compositions=steps)
+    bounded = tuple(_bounded_pmf(total, direction, errors[direction], steps, slack, discretization)
+                    for direction in _DIRECTIONS)
+    for direction in bounded:
+        _check_within_error(direction, f"PLD of {steps} composed step(s)")
+    return ComposedPld(bounded)
 
 
 def history_infeasibility(history: tuple[tuple[DpEvent, int], ...], discretization: float) -> Optional[str]:
@@ -195,37 +341,42 @@ def _discretizations(coarse_epsilon: float) -> list[float]:
 def pld_epsilon(
     history: tuple[tuple[DpEvent, int], ...], delta: float, refine: bool = True
 ) -> tuple[float, Optional[str]]:
-    """(epsilon(delta), None), or (+inf, reason) when the PLD route does not apply.
+    """(epsilon(delta), None), or (+inf, reason) when the PLD route does not apply or cannot certify ``delta``.
 
     Two passes: a coarse value grid, then (``refine``), for small epsilons, a grid of about
-    epsilon / 3000; both are pessimistic, so the smaller result is reported.
+    epsilon / 3000; both are pessimistic and carry their round-off bound, so the smaller result
+    is reported.  A PLD that cannot be built (dp_accounting's numerics fail, or its masses break
+    their checks) gives +inf with the reason: the default accountants then answer by RDP.
     """
     reason = history_infeasibility(history, COARSE_DISCRETIZATION)
     if reason is not None:
         return math.inf, reason
     try:
-        best = math.inf
-        coarse = _coarse_epsilon(history, delta)
-        for discretization in _discretizations(coarse) if refine else [COARSE_DISCRETIZATION]:
-            if history_infeasibility(history, discretization) is None:
-                best = min(best, float(composed_pld(history, discretization).get_epsilon_for_delta(delta)))
+        coarse = composed_pld(history, COARSE_DISCRETIZATION).epsilon_for_delta(delta)
+        best = coarse
+        if refine and math.isfinite(coarse):
+            for discretization in _discretizations(coarse)[1:]:
+                if history_infeasibility(history, discretization) is None:
+                    best = min(best, composed_pld(history, discretization).epsilon_for_delta(delta))
     except PldTooCostly as err:
         return math.inf, str(err)
-    except (ArithmeticError, ValueError) as err:  # dp_accounting's own numerics gave up
-        if isinstance(err, InvalidPrivacyCurveError):
-            raise
-        return math.inf, f"dp_accounting failed ({type(err).__name__}: {err})"
-    return max(best, 0.0), None
-
-
-def _coarse_epsilon(history: tuple[tuple[DpEvent, int], ...], delta: float) -> float:
-    return float(composed_pld(history, COARSE_DISCRETIZATION).get_epsilon_for_delta(delta))
+    except (ArithmeticError, ValueError) as err:  # dp_accounting's numerics or our checks gave up
+        return math.inf, f"PLD not valid ({type(err).__name__}: {err})"
+    if not math.isfinite(best):
+        return math.inf, f"round-off bound of the composed PLD exceeds delta = {delta:g}"
+    return best, None
 
 
 @lru_cache(maxsize=1024)
 def pld_delta(history: tuple[tuple[DpEvent, int], ...], epsilon: float) -> tuple[float, Optional[str]]:
-    """(delta(epsilon), None) on the coarse grid, or (1.0, reason) when the PLD route does not apply."""
+    """(delta(epsilon), None) on the coarse grid, round-off included, or (1.0, reason) when the PLD
+    route does not apply."""
     reason = history_infeasibility(history, COARSE_DISCRETIZATION)
     if reason is not None:
         return 1.0, reason
-    return min(1.0, float(composed_pld(history, COARSE_DISCRETIZATION).get_delta_for_epsilon(epsilon))), None
+    try:
+        return min(1.0, composed_pld(history, COARSE_DISCRETIZATION).delta_for_epsilon(epsilon)), None
+    except PldTooCostly as err:
+        return 1.0, str(err)
+    except (ArithmeticError, ValueError) as err:
+        return 1.0, f"PLD not valid ({type(err).__name__}: {err})"

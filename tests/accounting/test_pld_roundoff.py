@@ -1,0 +1,155 @@
+"""The PLD routes at tiny delta: round-off bounded, never below exact values, fallback to RDP.
+
+References computed here independently of the library: the exact Gaussian-DP profile at q = 1
+(Dong, Roth & Su, arXiv 1905.02383: T Gaussian steps of multiplier sigma are sqrt(T)/sigma-GDP),
+the exact Laplace profile, and lower bounds computed outside this library for q < 1.
+"""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from scipy.optimize import brentq
+from scipy.special import log_ndtr
+
+from dpnoise.accounting import calibrate_noise, get_accountant
+from dpnoise.accounting.events import GaussianEvent, PoissonSampledEvent
+from dpnoise.accounting.pld import distribution
+from dpnoise.accounting.pld.gdp import lap2_gdp_mu
+from dpnoise.accounting.pld.roundoff import self_convolution_entry_error, self_convolution_length
+from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
+
+DELTAS = [1e-3, 1e-5, 1e-8, 1e-10, 1e-12, 1e-15]
+
+
+def gdp_log_delta(epsilon: float, mu: float) -> float:
+    """log delta(eps) of mu-GDP: log[Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)], without cancellation."""
+    a = log_ndtr(-epsilon / mu + mu / 2)
+    b = epsilon + log_ndtr(-epsilon / mu - mu / 2)
+    return a + math.log(-math.expm1(b - a)) if b < a else -math.inf
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    if gdp_log_delta(0.0, mu) <= math.log(delta):
+        return 0.0
+    hi = 1.0
+    while gdp_log_delta(hi, mu) > math.log(delta):
+        hi *= 2.0
+    return brentq(lambda e: gdp_log_delta(e, mu) - math.log(delta), 0.0, hi, xtol=1e-13, rtol=1e-13)
+
+
+def gaussian(name: str, sigma: float, q: float, steps: int, delta: float) -> tuple[float, str]:
+    return get_accountant(name).step(noise_multiplier=sigma, sample_rate=q, steps=steps).get_epsilon_and_bound(delta)
+
+
+@pytest.mark.parametrize("delta", DELTAS)
+@pytest.mark.parametrize("sigma,steps", [(0.8, 1), (2.0, 10), (8.0, 1000), (4.0, 1000), (30.0, 100_000)])
+def test_gaussian_at_q1_is_at_least_exact_gdp(sigma, steps, delta):
+    exact = gdp_epsilon(math.sqrt(steps) / sigma, delta)
+    for name in ("gaussian", "gaussian-pld"):
+        epsilon, bound = gaussian(name, sigma, 1.0, steps, delta)
+        assert epsilon >= exact * (1 - 1e-12), f"{name}: {epsilon} < exact {exact} ({bound})"
+    # Not vacuous: the default stays within 10% (+0.05) of the exact value.
+    assert gaussian("gaussian", sigma, 1.0, steps, delta)[0] <= 1.1 * exact + 0.05
+
+
+@pytest.mark.parametrize("delta", [1e-5, 1e-10, 1e-15])
+@pytest.mark.parametrize("ratio,params,steps", [(0.5, 1, 100), (2.0, 26_010, 1000)])
+def test_lap2_gdp_at_q1_is_at_least_its_exact_gdp(ratio, params, steps, delta):
+    """At q = 1 the lap2-gdp route's own mechanism is exactly sqrt(T) M_n-GDP."""
+    exact = gdp_epsilon(math.sqrt(steps) * lap2_gdp_mu(ratio, params), delta)
+    acc = get_accountant("lap2-gdp").step(laplace_scale=ratio, clip=1.0, params=params, sample_rate=1.0, steps=steps)
+    assert acc.get_epsilon(delta) >= exact * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("delta", [1e-5, 1e-12, 1e-15])
+@pytest.mark.parametrize("ratio", [0.3, 2.0, 50.0])
+def test_laplace_l1_one_step_is_at_least_exact_at_tiny_delta(ratio, delta):
+    exact = max(0.0, 1.0 / ratio + 2.0 * math.log1p(-delta))
+    for name in ("laplace-l1", "laplace-l1-pld"):
+        acc = get_accountant(name).step(laplace_scale=ratio, clip=1.0, sample_rate=1.0)
+        assert acc.get_epsilon(delta) >= exact * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("sigma,q,steps,lower_bound", [
+    (8.0, 1.0, 1000, 35.0454),        # exact (GDP, q = 1)
+    (4.0, 1.0, 1000, 86.1481),        # exact
+    (2.0, 0.01, 100_000, 12.8997),    # lower bounds computed outside dpnoise
+    (0.5, 0.3, 1000, 569.570),
+    (5.0, 0.5, 10_000, 120.3612),
+])
+def test_reported_underestimates_at_delta_1e_12(sigma, q, steps, lower_bound):
+    """dpnoise printed 35.0297, 86.1439, 12.7577, 569.4748 and 120.3518 for these settings."""
+    epsilon, bound = gaussian("gaussian", sigma, q, steps, 1e-12)
+    assert epsilon >= lower_bound, bound
+
+
+def test_roundoff_bound_covers_the_fft_composition():
+    """dp_accounting's FFT self-composition against an exact-order reference (direct convolutions of
+    nonnegative terms, relative error ~1e-13): every entry within the bound."""
+    from dp_accounting.pld import common
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    pmf = pld_lib.from_gaussian_mechanism(1.0, pessimistic_estimate=True, value_discretization_interval=0.02,
+                                          sampling_prob=0.2)._pmf_remove.to_dense_pmf()
+    probs, steps = np.asarray(pmf._probs), 40
+    reference = probs
+    for _ in range(steps - 1):
+        reference = np.convolve(reference, probs)
+    offset, computed = common.self_convolve(probs, steps, tail_mass_truncation=0)
+    bound = self_convolution_entry_error(probs, steps, self_convolution_length(probs, steps, 0))
+    actual = np.abs(np.asarray(computed) - reference[offset:offset + len(computed)])
+    assert actual.max() > 0  # the FFT does round
+    assert np.all(actual <= bound)
+
+
+def test_epsilon_and_delta_of_a_composed_pld_agree():
+    history = ((PoissonSampledEvent(0.01, GaussianEvent(1.1)), 2000),)
+    composed = distribution.composed_pld(history, distribution.COARSE_DISCRETIZATION)
+    for delta in [1e-4, 1e-8, 1e-11]:
+        epsilon = composed.epsilon_for_delta(delta)
+        assert composed.delta_for_epsilon(epsilon) <= delta
+        # smallest to within the grid: a little less epsilon certifies less
+        assert composed.delta_for_epsilon(max(epsilon - 1e-3, 0.0)) > delta
+
+
+def test_gaussian_falls_back_where_no_pld_can_be_certified():
+    epsilon, bound = gaussian("gaussian", 8.0, 1.0, 1000, 1e-15)
+    assert bound.startswith("gaussian-rdp") and "gaussian-pld: PLD not computed: round-off bound" in bound
+    assert epsilon >= gdp_epsilon(math.sqrt(1000) / 8.0, 1e-15)
+
+
+def test_invalid_pld_falls_back_to_rdp(monkeypatch):
+    """A PLD that fails its checks makes the PLD route answer +inf with the reason; the default answers by RDP."""
+    def invalid(pld, source):
+        raise InvalidPrivacyCurveError(f"{source}: PLD has NaN or negative mass; refusing to report an epsilon")
+
+    monkeypatch.setattr(distribution, "checked_pld", invalid)
+    distribution.composed_pld.cache_clear()
+    distribution.pld_epsilon.cache_clear()
+    try:
+        epsilon, bound = gaussian("gaussian", 1.3, 0.02, 777, 1e-5)
+        pld_epsilon, pld_bound = gaussian("gaussian-pld", 1.3, 0.02, 777, 1e-5)
+    finally:
+        distribution.composed_pld.cache_clear()
+        distribution.pld_epsilon.cache_clear()
+    rdp_epsilon = gaussian("gaussian-rdp", 1.3, 0.02, 777, 1e-5)[0]
+    assert epsilon == rdp_epsilon and bound.startswith("gaussian-rdp") and "NaN or negative mass" in bound
+    assert pld_epsilon == math.inf and "PLD not valid" in pld_bound
+
+
+def test_extreme_settings_of_the_issue_answer():
+    """Settings where the PLD used to be refused ("PLD has NaN or negative mass")."""
+    epsilon, bound = gaussian("gaussian", 0.5, 1e-6, 1_000_000, 1e-5)
+    assert 0 < epsilon < gaussian("gaussian-rdp", 0.5, 1e-6, 1_000_000, 1e-5)[0] + 1e-12 and bound
+    for params in (1, 1000, 10**6):
+        acc = get_accountant("lap2").step(laplace_scale=0.5, clip=1.0, params=params, sample_rate=1e-6, steps=10**6)
+        assert math.isfinite(acc.get_epsilon(1e-5))
+
+
+def test_laplace_l1_calibrates_where_its_pld_used_to_be_refused():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = calibrate_noise("laplace-l1", 0.5, 0.1, 1e-4, 100_000, compare=False)
+    assert 0.49 < result.epsilon <= 0.5
