@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from dpnoise.accounting import ACCOUNTANTS, OUTPUT_PRIVACY_SCOPE
+from dpnoise.accounting import ACCOUNTANTS, OUTPUT_PRIVACY_SCOPE, get_mechanism_spec
 from reproductions.plans import (
     ALPHA_GRID_ALPHAS,
     DIRICHLET_COLUMNS,
@@ -63,10 +63,16 @@ def format_epsilons(row: Optional[Row]) -> str:
     return f"{text}; **{bound}: claim refuted**" if lower > row["target_epsilon"] else f"{text}; {bound}"
 
 
+def noise_text(mechanism: str, noise: float, digits: int) -> str:
+    """A calibrated noise rounded toward more privacy (sigma and b up, r down): a value read off a table
+    and trained with never gives more than the epsilon it was calibrated to."""
+    return get_mechanism_spec(mechanism).noise.printed(noise, digits)
+
+
 def format_noise(row: Optional[Row]) -> str:
     if row is None or row["status"] != "ok":
         return "—"
-    return f"{row['noise']:.4g}"
+    return noise_text(row["mechanism"], row["noise"], 4)
 
 
 def format_steps(row: Optional[Row]) -> str:
@@ -215,7 +221,7 @@ def table2_noise_markdown(epsilons: Sequence[float] = TABLE2_EPSILONS) -> str:
                                          S["steps"], clip=S["clip"], params=26_010)
                 eps_text = ", ".join(f"{name}{'' if ACCOUNTANTS[name].sound else '*'} {value:.3g}"
                                      for name, value in result.epsilon_by_accountant.items())
-                body.append([f"{eps:g}", column.label, f"{result.noise:.4g}", eps_text])
+                body.append([f"{eps:g}", column.label, noise_text(result.mechanism, result.noise, 4), eps_text])
     return markdown(["target ε", "column", "calibrated noise (σ, or b at C=1)", "ε by accountant (δ=1e-5)"], body)
 
 
@@ -299,7 +305,7 @@ def format_accuracy_and_noise(row: Optional[Row], noise_name: str) -> str:
     """``88.03 (n=1), r = 0.0961``: the accuracy and the calibrated noise parameter."""
     if row is None or row["status"] != "ok":
         return format_accuracy(row)
-    return f"{format_accuracy(row)}, {noise_name} = {row['noise']:.3g}"
+    return f"{format_accuracy(row)}, {noise_name} = {noise_text(row['mechanism'], row['noise'], 3)}"
 
 
 def format_published(value: Optional[float]) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 import zipfile
 from numbers import Real
 from pathlib import Path
@@ -40,6 +41,7 @@ __all__ = [
     "optional",
     "output_file",
     "output_folder",
+    "params",
     "seed",
 ]
 
@@ -70,6 +72,8 @@ def check_count(flag: str, value: object, minimum: int = 0) -> int:
     return check_count(flag, value, minimum)
 
 
+#: largest accepted number of trained parameters n (--params)
+MAX_PARAMS = 10**12
 #: largest accepted --seed (torch generators take 64-bit seeds; the engine uses seed + 2)
 MAX_SEED = 2**32 - 1
 
@@ -124,10 +128,21 @@ def seed(flag: str, value: object) -> int:
     return count_in(flag, value, 0, MAX_SEED)
 
 
-def finite_steps(flag: str, epochs: float, sample_rate: float) -> None:
-    """``epochs`` / ``sample_rate`` (the planned steps) must be a finite number."""
-    if not math.isfinite(epochs / sample_rate):
-        raise _error(f"{flag}: {epochs:g} epochs at sample rate {sample_rate:g} is an unbounded number of steps")
+def params(flag: str, value: object) -> int:
+    """A number of trained parameters n in [1, :data:`MAX_PARAMS`]."""
+    return count_in(flag, value, 1, MAX_PARAMS)
+
+
+def finite_steps(flag: str, epochs: float, sample_rate: float) -> int:
+    """The planned steps ceil(``epochs`` / ``sample_rate``)
+    (:func:`~dpnoise.accounting.steps_from_epochs`): at least one, and few enough to count exactly."""
+    from dpnoise.accounting.calibration import steps_from_epochs
+    from dpnoise.accounting.validation import InvalidParameterError
+
+    try:
+        return steps_from_epochs(epochs, sample_rate)
+    except InvalidParameterError as err:
+        raise _error(f"{flag}: {err}") from None
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -138,10 +153,16 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def _writable_folder(flag: str, folder: Path) -> None:
+    """``folder`` is a folder that takes new entries: a probe folder is created in it and removed at
+    once (permission bits do not tell: root passes ``os.access`` on /proc, where nothing can be made)."""
     if not folder.is_dir():
         raise _error(f"{flag}: {folder} is not a folder")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise _error(f"{flag}: cannot write into {folder} (permission denied)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".dpnoise-probe-", dir=folder))
+    except OSError as err:
+        raise _error(f"{flag}: cannot create anything in {folder} ({err.strerror or err})") from None
 
 
 def output_folder(flag: str, path: os.PathLike | str) -> Path:

@@ -1,6 +1,7 @@
 """``dpnoise account`` / ``calibrate`` / ``walls`` through the real entry point."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -8,6 +9,8 @@ import pytest
 
 from dpnoise.accounting import UnsoundAccountantWarning
 from dpnoise.cli.main import main
+
+from cli_refusals import with_option
 
 SEED = ["--sample-rate", "0.0043", "--steps", "5860", "--params", "26010", "--delta", "1e-5"]
 
@@ -52,6 +55,40 @@ def test_calibrate_lap2_and_dirichlet(capsys):
                                       "30", "--delta", "1e-5"])
     assert ponnoprat["r"] == pytest.approx(0.248, abs=6e-4)  # the paper's accountant
     assert dirichlet["r"] < ponnoprat["r"] / 3  # what its add/remove reading under-counts
+
+
+#: (calibrate options, target epsilon): small settings (the RDP accountant where the default is slow), and
+#: the README's Dirichlet command
+PRINTED_CALIBRATIONS = [
+    pytest.param(["--mechanism", "gaussian", "--accountant", "gaussian-rdp", "--sample-rate", "0.05", "--steps",
+                  "200"], 4.0, id="gaussian-rdp"),
+    pytest.param(["--mechanism", "gaussian", "--sample-rate", "0.1", "--steps", "10"], 2.0, id="gaussian"),
+    pytest.param(["--mechanism", "lap2", "--accountant", "lap2-rdp", "--params", "1000", "--clip", "0.7",
+                  "--sample-rate", "0.1", "--steps", "10"], 2.0, id="lap2-rdp"),
+    pytest.param(["--mechanism", "laplace-l1", "--clip", "0.3", "--sample-rate", "0.1", "--steps", "10"], 2.0,
+                 id="laplace-l1"),
+    pytest.param(["--mechanism", "dirichlet", "--sample-rate", "0.05", "--steps", "200"], 4.0, id="dirichlet"),
+    pytest.param(["--mechanism", "dirichlet", "--alpha", "1", "--batch-size", "256", "--dataset-size", "50000",
+                  "--epochs", "30"], 4.0, id="dirichlet-readme"),
+]
+
+
+@pytest.mark.parametrize("setting,target", PRINTED_CALIBRATIONS)
+def test_printed_calibration_fed_back_stays_within_the_target(capsys, setting, target):
+    """The text output's noise is on the safe side of the calibrated one (sigma and b rounded up, r down;
+    rounding to nearest is not, about every other time) and, with the clip (rounded down), gives at most
+    the target epsilon when it is fed back."""
+    argv = ["calibrate", *setting, "--epsilon", str(target), "--delta", "1e-5"]
+    exact = run_json(capsys, argv)["noise"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out.splitlines()[0]
+    noise = re.search(r"(?:r\*|noise_multiplier|laplace_scale) = (\S+?),? ", text).group(1)
+    clip = re.search(r"clip C = (\S+),", text)
+    larger_is_more_private = "r* =" not in text
+    assert (float(noise) >= exact) if larger_is_more_private else (float(noise) <= exact), (text, exact)
+    clip_option = with_option(setting, "--clip", clip.group(1)) if clip else setting
+    fed_back = run_json(capsys, ["account", *clip_option, "--noise", noise, "--delta", "1e-5"])
+    assert fed_back["epsilon"] <= target, (text, fed_back["epsilon"])
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -64,8 +65,7 @@ TRAIN_NUMERIC = [
     *cases("--noise", BAD_POSITIVE),
     *cases("--epsilon", BAD_POSITIVE),
     *cases("--delta", BAD_DELTA),
-    *cases("--alpha", BAD_POSITIVE),
-    *cases("--epochs", BAD_POSITIVE),
+    *cases("--epochs", [*BAD_POSITIVE, "1e-320"]),  # 1e-320 epochs: fewer than one step
     *cases("--batch-size", [*BAD_COUNT, "1438"]),  # digits has 1437 training examples
     *cases("--lr", BAD_POSITIVE),
     *cases("--momentum", ["-0.1", "1", "2", "nan", "inf"]),
@@ -88,6 +88,23 @@ def test_train_refuses_bad_numbers(capsys, tmp_path, no_training, flag, value):
 
 
 @pytest.mark.parametrize("value", BAD_POSITIVE)
+def test_train_refuses_bad_dirichlet_alpha(capsys, no_training, value):
+    assert_refused(capsys, [*with_option(TRAIN, "--mechanism", "dirichlet"), "--alpha", value], "--alpha")
+
+
+@pytest.mark.parametrize("argv,flag,message", [
+    ([*TRAIN, "--alpha", "2"], "--alpha", "does not apply to --mechanism gaussian"),
+    ([*TRAIN, "--alpha", "nan"], "--alpha", "does not apply to --mechanism gaussian"),
+    ([*TRAIN, "--momentum", "0.5"], "--momentum", "applies to --optimizer sgd only"),
+    ([*TRAIN, "--optimizer", "adam", "--momentum", "0.9"], "--momentum", "applies to --optimizer sgd only"),
+    ([*TRAIN, "--calibrate-with", "gaussian-rdp"], "--calibrate-with", "applies only when the noise is calibrated"),
+    ([*TRAIN, "--epsilon", "2", "--calibrate-with", "gaussian-rdp"], "--calibrate-with", "without --noise"),
+])
+def test_train_refuses_options_that_would_be_ignored(capsys, no_training, argv, flag, message):
+    assert message in assert_refused(capsys, argv, flag)
+
+
+@pytest.mark.parametrize("value", BAD_POSITIVE)
 def test_train_refuses_bad_effective_lr(capsys, no_training, value):
     argv = [*with_option(TRAIN, "--mechanism", "dirichlet"), "--optimizer", "sgd", "--effective-lr", value]
     assert_refused(capsys, argv, "--effective-lr")
@@ -106,7 +123,8 @@ def test_train_argparse_errors_are_one_line_too(capsys, no_training, flag, value
     ("--calibrate-with", "foo", "does not apply"),
 ])
 def test_train_refuses_inconsistent_choices(capsys, no_training, flag, value, message):
-    assert message in assert_refused(capsys, with_option(TRAIN, flag, value), flag)
+    calibrated = with_option(with_option(TRAIN, "--noise", None), "--epsilon", "2")
+    assert message in assert_refused(capsys, with_option(calibrated, flag, value), flag)
 
 
 def test_train_epochs_that_overflow_the_step_count(capsys, no_training):
@@ -119,6 +137,17 @@ def test_train_out_that_cannot_be_written_fails_before_training(capsys, tmp_path
     assert_refused(capsys, [*TRAIN, "--out", str(a_file)], "--out")
     assert_refused(capsys, [*TRAIN, "--out", str(a_file / "run")], "--out")
     assert a_file.read_text() == "not a folder"
+
+
+#: a folder where nothing can be created, whatever the permission bits say (root passes os.access there)
+PROC = Path("/proc")
+needs_proc = pytest.mark.skipif(not (PROC / "self").is_dir(), reason="needs Linux /proc")
+
+
+@needs_proc
+def test_train_out_where_nothing_can_be_created_fails_before_training(capsys, no_training):
+    for out in (PROC / "dpnoise-run", PROC / "self" / "dpnoise-run"):
+        assert_refused(capsys, [*TRAIN, "--out", str(out)], "--out")
 
 
 @pytest.mark.skipif(getattr(os, "geteuid", lambda: 0)() == 0, reason="root may write anywhere")
@@ -201,7 +230,7 @@ def no_audit(monkeypatch):
     *cases("--grid", ["1", "0", "-5", "63", str(1 << 30)]),
     *cases("--loss-step", BAD_POSITIVE),
     *cases("--delta", BAD_DELTA),
-    *cases("--params", BAD_COUNT),
+    *cases("--params", [*BAD_COUNT, str(10**13)]),  # up to 1e12
     *cases("--k", ["0", "-3", "a,b", "1,,2", "101"]),
     *cases("--mechanism", ["foo"]),
 ])
@@ -269,8 +298,8 @@ def test_audit_without_kind_is_one_line(capsys):
 # ----------------------------------------------------------------------------------------- walls
 @pytest.mark.parametrize("flag,value", [
     *cases("--sample-rates", BAD_RATE),
-    *cases("--epochs", BAD_POSITIVE),
-    *cases("--params", ["0", "-1", "0.5", "nan", "inf"]),
+    *cases("--epochs", [*BAD_POSITIVE, "1e-320"]),
+    *cases("--params", ["0", "-1", "0.5", "nan", "inf", "1e13"]),
     *cases("--delta", BAD_DELTA),
     *cases("--fixed-noise", BAD_POSITIVE),
 ])
@@ -284,6 +313,11 @@ def test_walls_epochs_that_overflow_the_step_count(capsys, tmp_path):
     assert_refused(capsys, ["walls", "--out", str(tmp_path / "w.png"), "--sample-rates", "1e-308"], "--sample-rates")
     assert_refused(capsys, ["walls", "--out", str(tmp_path / "w.png"), "--epochs", "1e308"], "--epochs")
     assert list(tmp_path.iterdir()) == []
+
+
+@needs_proc
+def test_walls_out_where_nothing_can_be_created(capsys):
+    assert_refused(capsys, ["walls", "--out", str(PROC / "dpnoise-walls.png")], "--out")
 
 
 def test_walls_out_must_be_a_png_in_an_existing_folder(capsys, tmp_path):
@@ -309,9 +343,27 @@ ACCOUNT = ["account", "--mechanism", "gaussian", "--noise", "1", "--sample-rate"
     (with_option(ACCOUNT, "--mechanism", "foo"), "--mechanism"),
     (["calibrate", *with_option(ACCOUNT[1:], "--noise", None), "--epsilon", "inf"], "--epsilon"),
     (["calibrate", *with_option(ACCOUNT[1:], "--noise", None), "--epsilon", "0"], "--epsilon"),
+    (with_option(with_option(ACCOUNT, "--steps", None), "--epochs", "1e-320"), "--epochs"),  # no step
+    (with_option(with_option(ACCOUNT, "--steps", None), "--epochs", "1e308"), "--epochs"),
+    ([*with_option(ACCOUNT, "--mechanism", "lap2"), "--params", "1e13"], "--params"),  # up to 1e12
+    ([*with_option(ACCOUNT, "--mechanism", "lap2"), "--params", "0.5"], "--params"),
 ])
 def test_accounting_commands_refuse(capsys, argv, flag):
     assert_refused(capsys, argv, flag)
+
+
+@pytest.mark.parametrize("command", ["account", "calibrate"])
+@pytest.mark.parametrize("flag,value,mechanism", [
+    ("--alpha", "nan", "gaussian"), ("--alpha", "2", "lap2"), ("--alpha", "1", "laplace-l1"),
+    ("--params", "-5", "gaussian"), ("--params", "100", "dirichlet"), ("--params", "100", "laplace-l1"),
+])
+def test_accounting_commands_refuse_options_the_mechanism_does_not_take(capsys, command, flag, value, mechanism):
+    argv = [*with_option(ACCOUNT, "--mechanism", mechanism), flag, value]
+    if command == "calibrate":
+        argv = ["calibrate", *with_option(argv[1:], "--noise", None), "--epsilon", "1"]
+    if mechanism == "lap2":
+        argv += ["--params", "100"]
+    assert "does not apply to --mechanism" in assert_refused(capsys, argv, flag)
 
 
 # ------------------------------------------------------------------------------- error handling

@@ -102,6 +102,7 @@ BAD_FIELDS = [
     ("schedule.batch_size", 0, "schedule.batch_size must"),
     ("schedule.batch_size", 513, "schedule.batch_size must be <= 512"),
     ("optimizer.momentum", 1.0, "optimizer.momentum must"),
+    ("optimizer.momentum", 0.5, "optimizer.momentum applies to optimizer.name sgd only, got 0.5 with 'adam'"),
     ("optimizer.name", "rmsprop", "optimizer.name must be one of adam, sgd"),
     ("data.limit", 5000, "data.limit must be <= 1437"),
     ("data.name", "imagenet", "data.name must be one of"),
@@ -145,6 +146,25 @@ def test_errors_can_name_the_fields_as_a_front_end_does(no_work):
     neither = with_field(with_field(TINY, "privacy.epsilon", None), "mechanism.noise", None)
     with pytest.raises(InvalidConfigError, match=r"give privacy.epsilon \(calibrate the noise\) or mechanism.noise"):
         train_private(neither)
+
+
+def test_a_run_of_no_step_or_an_uncalibrated_calibrate_with_is_refused(no_work):
+    with pytest.raises(InvalidConfigError, match=r"^schedule.epochs: .* fewer than one step"):
+        train_private(with_field(TINY, "schedule.epochs", 1e-12))  # ceil(1e-12 / q) is no step
+    fixed = with_field(with_field(TINY, "mechanism.noise", 1.0), "privacy.calibrate_with", "lap2-rdp")
+    with pytest.raises(InvalidConfigError, match="privacy.calibrate_with applies only when the noise is calibrated"):
+        train_private(fixed)
+
+
+def test_report_rounds_the_noise_toward_privacy_and_names_an_unevaluated_run(tiny_result):
+    from dpnoise.training.summary import report_lines
+
+    summary = tiny_result.summary()
+    printed = float(report_lines(summary)[1].split("noise ")[1].split(" ")[0])
+    assert printed >= summary["noise"] and printed == pytest.approx(summary["noise"], rel=1e-5)  # b: up
+    dirichlet = {**summary, "mechanism": "dirichlet", "noise": 0.08041335630078805}
+    assert "noise 0.0804133 " in report_lines(dirichlet)[1]  # r: down (nearest: 0.0804134)
+    assert report_lines({**summary, "test_accuracy": None})[0].startswith("test accuracy: not evaluated")
 
 
 def test_the_command_line_maps_every_field_to_a_flag():

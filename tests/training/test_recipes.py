@@ -28,6 +28,14 @@ def test_explicit_values_win_and_none_means_not_given():
     assert fields["optimizer.lr"] == 0.5 and fields["schedule.epochs"] == 25 and fields["schedule.batch_size"] == 1024
 
 
+def test_another_optimizer_than_the_recipes_drops_its_sgd_momentum():
+    fields = apply_recipe({"data.name": "mnist", "mechanism.name": "lap2", "optimizer.name": "adam"}, "scatternet")
+    assert "optimizer.momentum" not in fields
+    check_config(TrainingConfig.from_fields(fields))  # adam refuses a momentum
+    given = apply_recipe({"data.name": "mnist", "mechanism.name": "lap2", "optimizer.momentum": 0.5}, "scatternet")
+    assert given["optimizer.momentum"] == 0.5 and given["optimizer.name"] == "sgd"
+
+
 def test_every_recipe_entry_is_a_valid_configuration():
     for name, recipe in RECIPES.items():
         for dataset, model in recipe.by_dataset_and_model:

@@ -37,13 +37,19 @@ class UnreachableTargetError(InvalidParameterError):
 
 
 def steps_from_epochs(epochs: float, sample_rate: float) -> int:
-    """T = ceil(epochs / q): the number of Poisson-sampled steps covering ``epochs`` (rounded up)."""
+    """T = ceil(epochs / q): the number of Poisson-sampled steps covering ``epochs`` (rounded up; a
+    quotient within 1e-9 of an integer counts as that integer).  Fewer than one step is refused: a run
+    that takes no step has nothing to account."""
     epochs = check_positive("epochs", epochs)
     q = check_sample_rate("sample_rate", sample_rate)
     steps = epochs / q
     if not steps < 2**53:  # beyond this, counts are no longer exact integers
         raise InvalidParameterError(f"epochs={epochs:g} at sample rate {q:g} is {steps:.3g} steps: too many to account")
-    return int(math.ceil(steps - 1e-9))
+    count = int(math.ceil(steps - 1e-9))
+    if count < 1:
+        raise InvalidParameterError(f"epochs={epochs:g} at sample rate {q:g} is {steps:.3g} steps: "
+                                    "fewer than one step")
+    return count
 
 
 def solve_smallest(

@@ -16,6 +16,7 @@ from typing import Callable, Literal, Optional
 
 from dpnoise.accounting.events import DirichletEvent, GaussianEvent, Lap2Event, LaplaceEvent, MechanismEvent
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_positive
+from dpnoise.formatting import significant_digits
 
 #: Printed next to every Dirichlet / penultimate-layer epsilon (docs/theory/dirichlet.md Sec. 5).
 OUTPUT_PRIVACY_SCOPE = (
@@ -35,11 +36,18 @@ class NoiseParameter:
     ``per_clip``: the mechanism's privacy depends on the noise only through noise / C (an
     absolute scale, e.g. the Laplace b); otherwise the noise is already relative to C (the noise
     multiplier sigma) or does not involve C (the Dirichlet r).
+    ``larger_is_more_private``: more noise is a larger value (sigma, b), or a smaller one (r).
     """
 
     keyword: str
     unit: str
     per_clip: bool
+    larger_is_more_private: bool = True
+
+    def printed(self, value: float, digits: int = 6) -> str:
+        """``value`` to ``digits`` significant digits, rounded toward more privacy (sigma and b up, r
+        down), so that the printed noise fed back never gives more than the epsilon it was calibrated to."""
+        return significant_digits(value, digits, "up" if self.larger_is_more_private else "down")
 
 
 NOISE_MULTIPLIER = NoiseParameter(
@@ -48,7 +56,7 @@ LAPLACE_SCALE = NoiseParameter(
     "laplace_scale", "absolute Laplace scale b per coordinate (privacy depends on b / C)", per_clip=True)
 CONCENTRATION = NoiseParameter(
     "concentration", "Dirichlet concentration r of Dir(r softmax + alpha): smaller r is more private",
-    per_clip=False)
+    per_clip=False, larger_is_more_private=False)
 NOISE_PARAMETERS = {p.keyword: p for p in (NOISE_MULTIPLIER, LAPLACE_SCALE, CONCENTRATION)}
 
 #: (noise in the mechanism's unit, clip C, number of parameters n, Dirichlet alpha) -> per-step event

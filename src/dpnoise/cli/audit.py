@@ -143,7 +143,7 @@ def check_bound(args: argparse.Namespace) -> list[int] | None:
     checks.check_positive("--clip", args.clip)
     checks.check_sample_rate("--sample-rate", args.sample_rate)
     checks.check_count("--steps", args.steps, 1)
-    checks.optional(checks.check_count, "--params", args.params, 1)
+    checks.optional(checks.params, "--params", args.params)
     checks.optional(checks.check_positive, "--alpha", args.alpha)
     checks.count_in("--grid", args.grid, *GRID_RANGE)
     checks.optional(checks.check_positive, "--loss-step", args.loss_step)

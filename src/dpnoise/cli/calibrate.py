@@ -8,6 +8,7 @@ import dataclasses
 from dpnoise.accounting import ACCOUNTANTS, calibrate_dirichlet_r, calibrate_noise, get_mechanism_spec
 from dpnoise.accounting.validation import check_positive
 from dpnoise.cli.common import accountant_lines, add_setting_options, emit, resolve_setting
+from dpnoise.formatting import significant_digits
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,12 +36,13 @@ def run(args: argparse.Namespace) -> int:
     spec = ACCOUNTANTS[accountant]
     payload = dataclasses.asdict(result) | {"sound": spec.sound, "warning": spec.warning, "scope": spec.scope,
                                             result.noise_keyword: result.noise}
+    noise = mechanism_spec.noise.printed(result.noise)  # rounded toward privacy (the JSON keeps every digit)
     if mechanism_spec.uses_alpha:
         payload["r"] = result.noise
-        lines = [f"{mechanism} (alpha = {result.alpha:g}): r* = {result.noise:.6g}, epsilon = {result.epsilon:.4f}"]
+        lines = [f"{mechanism} (alpha = {result.alpha:g}): r* = {noise}, epsilon = {result.epsilon:.4f}"]
     else:
-        lines = [f"{accountant}: {result.noise_keyword} = {result.noise:.6g} ({mechanism_spec.noise.unit}) "
-                 f"with clip C = {result.clip:g}, epsilon = {result.epsilon:.4f}"]
+        lines = [f"{accountant}: {result.noise_keyword} = {noise} ({mechanism_spec.noise.unit}) "
+                 f"with clip C = {significant_digits(result.clip, 6, 'down')}, epsilon = {result.epsilon:.4f}"]
     lines[0] += f" at delta = {result.delta:g} ({steps} steps at q = {q:.6g})"
     lines += accountant_lines(result.epsilon_by_accountant)
     if spec.scope:

@@ -7,7 +7,8 @@ import json
 import math
 from typing import Any
 
-from dpnoise.accounting import ACCOUNTANTS, MECHANISMS, accountants_for_mechanism, steps_from_epochs
+from dpnoise import checks
+from dpnoise.accounting import ACCOUNTANTS, MECHANISMS, accountants_for_mechanism
 from dpnoise.accounting.mechanisms import get_mechanism_spec
 from dpnoise.accounting.validation import (
     InvalidParameterError,
@@ -57,8 +58,8 @@ def add_setting_options(p: argparse.ArgumentParser) -> None:
     length.add_argument("--epochs", type=float, help="epochs E: T = ceil(E / q)")
     p.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
     p.add_argument("--params", type=float,
-                   help="number of trained parameters n (required for lap2 and lap2-paper; up to 1e12)")
-    p.add_argument("--alpha", type=float, default=1.0, help="Dirichlet offset alpha > 0 (dirichlet only; default 1)")
+                   help="number of trained parameters n (lap2 and lap2-paper only, required there; up to 1e12)")
+    p.add_argument("--alpha", type=float, help="Dirichlet offset alpha > 0 (dirichlet only; default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -87,16 +88,20 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
     if args.steps is not None:
         steps = check_count("--steps", args.steps, 1)
     else:
-        steps = steps_from_epochs(args.epochs, q)
+        steps = checks.finite_steps("--epochs", check_positive("--epochs", args.epochs), q)
     spec = get_mechanism_spec(mechanism)
+    for flag, value, uses in (("--params", args.params, "needs_params"), ("--alpha", args.alpha, "uses_alpha")):
+        if value is not None and not getattr(spec, uses):  # refused rather than silently ignored
+            users = ", ".join(name for name, other in MECHANISMS.items() if getattr(other, uses))
+            raise InvalidParameterError(f"{flag} does not apply to --mechanism {mechanism} (only to {users})")
     params = None
     if spec.needs_params:
         if args.params is None:
             raise InvalidParameterError(f"--params (number of trained parameters n >= 1) is required for {mechanism}")
-        params = check_count("--params", args.params, 1)
+        params = checks.params("--params", args.params)
     kwargs: dict[str, Any] = {"clip": check_positive("--clip", args.clip), "params": params}
     if spec.uses_alpha:
-        kwargs["alpha"] = check_positive("--alpha", args.alpha)
+        kwargs["alpha"] = check_positive("--alpha", 1.0 if args.alpha is None else args.alpha)
     return mechanism, accountant, q, steps, kwargs
 
 

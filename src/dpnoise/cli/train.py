@@ -112,8 +112,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add("--alpha", type=float, help="Dirichlet offset alpha > 0 (dirichlet only; default 1)")
     add("--accountant", metavar="NAME", help="primary accountant (budget and headline epsilon); default: the sound default of the "
         "mechanism. All applicable ones are reported. One of: " + ", ".join(accountant_names()))
-    add("--calibrate-with", metavar="NAME", help="accountant used to calibrate the noise (default: the primary); 'lap2-paper' is "
-        "allowed for reproducing the Lap2 paper but warned: it is not a valid bound")
+    add("--calibrate-with", metavar="NAME", help="accountant used to calibrate the noise to --epsilon (default: the primary; "
+        "refused with --noise, where nothing is calibrated); 'lap2-paper' is allowed for reproducing the Lap2 paper but "
+        "warned: it is not a valid bound")
     add("--grad-sample-mode", choices=GRAD_SAMPLE_MODE_CHOICES, help="per-example gradients of "
         "gradient mechanisms: 'hooks' (Opacus, every layer materialised), 'bookkeeping' (dense layers clipped without "
         "materialising; same clipped sums, faster) or 'auto' (default: bookkeeping where every layer supports it)")
@@ -130,7 +131,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "adam this mostly just raises the lr")
     add("--lr-schedule", choices=LR_SCHEDULE_CHOICES, help="constant (default) or cosine: the lr decays to 0 over "
         "the planned steps")
-    add("--momentum", type=float, help="SGD momentum (default 0)")
+    add("--momentum", type=float, help="SGD momentum (--optimizer sgd only; default 0)")
     add("--weight-decay", type=float, help="weight decay (default 0; the Lap2 paper used 1e-4)")
     add("--label-smoothing", type=float, help="label smoothing (default 0; the Lap2 paper used 0.15)")
     add("--ema-decay", type=float, help="evaluate an exponential moving average of the parameters with this decay in "
@@ -175,6 +176,9 @@ def check_options(args: argparse.Namespace) -> None:
         raise checks.InvalidParameterError("give --epsilon (calibrate the noise) or --noise (fixed noise), or both")
     if args.effective_lr is not None and (args.mechanism != "dirichlet" or args.lr is not None):
         raise checks.InvalidParameterError("--effective-lr applies to --mechanism dirichlet without --lr")
+    if args.alpha is not None and not MECHANISMS[args.mechanism].uses_alpha:  # refused rather than ignored
+        users = ", ".join(name for name, spec in MECHANISMS.items() if spec.uses_alpha)
+        raise checks.InvalidParameterError(f"--alpha does not apply to --mechanism {args.mechanism} (only to {users})")
     for flag, *check in OPTIONS.values():
         if check:
             checks.optional(getattr(checks, check[0]), flag, option(args, flag), *check[1:])

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     for q in args.sample_rates:
         checks.finite_steps("--epochs / --sample-rates", args.epochs, q)
     delta = checks.check_delta("--delta", args.delta)
-    params = checks.check_count("--params", args.params, 1)
+    params = checks.params("--params", args.params)
     fixed = checks.check_positive("--fixed-noise", args.fixed_noise)
 
     from dpnoise.plotting import walls_figure

@@ -113,7 +113,8 @@ class PrivacyTarget:
     epsilon: Optional[float] = None
     #: primary accountant (budget and headline epsilon); None: the mechanism's sound default
     accountant: Optional[str] = None
-    #: accountant that calibrates the noise; None: the primary
+    #: accountant that calibrates the noise (only with ``MechanismConfig.noise`` None: a given noise is
+    #: not calibrated); None: the primary
     calibrate_with: Optional[str] = None
 
 
@@ -126,6 +127,7 @@ class OptimizerConfig:
     lr: Optional[float] = None
     #: dirichlet only, instead of ``lr``: lr = effective_lr / kappa(s_y=0.9; r, alpha)
     effective_lr: Optional[float] = None
+    #: SGD only (any other optimiser refuses a momentum other than 0)
     momentum: float = 0.0
     weight_decay: float = 0.0
     label_smoothing: float = 0.0
@@ -267,6 +269,12 @@ def check_config(config: TrainingConfig) -> None:
     if opt.name not in DEFAULT_LR:
         raise InvalidConfigError(lambda n: f"{n('optimizer.name')} must be one of {', '.join(DEFAULT_LR)}, "
                                            f"got {opt.name!r}")
+    if opt.momentum != 0 and opt.name != "sgd":  # refused rather than silently ignored
+        raise InvalidConfigError(lambda n: f"{n('optimizer.momentum')} applies to {n('optimizer.name')} sgd only, "
+                                           f"got {opt.momentum!r} with {opt.name!r}")
+    if privacy.calibrate_with is not None and mech.noise is not None:
+        raise InvalidConfigError(lambda n: f"{n('privacy.calibrate_with')} applies only when the noise is "
+                                           f"calibrated: give {n('privacy.epsilon')} without {n('mechanism.noise')}")
     for path, value, choices in (("device", config.device, DEVICE_CHOICES),
                                  ("mechanism.noise_shares", mech.noise_shares, NOISE_SHARES),
                                  ("optimizer.lr_schedule", opt.lr_schedule, LR_SCHEDULES)):

@@ -76,4 +76,7 @@ def apply_recipe(values: Mapping[str, Any], name: str) -> dict[str, Any]:
     if recipe is None:
         raise InvalidParameterError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}")
     given = {path: value for path, value in values.items() if value is not None}
-    return {**recipe.fields(given["data.name"], given.get("model")), **given}
+    fields = recipe.fields(given["data.name"], given.get("model"))
+    if given.get("optimizer.name", fields.get("optimizer.name")) != fields.get("optimizer.name"):
+        fields.pop("optimizer.momentum", None)  # the recipe's momentum belongs to its optimizer (SGD)
+    return {**fields, **given}

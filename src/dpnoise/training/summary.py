@@ -175,13 +175,25 @@ def summarize(
 
 
 def report_lines(summary: dict[str, Any]) -> list[str]:
-    """Human-readable report of a summary (:meth:`TrainingResult.summary`, or metrics.json's)."""
+    """Human-readable report of a summary (:meth:`TrainingResult.summary`, or metrics.json's).
+
+    The noise is rounded toward more privacy and the clip down (Lap2's privacy depends on b / C), so
+    that the printed values fed back to ``--noise`` and ``--clip`` give no more than the epsilon shown.
+    """
+    from dpnoise.accounting import get_mechanism_spec
+    from dpnoise.formatting import significant_digits
+
+    accuracy = summary["test_accuracy"]
+    noise = get_mechanism_spec(summary["mechanism"]).noise.printed(summary["noise"])
     lines = [
-        f"test accuracy: {summary['test_accuracy']:.4f}  ({summary['dataset']}, model {summary['model']}, "
+        ("test accuracy: not evaluated (no step trained in this run)" if accuracy is None else
+         f"test accuracy: {accuracy:.4f}")
+        + f"  ({summary['dataset']}, model {summary['model']}, "
         f"{summary['steps']} steps, {summary['wall_time_s']:.0f} s on {summary['device']}"
         + (f", {summary['processes']} processes)" if summary["processes"] > 1 else ")"),
-        f"mechanism {summary['mechanism']}: noise {summary['noise']:.6g} ({summary['noise_unit']}), "
-        f"clip {summary['clip']:g}, sample rate {summary['sample_rate']:.6g}, lr {summary['lr']:.3g}"
+        f"mechanism {summary['mechanism']}: noise {noise} ({summary['noise_unit']}), "
+        f"clip {significant_digits(summary['clip'], 6, 'down')}, sample rate {summary['sample_rate']:.6g}, "
+        f"lr {summary['lr']:.3g}"
         + "".join(f", {name.replace('_', ' ')} {summary[name]}" for name in OPTIONAL_FIELDS if name in summary),
         f"epsilon at delta={summary['delta']:g}:",
     ]
