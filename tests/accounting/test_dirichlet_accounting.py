@@ -12,8 +12,14 @@ from dpnoise.accounting import (
     epsilon_after,
     steps_from_epochs,
 )
-from dpnoise.accounting.rdp.dirichlet import exact_vertex_rdp, ponnoprat_rdp, sampled_dirichlet_rdp
-from dpnoise.accounting.rdp.orders import INTEGER_ORDERS
+from dpnoise.accounting.rdp.dirichlet import (
+    VERTEX_REAL_ORDER_MIN,
+    exact_vertex_rdp,
+    ponnoprat_rdp,
+    sampled_dirichlet_rdp,
+    vertex_bound_holds,
+)
+from dpnoise.accounting.rdp.orders import DEFAULT_ORDERS, INTEGER_ORDERS
 from dpnoise.accounting.rdp.subsampling import log_moment_shared_inclusion
 
 
@@ -54,8 +60,8 @@ def test_general_subsampling_bound_is_above_tight_form():
 @pytest.mark.parametrize("q,r,alpha", [(0.01, 0.3, 1.0), (0.2, 0.1, 0.5), (1.0, 0.5, 1.0)])
 def test_replace_one_subsampling_is_the_exact_divergence_of_the_released_mixtures(q, r, alpha):
     """D_a((1-q) bot + q Beta(alpha+r, alpha) || (1-q) bot + q Beta(alpha, alpha+r)) by numerical integration
-    (two classes: the worst pair is two vertices, and Dir(r e_k + alpha) has Beta marginals)."""
-    orders = np.arange(2, int(np.ceil(1 + alpha / r)), dtype=float)
+    (two classes: the worst pair is two vertices, and Dir(r e_k + alpha) has Beta marginals); real orders included."""
+    orders = np.concatenate([[1.6, 2.5], np.arange(2, int(np.ceil(1 + alpha / r)), dtype=float)])
     p, q_ = stats.beta(alpha + r, alpha), stats.beta(alpha, alpha + r)
     for order, value in zip(orders, sampled_dirichlet_rdp(q, r, alpha, orders)):
         moment, _ = integrate.quad(lambda x: np.exp(order * p.logpdf(x) + (1 - order) * q_.logpdf(x)), 0, 1,
@@ -129,3 +135,78 @@ def test_shared_inclusion_is_above_the_exact_value_by_at_most_a_few_ulp():
         exact = np.array([float(mpmath.log1p(mpmath.mpf(q) * mpmath.expm1(mpmath.mpf(r)))) for r in R])
         assert np.all(got >= exact) and np.all(got <= exact * (1 + 1e-14)), q
     assert np.isinf(log_moment_shared_inclusion(0.01, np.array([np.inf]))[0])
+
+
+def _mpmath_vertex_rdp(mpmath, r: float, alpha: float, order: float):
+    """The two-vertex value of docs/theory/dirichlet.md Sec. 1.2 at the exact double inputs, in mpmath."""
+    r, alpha, order = mpmath.mpf(r), mpmath.mpf(alpha), mpmath.mpf(order)
+    return (mpmath.loggamma(alpha + order * r) + mpmath.loggamma(alpha - (order - 1) * r)
+            - mpmath.loggamma(alpha + r) - mpmath.loggamma(alpha)) / (order - 1)
+
+
+def test_exact_vertex_is_never_below_the_exact_value_and_within_1e_8_of_it():
+    """60-digit reference for r from 1e-14 to 10 (the log-Gamma values cancel for small r)."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 60
+    orders = np.array([1.6, 2.0, 2.5, 3.0, 7.3, 16.0, 64.0, 256.0])
+    for alpha in (0.1, 1.0, 10.0):
+        for r in np.logspace(-14, 1, 16):
+            admissible = orders[orders < 1 + alpha / r]
+            for order, got in zip(admissible, exact_vertex_rdp(r, alpha, admissible)):
+                exact = _mpmath_vertex_rdp(mpmath, r, alpha, order)
+                assert exact <= got <= exact * (1 + 1e-8), (alpha, r, order, got, exact)
+
+
+def test_exact_vertex_at_tiny_r_and_near_the_order_limit():
+    mpmath = pytest.importorskip("mpmath")
+    cases = [(1e-8, 1.0, 2.0), (1e-12, 1.0, 6.0), (1e-100, 1.0, 2.0), (1e-60, 1e-8, 17.0),
+             (0.5 * (1 - 1e-12), 1.0, 3.0), (1e-8 / 255 * (1 - 1e-12), 1e-8, 256.0)]
+    for r, alpha, order in cases:
+        mpmath.mp.dps = 60 - 2 * int(np.log10(r))  # the log-Gamma values agree to about -2 log10(r) digits
+        got = exact_vertex_rdp(r, alpha, np.array([order]))[0]
+        exact = _mpmath_vertex_rdp(mpmath, r, alpha, order)
+        assert exact <= got <= exact * (1 + 1e-4) + 1e-307, (r, alpha, order, got, exact)
+
+
+def test_the_default_is_positive_at_every_order_for_tiny_r():
+    """Poisson-subsampled at q = 1e-6, r = 1e-9: never 0 (the issue's case), never below the exact value."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 60
+    q, r, alpha = 1e-6, 1e-9, 1.0
+    got = sampled_dirichlet_rdp(q, r, alpha, DEFAULT_ORDERS)
+    assert np.all(got > 0)
+    for order, value in zip(DEFAULT_ORDERS[::7], got[::7]):
+        moment = (order - 1) * _mpmath_vertex_rdp(mpmath, r, alpha, order)
+        assert value >= mpmath.log1p(q * mpmath.expm1(moment)) / (order - 1), order
+
+
+def test_vertex_bound_orders():
+    orders = np.array([1.05, 1.5, 1.58, 1.58034, 1.6, 2.0, 2.5, 3.0])
+    np.testing.assert_array_equal(vertex_bound_holds(0.1, orders), [False, False, False, True, True, True, True, True])
+    assert vertex_bound_holds(0.5, orders).all()
+    # the pole-part condition h(lambda) >= 0 of the proof changes sign between 1.5803 and 1.58034
+    h = lambda lam: (lam - 1) / (2 * lam - 1) - lam * np.log(lam / (lam - 1)) + np.log((2 * lam - 1) / (lam - 1))  # noqa: E731
+    assert h(1.5803) < 0 < h(VERTEX_REAL_ORDER_MIN)
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.1, 2.0])
+def test_no_pair_of_three_class_inputs_exceeds_the_vertex_value_at_real_orders(alpha):
+    """Random softmax pairs (d = 3), r up to just below the order limit: the statement of Sec. 1.2 at real orders."""
+    rng = np.random.default_rng(3)
+    for order in (1.6, 2.5, 7.3):
+        for fraction in (0.3, 0.9, 0.999):
+            r = fraction * alpha / (order - 1)
+            vertex = exact_vertex_rdp(r, alpha, np.array([order]))[0]
+            for _ in range(200):
+                p, p_other = rng.dirichlet(np.full(3, 0.3), size=2)
+                assert _renyi_dirichlet(r * p + alpha, r * p_other + alpha, order) <= vertex * (1 + 1e-12)
+
+
+def test_the_vertex_value_fails_at_real_orders_near_1():
+    """alpha = 0.01, order 1.05, d = 3: a non-vertex input exceeds the two-vertex value (why orders < 1.58034 are excluded)."""
+    alpha, order = 0.01, 1.05
+    r = 0.6 * alpha / (order - 1)
+    vertex = exact_vertex_rdp(r, alpha, np.array([order]))[0]
+    worst = max(_renyi_dirichlet(r * np.array([t, 1 - t, 0.0]) + alpha, r * np.array([0, 0, 1.0]) + alpha, order)
+                for t in np.linspace(0, 1, 201))
+    assert worst > 1.01 * vertex
