@@ -27,6 +27,7 @@ from dpnoise.accounting.events import (
     event_to_dict,
     to_dp_accounting,
 )
+from dpnoise.accounting.validation import check_count, check_delta, check_positive, check_sample_rate
 
 # test-only library: without it this module is skipped (dpnoise.accounting itself does not need it);
 # the Opacus cross-check imports Opacus in its own test
@@ -231,3 +232,123 @@ def test_replace_one_release_equals_the_add_remove_bound_without_sampling():
         pen = get_accountant("penultimate-gaussian").step(noise_multiplier=2.0, sample_rate=1.0, steps=3)
         reading = get_accountant("penultimate-gaussian-rdp").step(noise_multiplier=2.0, sample_rate=1.0, steps=3)
     np.testing.assert_allclose(pen.get_rdp(), reading.get_rdp(), rtol=1e-12)
+
+
+# -------------------------------------------------- issue 22 part 6: the API's remaining input gaps
+BAD_ORDERS = [[], [float("nan")], [float("inf")], [-3], ["a"], [1.0], [0.5], [2, 1.0], [True, 2], [[2, 3]], 5, "23"]
+
+
+@pytest.mark.parametrize("orders", BAD_ORDERS, ids=repr)
+def test_bad_orders_are_refused_naming_them(orders):
+    for make in (lambda: get_accountant("gaussian-rdp", orders=orders), lambda: RdpAccountant("lap2-rdp", orders)):
+        with pytest.raises(InvalidParameterError, match="orders") as caught:
+            make()
+        assert "\n" not in str(caught.value)
+
+
+def test_given_orders_are_the_grid_the_epsilon_is_minimised_over():
+    step = dict(noise_multiplier=1.0, sample_rate=0.01, steps=1000)
+    few = get_accountant("gaussian-rdp", orders=(3, 2.5, 40)).step(**step)
+    assert few.orders.tolist() == [3.0, 2.5, 40.0]
+    epsilon, order = few.get_epsilon_and_order(1e-5)
+    assert order in (3.0, 2.5, 40.0)
+    assert epsilon >= get_accountant("gaussian-rdp").step(**step).get_epsilon(1e-5)  # a sub-grid of the default's
+
+
+@pytest.mark.parametrize("check", [check_positive, check_sample_rate, check_delta, check_count])
+@pytest.mark.parametrize("value", [True, False, np.True_])
+def test_no_numeric_check_takes_a_bool(check, value):
+    with pytest.raises(InvalidParameterError, match="the_parameter"):
+        check("the_parameter", value)
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+@pytest.mark.parametrize("keyword", ["noise", "sample_rate", "clip", "params", "alpha", "steps"])
+def test_no_step_argument_takes_a_bool(mechanism, keyword):
+    spec = MECHANISMS[mechanism]
+    keyword = spec.noise.keyword if keyword == "noise" else keyword
+    arguments = {"sample_rate": 0.1, "params": 10, "clip": 1.0, "steps": 1, "mechanism": mechanism,
+                 **({"alpha": 1.0} if spec.uses_alpha else {}), **noise_keywords(mechanism, 0.5), keyword: True}
+    named = {"steps": "count", "alpha": "alpha" if spec.uses_alpha else "alpha is a Dirichlet parameter"}
+    with pytest.raises(InvalidParameterError, match=named.get(keyword, keyword)):
+        get_accountant(spec.default_accountant).step(**arguments)
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_clip_params_and_alpha_are_checked_for_every_mechanism(mechanism):
+    """Also where the event does not use them (the Gaussian's sigma is relative to C): as in make_private,
+    a bad clipping norm or parameter count is refused, and alpha by a mechanism that does not take it."""
+    spec = MECHANISMS[mechanism]
+    acc = get_accountant(spec.default_accountant)
+    setting = {"sample_rate": 0.1, "params": 10, **({"alpha": 1.0} if spec.uses_alpha else {}),
+               **noise_keywords(mechanism, 0.5)}
+    for clip in (float("nan"), 0, 0.0, -1.0, float("inf")):
+        with pytest.raises(InvalidParameterError, match="clip"):
+            acc.step(**{**setting, "clip": clip})
+    for params in (0, -5, 2.5, float("nan"), "10"):
+        with pytest.raises(InvalidParameterError, match="params"):
+            acc.step(**{**setting, "params": params})
+    for alpha in (float("nan"), -1.0, 0.0):
+        with pytest.raises(InvalidParameterError, match="alpha"):
+            acc.step(**{**setting, "alpha": alpha})
+    if not spec.uses_alpha:
+        with pytest.raises(InvalidParameterError, match="alpha is a Dirichlet parameter"):
+            acc.step(**setting, alpha=1.0)
+    assert acc.history == []  # nothing was recorded
+
+
+def _gaussian_entry(count, event=None):
+    return {"event": event or {"type": "GaussianEvent", "noise_multiplier": 1.0}, "count": count}
+
+
+@pytest.mark.parametrize("name, state, match", [
+    ("gaussian", {"accountant": "gaussian"}, "no 'history'"),
+    ("gaussian", None, "must be a dictionary"),
+    ("gaussian", {"accountant": "gaussian", "history": [], "orders": [2.0]}, "unknown key 'orders'"),
+    ("gaussian", {"accountant": "gaussian", "history": "abc"}, "history must be a list"),
+    ("gaussian", {"accountant": "gaussian", "history": [{"event": {}}]}, r"history\[0\] must be"),
+    ("gaussian", {"accountant": "gaussian", "history": [_gaussian_entry(2.7)]}, r"history\[0\] count"),
+    ("gaussian", {"accountant": "gaussian", "history": [_gaussian_entry(2.0)]}, r"history\[0\] count"),
+    ("gaussian", {"accountant": "gaussian", "history": [_gaussian_entry("10")]}, r"history\[0\] count"),
+    ("gaussian", {"accountant": "gaussian", "history": [_gaussian_entry(True)]}, r"history\[0\] count"),
+    ("gaussian", {"accountant": "gaussian", "history": [_gaussian_entry(-1)]}, r"history\[0\] count"),
+    ("gaussian", {"accountant": "gaussian", "history": [_gaussian_entry(1, {"type": "CauchyEvent"})]},
+     "unknown DP event type 'CauchyEvent'"),
+    ("gaussian", {"accountant": "gaussian", "history": [_gaussian_entry(1, "GaussianEvent")]}, "must be a dictionary"),
+    ("gaussian", {"accountant": "gaussian", "history": [
+        _gaussian_entry(1, {"type": "GaussianEvent", "noise_multiplier": 1.0, "clip": 1.0})]}, "fields"),
+    ("gaussian", {"accountant": "gaussian", "history": [
+        _gaussian_entry(1, {"type": "GaussianEvent", "noise_multiplier": "1"})]}, "noise_multiplier"),
+    ("gaussian", {"accountant": "gaussian", "history": [
+        _gaussian_entry(1, {"type": "ComposedEvent", "events": "ab"})]}, "events must be a list"),
+    ("gaussian", {"accountant": "gaussian", "history": [
+        _gaussian_entry(1, {"type": "DirichletEvent", "r": 0.5, "alpha": 1.0})]}, "DirichletEvent"),
+    ("gaussian-rdp", {"accountant": "gaussian-rdp", "history": []}, "no 'orders'"),
+    ("gaussian-rdp", {"accountant": "gaussian-rdp", "history": [], "orders": []}, "orders"),
+    ("gaussian-rdp", {"accountant": "gaussian-rdp", "history": [], "orders": [float("nan")]}, "orders"),
+])
+def test_malformed_states_are_refused_and_change_nothing(name, state, match):
+    acc = get_accountant(name).step(noise_multiplier=2.0, sample_rate=0.1, steps=7)
+    before = acc.state_dict()
+    with pytest.raises(InvalidParameterError, match=match) as caught:
+        acc.load_state_dict(state)
+    assert "\n" not in str(caught.value)
+    assert acc.state_dict() == before
+
+
+def test_a_state_round_trips_through_json():
+    import json
+
+    acc = get_accountant("gaussian-rdp", orders=[2, 8, 32]).step(noise_multiplier=1.0, sample_rate=0.1, steps=12)
+    clone = get_accountant("gaussian-rdp")
+    clone.load_state_dict(json.loads(json.dumps(acc.state_dict())))
+    assert clone.history == acc.history and clone.orders.tolist() == [2.0, 8.0, 32.0]
+    assert clone.get_epsilon(1e-5) == acc.get_epsilon(1e-5)
+
+
+def test_steps_count_the_poisson_sampled_events_only():
+    """A full-batch step (q = 1) is a step; a mechanism event composed alone (a release of the data set) is not."""
+    acc = get_accountant("gaussian-rdp").compose(GaussianEvent(8.0), 3)
+    assert acc.steps == 0 and acc.get_epsilon(1e-5) > 0
+    acc.step(noise_multiplier=1.0, sample_rate=1.0, steps=2).step(noise_multiplier=1.0, sample_rate=0.1, steps=5)
+    assert acc.steps == 7

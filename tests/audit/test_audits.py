@@ -1,11 +1,12 @@
 """Every sound accountant survives its audits; the published Lap2 accountant is caught (docs/theory/lap2.md §3)."""
 
 import json
+import re
 
 import pytest
 
-from dpnoise.accounting import ACCOUNTANTS
-from dpnoise.audit import audit_bound
+from dpnoise.accounting import ACCOUNTANTS, UnsoundAccountantWarning, calibrate_dirichlet_r
+from dpnoise.audit import audit_bound, pld
 from dpnoise.cli.main import main
 
 FAST = {"grid": 1 << 15}
@@ -54,6 +55,21 @@ def test_the_add_remove_reading_of_an_output_mechanism_is_caught_and_its_default
     held = audit_bound(default, noise, **DIRICHLET_SETTING, alpha=1.0 if default == "dirichlet" else None)
     assert held["consistent"] and held["claimed_epsilon"] >= caught["lower_bound_epsilon"]
     assert held["lower_bound_epsilon"] > 0.8 * held["claimed_epsilon"]  # close to exact
+
+
+def test_the_ponnoprat_warning_states_a_lower_bound_at_its_own_calibration():
+    """Its example: the r* that dirichlet-ponnoprat itself calibrates to epsilon 4, and a true epsilon that the
+    exact lower bound at that r* reaches (not the add/remove reading's, at another r*)."""
+    stated_epsilon, stated_r = map(float, re.search(r"at least ([\d.]+) at r = ([\d.]+)",
+                                                    ACCOUNTANTS["dirichlet-ponnoprat"].warning).groups())
+    setting = DIRICHLET_SETTING
+    with pytest.warns(UnsoundAccountantWarning, match="at least"):
+        r_star = calibrate_dirichlet_r(4.0, setting["delta"], setting["sample_rate"], setting["steps"], alpha=1.0,
+                                       accountant="dirichlet-ponnoprat").noise
+    assert stated_r == pytest.approx(r_star, abs=1e-4)
+    bound = pld.lower_bound("dirichlet", r_star, setting["sample_rate"], setting["steps"], setting["delta"], alpha=1.0,
+                            grid=1 << 18)
+    assert stated_epsilon <= bound.epsilon < stated_epsilon + 0.1
 
 
 def test_sound_lap2_survives_the_mnist_setting():

@@ -194,3 +194,66 @@ def test_every_deliberate_error_is_a_dpnoise_error_and_keeps_its_builtin_base():
         (EngineStateError, RuntimeError), (PlanMismatchError, RuntimeError),
     ]:
         assert issubclass(error, DpnoiseError) and issubclass(error, builtin), error
+
+
+# -------------------------------------------------- issue 22 part 6: the model, the optimizer, the configuration
+def _frozen(model):
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian", "dirichlet"])
+@pytest.mark.parametrize("case, match", [
+    ("frozen model", "module has no trainable parameters"),
+    ("model without parameters", "module has no trainable parameters"),
+    ("another model's parameters", "not parameters of module"),
+    ("one more tensor", "1 tensor"),
+    ("frozen parameters only", "none of module's trainable parameters"),
+    ("not an optimizer", "optimizer must be a torch.optim.Optimizer"),
+])
+def test_an_optimizer_that_does_not_train_the_model_is_refused_before_any_work(digits_train, no_work, mechanism,
+                                                                             case, match):
+    model, other = mlp(hidden=8), mlp(hidden=8, seed=1)
+    if case == "frozen model":
+        model, parameters = _frozen(model), model.parameters()
+    elif case == "model without parameters":
+        model, parameters = nn.Flatten(), other.parameters()
+    elif case == "another model's parameters":
+        parameters = other.parameters()
+    elif case == "one more tensor":
+        parameters = [*model.parameters(), torch.zeros(3, requires_grad=True)]
+    elif case == "frozen parameters only":
+        _frozen(model[1])
+        parameters = model[1].parameters()
+    optimizer = "sgd" if case == "not an optimizer" else torch.optim.SGD(parameters, lr=0.1)
+    engine = PrivacyEngine(seed=0)
+    with pytest.raises(InvalidTrainingOptionError, match=match) as caught:
+        engine.make_private(model, optimizer, digits_loader(digits_train, 64), mechanism=mechanism, delta=1e-5,
+                            **noise_keywords(mechanism, 0.5))
+    assert "\n" not in str(caught.value) and engine.setup is None
+
+
+def test_frozen_parameters_of_the_model_may_be_in_the_optimizer(digits_train):
+    model = mlp(hidden=8)
+    _frozen(model[1])
+    _, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train, 64),
+                                   mechanism="gaussian", noise_multiplier=1.0, delta=1e-5)
+    assert optimizer.privacy_engine.setup.params == sum(p.numel() for p in model[3].parameters())
+
+
+@pytest.mark.parametrize("section", ["data", "mechanism", "privacy", "schedule", "optimizer", "output"])
+def test_a_configuration_section_of_the_wrong_type_is_refused_naming_it(section):
+    from dpnoise.training import train_private
+    from dpnoise.training.config import DataConfig, InvalidConfigError, MechanismConfig, PrivacyTarget, Schedule, \
+        TrainingConfig
+
+    sections = {"data": DataConfig("digits"), "mechanism": MechanismConfig("gaussian", noise=1.0),
+                "privacy": PrivacyTarget(1e-5), "schedule": Schedule(epochs=1, batch_size=64)}
+    wrong = {"data": "digits", "optimizer": "adam", "schedule": (1, 64)}.get(section, {"name": "x"})
+    config = TrainingConfig(**{**sections, section: wrong})
+    with pytest.raises(InvalidConfigError, match=f"^{section} must be a ") as caught:
+        train_private(config)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(InvalidConfigError, match="must be a TrainingConfig"):
+        train_private(sections)

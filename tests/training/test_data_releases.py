@@ -126,6 +126,9 @@ def test_checkpoint_whose_ledgers_lack_the_release_is_refused(digits_train, tmp_
     ("penultimate-gaussian", (RELEASE,), "gradient mechanisms only"),
     ("gaussian", (PoissonSampledEvent(0.1, GaussianEvent(1.0)),), "no Poisson sampling"),
     ("gaussian", (ComposedEvent((RELEASE, PoissonSampledEvent(0.1, GaussianEvent(1.0)))),), "no Poisson sampling"),
+    # sampled at rate 1 it is the same release, but the accountants would count it as a training step
+    ("gaussian", (PoissonSampledEvent(1.0, GaussianEvent(8.0)),), "not a PoissonSampledEvent"),
+    ("gaussian", (SelfComposedEvent(PoissonSampledEvent(1.0, GaussianEvent(8.0)), 4),), "not a PoissonSampledEvent"),
     ("gaussian", ("not an event",), "must be DP events"),
     ("gaussian", RELEASE, "data_releases must be a list or tuple"),
     ("gaussian", (DirichletEvent(0.5, 1.0),), "data_releases: accountant 'gaussian' cannot account"),

@@ -14,6 +14,7 @@ depends on the accountant's kind (its :class:`~dpnoise.accounting.registry.Accou
 from __future__ import annotations
 
 import warnings
+from numbers import Integral
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
@@ -37,6 +38,7 @@ from dpnoise.accounting.validation import (
     InvalidParameterError,
     check_count,
     check_delta,
+    check_orders,
     check_positive,
     check_sample_rate,
 )
@@ -67,8 +69,10 @@ class PrivacyAccountant:
 
     @property
     def steps(self) -> int:
-        """Number of Poisson-sampled events (training steps); releases of the whole data set (e.g. noisy
-        feature statistics composed before training) are in the ledger but are not steps."""
+        """Number of Poisson-sampled events in the ledger (training steps, as :meth:`step` records them;
+        q = 1 is a full-batch step).  Releases of the whole data set (e.g. noisy feature statistics
+        composed before training) are in the ledger as their mechanism events, not steps: which is
+        why ``make_private(data_releases=...)`` refuses a ``PoissonSampledEvent`` among them."""
         return sum(count for event, count in self._history if isinstance(event, PoissonSampledEvent))
 
     @property
@@ -164,9 +168,43 @@ class PrivacyAccountant:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` of this accountant, after checking it (nothing changes if refused).
+
+        Refused (:class:`InvalidParameterError` naming the entry): another accountant's state,
+        missing or unknown keys, a ledger entry that is not ``{"event": ..., "count": n}`` with n an
+        int >= 0 (no float, string or bool), an event that is malformed or that this accountant
+        cannot account.
+        """
+        self._history = self._checked_state(state)
+
+    def _checked_state(self, state: Any) -> list[tuple[DpEvent, int]]:
+        """The ledger of ``state`` after checking its keys and entries (see :meth:`load_state_dict`)."""
+        if not isinstance(state, dict):
+            raise InvalidParameterError(f"state must be a dictionary (from state_dict()), got {type(state).__name__}")
         if state.get("accountant") != self.name:
             raise InvalidParameterError(f"state is for accountant {state.get('accountant')!r}, not {self.name!r}")
-        self._history = [(event_from_dict(h["event"]), int(h["count"])) for h in state["history"]]
+        expected = set(self.state_dict())
+        missing, unknown = sorted(expected - set(state)), sorted(set(state) - expected, key=repr)
+        if missing or unknown:
+            problem = f"no {', '.join(map(repr, missing))}" if missing else f"unknown key {unknown[0]!r}"
+            raise InvalidParameterError(f"state of accountant {self.name!r} has {problem}")
+        history = state["history"]
+        if not isinstance(history, (list, tuple)):
+            raise InvalidParameterError(f"state history must be a list of ledger entries, got {type(history).__name__}")
+        ledger = []
+        for i, entry in enumerate(history):
+            if not isinstance(entry, dict) or set(entry) != {"event", "count"}:
+                raise InvalidParameterError(f"state history[{i}] must be {{'event': ..., 'count': ...}}, got {entry!r}")
+            count = entry["count"]
+            if isinstance(count, bool) or not isinstance(count, Integral) or count < 0:
+                raise InvalidParameterError(f"state history[{i}] count must be an integer >= 0, got {count!r}")
+            try:
+                event = event_from_dict(entry["event"])
+                self._check_supported(event)
+            except (InvalidParameterError, NotImplementedError) as err:
+                raise InvalidParameterError(f"state history[{i}] event: {err}") from None
+            ledger.append((event, int(count)))
+        return ledger
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, steps={self.steps})"
@@ -186,7 +224,7 @@ class RdpAccountant(PrivacyAccountant):
         super().__init__(name)
         if self.spec.kind != "rdp":
             raise InvalidParameterError(f"accountant {name!r} is not an RDP accountant (it is {self.spec.kind})")
-        self.orders = np.asarray(DEFAULT_ORDERS if orders is None else orders, dtype=float)
+        self.orders = DEFAULT_ORDERS.copy() if orders is None else check_orders("orders", orders)
 
     def _check_supported(self, event: DpEvent) -> None:
         event_rdp(event, self.orders[:1], self.spec.methods)
@@ -217,8 +255,8 @@ class RdpAccountant(PrivacyAccountant):
         return {**super().state_dict(), "orders": self.orders.tolist()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.orders = np.asarray(state["orders"], dtype=float)
+        ledger = self._checked_state(state)
+        self.orders, self._history = check_orders("state orders", state["orders"]), ledger
 
 
 def flat_ledger(history: list[tuple[DpEvent, int]]) -> Ledger:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Union
 
 from dpnoise.accounting.validation import (
+    InvalidParameterError,
     check_count,
     check_positive,
     check_sample_rate,
@@ -122,14 +123,23 @@ def event_to_dict(event: DpEvent) -> dict[str, Any]:
 
 
 def event_from_dict(data: dict[str, Any]) -> DpEvent:
-    """Inverse of :func:`event_to_dict`."""
+    """Inverse of :func:`event_to_dict`; :class:`InvalidParameterError` for anything it would not write
+    (not a dictionary, an unknown type, missing or unknown fields, values outside their domain)."""
+    if not isinstance(data, dict):
+        raise InvalidParameterError(f"a DP event must be a dictionary with a 'type', got {data!r}")
     data = dict(data)
     kind = data.pop("type", None)
-    if kind not in EVENT_TYPES:
-        raise ValueError(f"unknown DP event type {kind!r}")
+    if not isinstance(kind, str) or kind not in EVENT_TYPES:
+        raise InvalidParameterError(f"unknown DP event type {kind!r}; choose from {', '.join(EVENT_TYPES)}")
+    expected = {f.name for f in fields(EVENT_TYPES[kind])}
+    if set(data) != expected:
+        raise InvalidParameterError(f"DP event {kind} has the fields {', '.join(sorted(expected))}, "
+                                    f"got {', '.join(sorted(map(str, data))) or 'none'}")
     if "event" in data:
         data["event"] = event_from_dict(data["event"])
     if "events" in data:
+        if not isinstance(data["events"], (list, tuple)):
+            raise InvalidParameterError(f"DP event {kind}: events must be a list of DP events, got {data['events']!r}")
         data["events"] = tuple(event_from_dict(e) for e in data["events"])
     return EVENT_TYPES[kind](**data)
 

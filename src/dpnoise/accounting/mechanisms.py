@@ -59,7 +59,8 @@ CONCENTRATION = NoiseParameter(
     per_clip=False, larger_is_more_private=False)
 NOISE_PARAMETERS = {p.keyword: p for p in (NOISE_MULTIPLIER, LAPLACE_SCALE, CONCENTRATION)}
 
-#: (noise in the mechanism's unit, clip C, number of parameters n, Dirichlet alpha) -> per-step event
+#: (noise in the mechanism's unit, clip C, number of parameters n, Dirichlet alpha) -> per-step event;
+#: called by :meth:`MechanismSpec.build_event` with C and n already checked
 EventFactory = Callable[[float, float, Optional[int], Optional[float]], MechanismEvent]
 
 
@@ -112,7 +113,18 @@ class MechanismSpec:
 
     def build_event(self, noise: float, clip: float = 1.0, params: Optional[int] = None,
                     alpha: Optional[float] = None) -> MechanismEvent:
-        """The per-step event of this mechanism at ``noise`` (in :attr:`noise`'s unit)."""
+        """The per-step event of this mechanism at ``noise`` (in :attr:`noise`'s unit).
+
+        As in ``make_private``: the clipping norm ``clip`` (finite, > 0) and the number of trained
+        parameters ``params`` (an integer >= 1, or None) are checked for every mechanism, also where
+        the event does not depend on them (the Gaussian's sigma is already relative to C; only Lap2
+        uses n), since they describe the training run; the Dirichlet offset ``alpha`` is refused by
+        a mechanism that does not take it.
+        """
+        clip = check_positive("clip", clip)
+        params = None if params is None else check_count("params", params, 1)
+        if alpha is not None and not self.uses_alpha:
+            raise InvalidParameterError(f"alpha is a Dirichlet parameter; mechanism {self.name!r} does not take it")
         return self.event(noise, clip, params, alpha)
 
 
@@ -175,14 +187,13 @@ def _penultimate_gaussian_event(noise: float, clip: float, params: Optional[int]
 
 
 def _laplace_l1_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
-    return LaplaceEvent(check_positive("laplace_scale", noise) / check_positive("clip", clip))
+    return LaplaceEvent(check_positive("laplace_scale", noise) / clip)
 
 
 def _lap2_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
     if params is None:
         raise InvalidParameterError("params (the number of trained parameters n) is required for lap2")
-    return Lap2Event(check_positive("laplace_scale", noise) / check_positive("clip", clip),
-                     check_count("params", params, 1))
+    return Lap2Event(check_positive("laplace_scale", noise) / clip, params)
 
 
 def _dirichlet_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:

@@ -47,7 +47,12 @@ def _add_remove_reading(name: str, mechanism: str, default: str, example: str = 
             f"(docs/theory/dirichlet.md, pitfall \"Reading of Theorem 10\"). Use '{default}' for a guarantee.")
 
 
-_DIRICHLET_EXAMPLE = " (e.g. 4 where the true epsilon is above 18 at alpha = 1, q = 0.00512, 5860 steps, delta = 1e-5)"
+_DIRICHLET_SETTING = "alpha = 1, q = 0.00512, 5860 steps, delta = 1e-5"
+#: each reading's own calibration to epsilon 4 in that setting, and its true epsilon there: for
+#: dirichlet-add-remove (r* 0.3333) a Monte-Carlo and exact-PLD bound, for dirichlet-ponnoprat (r* 0.2481)
+#: dpnoise.audit.pld.lower_bound (docs/theory/dirichlet.md, pitfall "Reading of Theorem 10"; docs/AUDITS.md)
+_ADD_REMOVE_EXAMPLE = f" (e.g. 4 where the true epsilon is above 18 at r = 0.3333, {_DIRICHLET_SETTING})"
+_PONNOPRAT_EXAMPLE = f" (e.g. 4 where the true epsilon is at least 13.39 at r = 0.2481, {_DIRICHLET_SETTING})"
 _PLD_NOTE = (
     "dp_accounting's privacy loss distribution with pessimistic (connect-the-dots) rounding, "
     "arXiv 2207.04380"
@@ -145,14 +150,14 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
             "dirichlet-add-remove", "dirichlet", AccountingMethods(dirichlet_subsampling="general"), False,
             "Dirichlet mechanism read as the paper's Theorem 10: exact two-vertex base RDP with Zhu & "
             "Wang's general add/remove subsampling bound (ICML 2019).",
-            warning=_add_remove_reading("dirichlet-add-remove", "Dirichlet", "dirichlet", _DIRICHLET_EXAMPLE),
+            warning=_add_remove_reading("dirichlet-add-remove", "Dirichlet", "dirichlet", _ADD_REMOVE_EXAMPLE),
         ),
         AccountantSpec(
             "dirichlet-ponnoprat", "dirichlet",
             AccountingMethods(dirichlet_base="ponnoprat", dirichlet_subsampling="general"), False,
             "Dirichlet mechanism as in the paper: Ponnoprat (2023, arXiv 2110.01984) base RDP + Zhu "
             "& Wang general subsampling.",
-            warning=_add_remove_reading("dirichlet-ponnoprat", "Dirichlet", "dirichlet", _DIRICHLET_EXAMPLE),
+            warning=_add_remove_reading("dirichlet-ponnoprat", "Dirichlet", "dirichlet", _PONNOPRAT_EXAMPLE),
         ),
         AccountantSpec(
             "dirichlet-tight", "dirichlet",

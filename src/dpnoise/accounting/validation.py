@@ -1,9 +1,15 @@
-"""Input checks shared by the accountants: each error names the offending parameter."""
+"""Input checks shared by the accountants: each error names the offending parameter.
+
+A bool is never a number here (``True`` is not taken as 1): every check refuses it.
+"""
 
 from __future__ import annotations
 
 import math
+import reprlib
 from numbers import Integral, Real
+
+import numpy as np
 
 from dpnoise.errors import DpnoiseError
 
@@ -57,3 +63,26 @@ def check_count(name: str, value: object, minimum: int = 0) -> int:
     if value < minimum:
         raise InvalidParameterError(f"{name} must be >= {minimum}, got {value!r}")
     return int(value)
+
+
+def check_orders(name: str, value: object) -> np.ndarray:
+    """Renyi orders: a non-empty one-dimensional sequence of finite real numbers, each > 1.
+
+    Every order must be > 1 because the RDP -> (epsilon, delta) conversion divides by (order - 1)
+    (Balle et al. 2020, arXiv 1905.09982, Thm 21).
+    """
+    not_orders = InvalidParameterError(
+        f"{name} must be a one-dimensional sequence of real numbers, got {reprlib.repr(value)}")
+    try:
+        orders = np.asarray(value)
+    except (TypeError, ValueError):  # ragged nesting
+        raise not_orders from None
+    if orders.ndim != 1 or orders.dtype.kind not in "iuf" or any(isinstance(v, (bool, np.bool_)) for v in value):
+        raise not_orders
+    if orders.size == 0:
+        raise InvalidParameterError(f"{name} must hold at least one Renyi order, got none")
+    orders = orders.astype(float)
+    bad = ~(np.isfinite(orders) & (orders > 1))
+    if bad.any():
+        raise InvalidParameterError(f"{name} must be finite and > 1, got {float(orders[bad][0])!r}")
+    return orders

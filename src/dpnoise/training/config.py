@@ -234,6 +234,13 @@ def check_config(config: TrainingConfig) -> None:
     The checks that need the dataset sizes or the mechanism's accountants are in
     :func:`dpnoise.training.preparation.check_against_registries`.
     """
+    if not isinstance(config, TrainingConfig):
+        raise InvalidConfigError(lambda n: f"the configuration must be a TrainingConfig, got {type(config).__name__}")
+    for section, kind in SECTIONS.items():
+        value = getattr(config, section)
+        if not isinstance(value, kind):
+            raise InvalidConfigError(lambda n, section=section, kind=kind, value=value:
+                                     f"{n(section)} must be a {kind.__name__}, got {value!r}")
     data, mech, privacy, opt, schedule, out = (config.data, config.mechanism, config.privacy, config.optimizer,
                                                config.schedule, config.output)
     if privacy.epsilon is None and mech.noise is None:

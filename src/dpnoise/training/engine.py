@@ -38,8 +38,8 @@ from dpnoise.accounting import (
     noise_keywords,
     steps_from_epochs,
 )
-from dpnoise.accounting.accountant import flat_ledger
-from dpnoise.accounting.events import EVENT_TYPES, DpEvent, event_to_dict
+from dpnoise.accounting.events import (EVENT_TYPES, ComposedEvent, DpEvent, PoissonSampledEvent, SelfComposedEvent,
+                                      event_to_dict)
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_delta, check_positive, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.training.bookkeeping import BookkeepingModule, unsupported_bookkeeping_layers
@@ -60,7 +60,7 @@ from dpnoise.training.optimizers import (
     OutputPrivateOptimizer,
 )
 from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
-from dpnoise.training.validation import check_supported_layers
+from dpnoise.training.validation import check_optimizer_trains, check_supported_layers
 
 logger = logging.getLogger(__name__)
 
@@ -165,8 +165,10 @@ class PrivacyEngine:
         """Return the private (module, optimizer, data loader).
 
         Args:
-            module: the model (in training mode). Batch normalisation is refused.
-            optimizer: a torch optimizer over ``module``'s parameters.
+            module: the model (in training mode), with at least one trainable parameter. Batch
+                normalisation is refused.
+            optimizer: a torch optimizer over ``module``'s trainable parameters (refused if it holds a
+                tensor that is not a parameter of ``module``, or none of the trainable ones).
             data_loader: its dataset and ``batch_size`` (the expected batch size) are used.
             mechanism: a name from :data:`dpnoise.accounting.MECHANISMS`.
             delta: the target delta.
@@ -209,8 +211,10 @@ class PrivacyEngine:
                 the last one it noises the whole clipped sum once and takes the step.  The usual
                 loop (``zero_grad``, forward, ``backward``, ``step`` per batch) needs no change.
                 Default: one physical batch per logical batch.
-            data_releases: DP releases of the training data made before training, as DP events without
-                subsampling, under add/remove adjacency (e.g. ``ChannelStatistics.event`` of
+            data_releases: DP releases of the training data made before training, as mechanism events
+                (or compositions of them) without subsampling, under add/remove adjacency; a
+                ``PoissonSampledEvent`` is refused even at sampling probability 1, since the
+                accountants count those as training steps (e.g. ``ChannelStatistics.event`` of
                 :func:`~dpnoise.mechanisms.channel_statistics.private_channel_statistics`, the noisy
                 statistics a model's input is standardised with).  Every accountant composes them
                 before the first step, the calibration and the budget cover them and the steps
@@ -220,6 +224,7 @@ class PrivacyEngine:
         # Every argument is checked here, before any work (errors name the parameter).
         if self.setup is not None:
             raise EngineStateError("this PrivacyEngine already made a model private; create a new one")
+        check_optimizer_trains(module, optimizer)
         if on_budget_exhausted not in ("raise", "stop"):
             raise InvalidTrainingOptionError(
                 f"on_budget_exhausted must be 'raise' or 'stop', got {on_budget_exhausted!r}")
@@ -336,10 +341,10 @@ class PrivacyEngine:
             raise InvalidTrainingOptionError(f"data_releases are accounted for gradient mechanisms only; {mech.name!r} "
                                              f"is an output mechanism (its epsilon covers its outputs)")
         for release in releases:
-            if not isinstance(release, tuple(EVENT_TYPES.values())) or any(
-                    sampled.sampling_probability < 1.0 for sampled, _ in flat_ledger([(release, 1)])):
+            if not isinstance(release, tuple(EVENT_TYPES.values())) or _holds_sampling(release):
                 raise InvalidTrainingOptionError(f"data_releases must be DP events of the whole data set (no "
-                                                 f"Poisson sampling), got {release!r}")
+                                                 f"Poisson sampling: the mechanism's event itself, not a "
+                                                 f"PoissonSampledEvent, which is a training step), got {release!r}")
             for name in accountant_names:
                 try:
                     accountant_holding(name, (release,))
@@ -664,6 +669,17 @@ def make_private(
     private_module, private_optimizer, private_loader = engine.make_private(module, optimizer, data_loader, **options)
     private_optimizer.privacy_engine = engine
     return private_module, private_optimizer, private_loader
+
+
+def _holds_sampling(event: DpEvent) -> bool:
+    """Whether a :class:`PoissonSampledEvent` occurs anywhere in ``event`` (at any sampling probability)."""
+    if isinstance(event, PoissonSampledEvent):
+        return True
+    if isinstance(event, SelfComposedEvent):
+        return _holds_sampling(event.event)
+    if isinstance(event, ComposedEvent):
+        return any(_holds_sampling(inner) for inner in event.events)
+    return False
 
 
 # --------------------------------------------------------------------------------- state checks

@@ -1,4 +1,5 @@
-"""Model checks before private training: every layer must keep examples separate."""
+"""Model checks before private training: every layer must keep examples separate, and the optimizer
+trains the model's own trainable parameters."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from opacus.utils.module_utils import trainable_modules
 from opacus.validators import ModuleValidator
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.optim import Optimizer
 
-from dpnoise.training.errors import UnsupportedLayerError
+from dpnoise.training.errors import InvalidTrainingOptionError, UnsupportedLayerError
 
 
 def unsupported_layer_reasons(module: nn.Module, *, needs_per_sample_gradients: bool) -> list[str]:
@@ -42,3 +44,29 @@ def check_supported_layers(module: nn.Module, *, needs_per_sample_gradients: boo
     reasons = unsupported_layer_reasons(module, needs_per_sample_gradients=needs_per_sample_gradients)
     if reasons:
         raise UnsupportedLayerError("unsupported layers for private training:\n  " + "\n  ".join(reasons))
+
+
+def check_optimizer_trains(module: nn.Module, optimizer: Optimizer) -> None:
+    """Raise :class:`InvalidTrainingOptionError` unless ``optimizer`` trains ``module``'s trainable parameters.
+
+    Refused before any step: a model without trainable parameters (nothing to train, no gradient to
+    clip); an optimizer holding a tensor that is not a parameter of ``module`` (e.g. another
+    model's: it would never see the clipped, noised gradients); an optimizer over none of the
+    trainable ones.  Frozen parameters of ``module`` may be in it (torch and Opacus skip them).
+    """
+    if not isinstance(module, nn.Module):
+        raise InvalidTrainingOptionError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(optimizer, Optimizer):
+        raise InvalidTrainingOptionError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    parameters = {id(p): p.requires_grad for p in module.parameters()}
+    if not any(parameters.values()):
+        raise InvalidTrainingOptionError("module has no trainable parameters (none with requires_grad=True): "
+                                         "nothing to train privately")
+    held = [id(p) for group in optimizer.param_groups for p in group["params"]]
+    foreign = sum(1 for p in held if p not in parameters)
+    if foreign:
+        raise InvalidTrainingOptionError(
+            f"optimizer holds {foreign} tensor(s) that are not parameters of module (another model's?); "
+            f"create it over the module's parameters, e.g. torch.optim.SGD(module.parameters(), ...)")
+    if not any(parameters[p] for p in held):
+        raise InvalidTrainingOptionError("optimizer holds none of module's trainable parameters (requires_grad=True)")
