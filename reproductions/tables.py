@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from dpnoise.accounting import ACCOUNTANTS, OUTPUT_PRIVACY_SCOPE, get_mechanism_spec
+from dpnoise.formatting import significant_digits
 from reproductions.plans import (
     ALPHA_GRID_ALPHAS,
     DIRICHLET_COLUMNS,
@@ -48,18 +49,34 @@ def find_column_row(rows: Sequence[Row], dataset: str, eps: float, column: Colum
                     calibrated_with=column.calibrated_with)
 
 
+def upper_bound_text(epsilon: float) -> str:
+    """An accountant's epsilon to 3 significant digits, rounded up: never printed below its bound."""
+    return significant_digits(epsilon, 3, "up")
+
+
+def lower_bound_text(epsilon: float) -> str:
+    """A lower bound on the true epsilon to 3 significant digits, rounded down: never printed above it."""
+    return significant_digits(epsilon, 3, "down")
+
+
+def accountant_epsilons_text(epsilon_by_accountant: dict[str, float]) -> str:
+    """``lap2 0.88, lap2-paper* 1.51``: each accountant's epsilon rounded up, * marking one that is
+    not a valid bound."""
+    return ", ".join(f"{name}{'' if ACCOUNTANTS[name].sound else '*'} {upper_bound_text(eps)}"
+                     for name, eps in epsilon_by_accountant.items())
+
+
 def format_epsilons(row: Optional[Row]) -> str:
     """``lap2 0.88, lap2-paper* 1.51`` (* marks an accountant that is not a valid bound), and for a
     run calibrated by such an accountant the exact lower bound on its true epsilon, in bold when it
     refutes the claimed target."""
     if row is None or row["status"] != "ok":
         return "—"
-    text = ", ".join(f"{name}{'' if ACCOUNTANTS[name].sound else '*'} {eps:.3g}"
-                     for name, eps in row["epsilon_by_accountant"].items())
+    text = accountant_epsilons_text(row["epsilon_by_accountant"])
     lower = row.get("lower_bound_epsilon")
     if lower is None:
         return text
-    bound = f"true ε ≥ {lower:.3g}"
+    bound = f"true ε ≥ {lower_bound_text(lower)}"
     return f"{text}; **{bound}: claim refuted**" if lower > row["target_epsilon"] else f"{text}; {bound}"
 
 
@@ -219,8 +236,7 @@ def table2_noise_markdown(epsilons: Sequence[float] = TABLE2_EPSILONS) -> str:
             for column in TABLE2_COLUMNS:
                 result = calibrate_noise(column.calibrated_with, eps, S["delta"], S["batch_size"] / 60_000,
                                          S["steps"], clip=S["clip"], params=26_010)
-                eps_text = ", ".join(f"{name}{'' if ACCOUNTANTS[name].sound else '*'} {value:.3g}"
-                                     for name, value in result.epsilon_by_accountant.items())
+                eps_text = accountant_epsilons_text(result.epsilon_by_accountant)
                 body.append([f"{eps:g}", column.label, noise_text(result.mechanism, result.noise, 4), eps_text])
     return markdown(["target ε", "column", "calibrated noise (σ, or b at C=1)", "ε by accountant (δ=1e-5)"], body)
 
@@ -297,7 +313,7 @@ def format_true_epsilon(row: Optional[Row]) -> str:
     lower = row["lower_bound_epsilon"]
     sound = [eps for name, eps in row["epsilon_by_accountant"].items() if ACCOUNTANTS[name].sound]
     sound += [row["sound_epsilon"]] if row.get("sound_epsilon") is not None else []
-    text = f"{lower:.3g} – {min(sound):.3g}" if sound else f"≥ {lower:.3g}"
+    text = f"{lower_bound_text(lower)} – {upper_bound_text(min(sound))}" if sound else f"≥ {lower_bound_text(lower)}"
     return f"**{text}: claim refuted**" if lower > row["target_epsilon"] else text
 
 

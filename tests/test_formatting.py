@@ -8,7 +8,7 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
-from dpnoise.formatting import significant_digits
+from dpnoise.formatting import decimals, significant_digits
 
 
 def random_floats(count: int, seed: int = 0) -> np.ndarray:
@@ -52,3 +52,35 @@ def test_zero_infinities_and_nan_print_as_they_are():
 def test_digits_out_of_range_are_refused(digits):
     with pytest.raises(ValueError, match="digits"):
         significant_digits(1.0, digits, "up")
+
+
+@pytest.mark.parametrize("places", [0, 1, 3, 4, 6, 12])
+def test_decimals_parsed_back_are_on_the_chosen_side_within_one_unit_of_the_last_decimal(places):
+    rng = np.random.default_rng(places)
+    values = [*(rng.uniform(0, 1, 300) * 10.0 ** rng.integers(-12, 12, 300)), 35.02970000001, 0.12345, 2.0**60 + 0.5,
+              5e-324, 1e300]
+    for value in values:
+        for sign in (1.0, -1.0):
+            x = float(sign * value)
+            up, down = decimals(x, places, "up"), decimals(x, places, "down")
+            assert float(down) <= x <= float(up), (x, places, down, up)
+            assert Decimal(up) - Decimal(down) <= Decimal(1).scaleb(-places), (x, places, down, up)
+            for text in (up, down):  # the look of ".{places}f": that many decimals, no exponent
+                assert "e" not in text and len(text.partition(".")[2]) == places, text
+
+
+def test_decimals_round_in_the_given_direction_and_keep_exact_values():
+    assert (decimals(0.12341, 4, "up"), decimals(0.12341, 4, "down")) == ("0.1235", "0.1234")
+    assert (decimals(-0.12341, 4, "up"), decimals(-0.12341, 4, "down")) == ("-0.1234", "-0.1235")
+    assert decimals(35.02971, 4, "down") == "35.0297" and decimals(35.02971, 4, "up") == "35.0298"
+    assert decimals(0.99999, 4, "up") == "1.0000" and decimals(1e-9, 4, "up") == "0.0001"
+    for x in (1.0, 0.1, 0.5, 35.0297, 0.0, 123.0):  # the nearest text already parses back to the float itself
+        assert decimals(x, 4, "up") == decimals(x, 4, "down") == format(x, ".4f")
+
+
+def test_decimals_of_infinities_and_nan_and_places_out_of_range():
+    for x in (math.inf, -math.inf, math.nan):
+        assert decimals(x, 4, "up") == decimals(x, 4, "down") == format(x, ".4f")
+    for places in (-1, 21):
+        with pytest.raises(ValueError, match="places"):
+            decimals(1.0, places, "up")

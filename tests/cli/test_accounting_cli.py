@@ -1,4 +1,5 @@
-"""``dpnoise account`` / ``calibrate`` / ``walls`` through the real entry point."""
+"""``dpnoise account`` / ``calibrate`` / ``walls`` (and the printed bounds of ``audit bound``) through the real
+entry point."""
 
 import json
 import re
@@ -79,9 +80,12 @@ def test_printed_calibration_fed_back_stays_within_the_target(capsys, setting, t
     rounding to nearest is not, about every other time) and, with the clip (rounded down), gives at most
     the target epsilon when it is fed back."""
     argv = ["calibrate", *setting, "--epsilon", str(target), "--delta", "1e-5"]
-    exact = run_json(capsys, argv)["noise"]
+    out = run_json(capsys, argv)
+    exact = out["noise"]
     assert main(argv) == 0
-    text = capsys.readouterr().out.splitlines()[0]
+    printed = capsys.readouterr().out
+    assert_printed_upper_bounds(printed, out)
+    text = printed.splitlines()[0]
     noise = re.search(r"(?:r\*|noise_multiplier|laplace_scale) = (\S+?),? ", text).group(1)
     clip = re.search(r"clip C = (\S+),", text)
     larger_is_more_private = "r* =" not in text
@@ -89,6 +93,59 @@ def test_printed_calibration_fed_back_stays_within_the_target(capsys, setting, t
     clip_option = with_option(setting, "--clip", clip.group(1)) if clip else setting
     fed_back = run_json(capsys, ["account", *clip_option, "--noise", noise, "--delta", "1e-5"])
     assert fed_back["epsilon"] <= target, (text, fed_back["epsilon"])
+
+
+#: ``account`` settings whose epsilons all print below the bound when rounded to nearest at 4 decimals
+#: (2.11922 as 2.1192, 0.935505 as 0.9355, 1.17421 as 1.1742, 2.35292 as 2.3529, and their side-by-side routes)
+PRINTED_ACCOUNTS = [
+    pytest.param(["--mechanism", "gaussian", "--noise", "1.3", "--sample-rate", "0.05", "--steps", "100"],
+                 id="gaussian"),
+    pytest.param(["--mechanism", "lap2", "--noise", "2", "--sample-rate", "0.1", "--steps", "10", "--params", "1000"],
+                 id="lap2"),
+    pytest.param(["--mechanism", "laplace-l1", "--noise", "1", "--sample-rate", "0.1", "--steps", "10"],
+                 id="laplace-l1"),
+    pytest.param(["--mechanism", "dirichlet", "--noise", "0.08", "--sample-rate", "0.05", "--steps", "200"],
+                 id="dirichlet"),
+]
+
+
+def printed_epsilons(text: str) -> tuple[float, dict[str, float]]:
+    """The headline epsilon of ``account`` / ``calibrate`` text and the side-by-side ones by accountant."""
+    headline = float(re.search(r"epsilon = (\S+) at delta", text).group(1))
+    side_by_side = {name: float(eps) for name, eps in re.findall(r"^ +(\S+) +epsilon = (\S+) ", text, re.M)}
+    return headline, side_by_side
+
+
+def assert_printed_upper_bounds(text: str, out: dict) -> None:
+    """Each printed epsilon parsed back is >= its value in the JSON output, and within 1e-4 of it."""
+    headline, side_by_side = printed_epsilons(text)
+    assert out["epsilon"] <= headline <= out["epsilon"] + 1e-4, (text, out["epsilon"])
+    assert set(side_by_side) == (set(out["epsilon_by_accountant"]) if len(out["epsilon_by_accountant"]) > 1 else set())
+    for name, printed in side_by_side.items():
+        exact = out["epsilon_by_accountant"][name]
+        assert exact <= printed <= exact + 1e-4, (name, printed, exact)
+
+
+@pytest.mark.parametrize("setting", PRINTED_ACCOUNTS)
+def test_printed_epsilons_are_rounded_up(capsys, setting):
+    """Rounded to nearest, each of these epsilons prints below the upper bound it stands for."""
+    argv = ["account", *setting, "--delta", "1e-5"]
+    out = run_json(capsys, argv)
+    assert main(argv) == 0
+    assert_printed_upper_bounds(capsys.readouterr().out, out)
+
+
+def test_audit_prints_the_claim_and_the_lower_bound_on_their_safe_sides(capsys):
+    """``audit bound`` text: the claimed epsilon (an upper bound) parsed back is >= the JSON value and
+    the exact lower bound <=, so neither is misstated by rounding (both print every digit)."""
+    argv = ["audit", "bound", "--mechanism", "gaussian", "--noise", "1", "--sample-rate", "0.1", "--steps", "10",
+            "--grid", "4096"]
+    out = run_json(capsys, argv)
+    assert main(argv) == 0
+    printed = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
+    assert float(printed["claimed_epsilon"]) >= out["claimed_epsilon"]
+    assert float(printed["lower_bound_epsilon"]) <= out["lower_bound_epsilon"]
+    assert out["lower_bound_epsilon"] <= out["claimed_epsilon"]
 
 
 @pytest.mark.parametrize(

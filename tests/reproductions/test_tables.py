@@ -71,6 +71,19 @@ def test_summary_of_a_paper_calibrated_lap2_row_states_the_interval_of_its_true_
     assert format_true_epsilon(row(LAP2, [0], [0.7])) == "—"  # calibrated soundly: no bound needed
 
 
+def test_printed_epsilons_round_upper_bounds_up_and_lower_bounds_down():
+    """Rounded to nearest, 1.62449 (an accountant's bound) prints as 1.62, below it, and 0.93279 (a lower
+    bound) as 0.933, above it."""
+    from reproductions.tables import format_epsilons, format_true_epsilon
+
+    claim = dict(row(LAP2_PAPER, [0], [0.7]), target_epsilon=0.75, lower_bound_epsilon=0.93279,
+                 epsilon_by_accountant={"lap2-paper": 0.74991, "lap2-rdp": 1.62449})
+    assert format_epsilons(claim) == "lap2-paper* 0.75, lap2-rdp 1.63; **true ε ≥ 0.932: claim refuted**"
+    assert format_true_epsilon(claim) == "**0.932 – 1.63: claim refuted**"
+    lower, upper = (float(x) for x in format_true_epsilon(dict(claim, target_epsilon=1)).split(" – "))
+    assert lower <= claim["lower_bound_epsilon"] and upper >= claim["epsilon_by_accountant"]["lap2-rdp"]
+
+
 def test_summaries_without_records_say_so():
     from reproductions.tables import (
         dirichlet_summary_markdown,

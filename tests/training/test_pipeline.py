@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,20 @@ def test_report_rounds_the_noise_toward_privacy_and_names_an_unevaluated_run(tin
     dirichlet = {**summary, "mechanism": "dirichlet", "noise": 0.08041335630078805}
     assert "noise 0.0804133 " in report_lines(dirichlet)[1]  # r: down (nearest: 0.0804134)
     assert report_lines({**summary, "test_accuracy": None})[0].startswith("test accuracy: not evaluated")
+
+
+def test_the_progress_log_and_the_report_print_each_epsilon_rounded_up(capsys):
+    """Two steps at b = 4: epsilon 0.257932..., which rounded to nearest would print as 0.2579, below the bound."""
+    from dpnoise.training.summary import report_lines
+
+    fixed = with_field(with_field(TINY, "privacy.epsilon", None), "mechanism.noise", 4.0)
+    result = train_private(with_field(fixed, "schedule.max_steps", 2))
+    logged = float(re.search(r"epsilon \(lap2\) (\S+)", capsys.readouterr().err).group(1))
+    assert result.epsilon <= logged <= result.epsilon + 1e-4
+    printed = dict(re.findall(r"^ +(\S+): (\S+)  \(", "\n".join(report_lines(result.summary())), re.M))
+    assert set(printed) == set(result.epsilon_by_accountant)
+    for name, eps in result.epsilon_by_accountant.items():
+        assert eps <= float(printed[name]) <= eps + 1e-4, (name, printed[name], eps)
 
 
 def test_the_command_line_maps_every_field_to_a_flag():

@@ -14,6 +14,7 @@ from dpnoise.accounting import (
 )
 from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.cli.common import accountant_lines, add_setting_options, emit, noise_help, resolve_setting
+from dpnoise.formatting import decimals
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         "scope": spec.scope,
     }
     lines = [
-        f"mechanism {mechanism}, accountant {accountant}: epsilon = {epsilon:.4f} at delta = {args.delta:g} "
+        f"mechanism {mechanism}, accountant {accountant}: epsilon = {decimals(epsilon, 4, 'up')} "
+        f"at delta = {args.delta:g} "
         f"({bound}; {steps} steps at q = {q:.6g})"
     ]
     lines += accountant_lines(by_acc)

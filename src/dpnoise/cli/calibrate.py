@@ -8,7 +8,7 @@ import dataclasses
 from dpnoise.accounting import ACCOUNTANTS, calibrate_dirichlet_r, calibrate_noise, get_mechanism_spec
 from dpnoise.accounting.validation import check_positive
 from dpnoise.cli.common import accountant_lines, add_setting_options, emit, resolve_setting
-from dpnoise.formatting import significant_digits
+from dpnoise.formatting import decimals, significant_digits
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,10 +39,11 @@ def run(args: argparse.Namespace) -> int:
     noise = mechanism_spec.noise.printed(result.noise)  # rounded toward privacy (the JSON keeps every digit)
     if mechanism_spec.uses_alpha:
         payload["r"] = result.noise
-        lines = [f"{mechanism} (alpha = {result.alpha:g}): r* = {noise}, epsilon = {result.epsilon:.4f}"]
+        lines = [f"{mechanism} (alpha = {result.alpha:g}): r* = {noise}, epsilon = {decimals(result.epsilon, 4, 'up')}"]
     else:
         lines = [f"{accountant}: {result.noise_keyword} = {noise} ({mechanism_spec.noise.unit}) "
-                 f"with clip C = {significant_digits(result.clip, 6, 'down')}, epsilon = {result.epsilon:.4f}"]
+                 f"with clip C = {significant_digits(result.clip, 6, 'down')}, "
+                 f"epsilon = {decimals(result.epsilon, 4, 'up')}"]
     lines[0] += f" at delta = {result.delta:g} ({steps} steps at q = {q:.6g})"
     lines += accountant_lines(result.epsilon_by_accountant)
     if spec.scope:

@@ -17,6 +17,7 @@ from dpnoise.accounting.validation import (
     check_positive,
     check_sample_rate,
 )
+from dpnoise.formatting import decimals
 
 #: --mechanism: a mechanism, or an accountant name standing for its mechanism and that accountant
 MECHANISM_CHOICES = [*MECHANISMS, *(name for name in ACCOUNTANTS if name not in MECHANISMS)]
@@ -106,11 +107,12 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
 
 
 def accountant_lines(epsilon_by_accountant: dict[str, float]) -> list[str]:
-    """One line per accountant when several apply (e.g. lap2 and lap2-paper side by side)."""
+    """One line per accountant when several apply (e.g. lap2 and lap2-paper side by side), each epsilon
+    rounded up at its last printed decimal (never below the bound it prints)."""
     if len(epsilon_by_accountant) < 2:
         return []
     return [
-        f"  {name:<26} epsilon = {value:.4f}  "
+        f"  {name:<26} epsilon = {decimals(value, 4, 'up')}  "
         f"({'sound' if ACCOUNTANTS[name].sound else 'NOT a valid bound in general'})"
         for name, value in epsilon_by_accountant.items()
     ]

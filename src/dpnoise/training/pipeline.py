@@ -27,6 +27,7 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Optional
 
+from dpnoise.formatting import decimals
 from dpnoise.training.config import CHECKPOINT_NAME, InvalidConfigError, TrainingConfig, check_config
 from dpnoise.training.preparation import (
     apply_dirichlet_learning_rate,
@@ -233,7 +234,7 @@ def run_epochs(
         window = history.steps[-20:]
         bar.set_postfix(loss=f"{sum(s.loss for s in window) / len(window):.3f}",
                         acc=f"{sum(s.batch_accuracy for s in window) / len(window):.3f}",
-                        eps=f"{record.epsilon:.3f}", refresh=False)
+                        eps=decimals(record.epsilon, 3, "up"), refresh=False)
         bar.update(1)
 
     folder = config.output.folder
@@ -245,7 +246,7 @@ def run_epochs(
                                           engine.epsilon_by_accountant()))
         if engine.rank == 0:
             bar.write(f"step {engine.steps}: test accuracy {history.epochs[-1].test_accuracy:.4f}, "
-                      f"epsilon ({engine.setup.accountant}) {engine.get_epsilon():.4f}", file=sys.stderr)
+                      f"epsilon ({engine.setup.accountant}) {decimals(engine.get_epsilon(), 4, 'up')}", file=sys.stderr)
         if folder:
             folder.mkdir(parents=True, exist_ok=True)
             save_checkpoint(folder / CHECKPOINT_NAME, module=module, optimizer=optimizer, engine=engine,

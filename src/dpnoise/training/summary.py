@@ -178,10 +178,11 @@ def report_lines(summary: dict[str, Any]) -> list[str]:
     """Human-readable report of a summary (:meth:`TrainingResult.summary`, or metrics.json's).
 
     The noise is rounded toward more privacy and the clip down (Lap2's privacy depends on b / C), so
-    that the printed values fed back to ``--noise`` and ``--clip`` give no more than the epsilon shown.
+    that the printed values fed back to ``--noise`` and ``--clip`` give no more than the epsilon shown;
+    each epsilon is rounded up at its last decimal, so that none reads below the bound it stands for.
     """
     from dpnoise.accounting import get_mechanism_spec
-    from dpnoise.formatting import significant_digits
+    from dpnoise.formatting import decimals, significant_digits
 
     accuracy = summary["test_accuracy"]
     noise = get_mechanism_spec(summary["mechanism"]).noise.printed(summary["noise"])
@@ -202,7 +203,7 @@ def report_lines(summary: dict[str, Any]) -> list[str]:
         validity = "proven upper bound" if summary["sound_by_accountant"][name] else "NOT a valid privacy bound"
         if summary["scope"] and summary["sound_by_accountant"][name]:
             validity += " for the released outputs only, see scope"
-        lines.append(f"  {name:>22}: {eps:.4f}  ({role}; {validity})")
+        lines.append(f"  {name:>22}: {decimals(eps, 4, 'up')}  ({role}; {validity})")
     if summary["budget_exhausted"]:
         lines.append(f"stopped at the privacy budget epsilon={summary['target_epsilon']:g} after {summary['steps']} steps")
     if summary["scope"]:
