@@ -62,7 +62,10 @@ def train_argv(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> 
         "--epochs", repr(epochs_for_steps(spec)), "--batch-size", str(spec.batch_size),
         "--clip", number(spec.clip), "--optimizer", spec.optimizer,
         "--weight-decay", number(spec.weight_decay), "--label-smoothing", number(spec.label_smoothing),
-        "--seed", str(spec.seed), "--threads", str(threads), "--out", str(out_dir), "--json", "--no-progress",
+        # the reproductions ask for reproducible private randomness (bit-identical re-runs), so their
+        # records say "private_randomness": "noise_seed"
+        "--seed", str(spec.seed), "--noise-seed", str(spec.seed), "--threads", str(threads), "--out", str(out_dir),
+        "--json", "--no-progress",
     ]
     argv += ["--effective-lr", number(spec.effective_lr)] if spec.effective_lr is not None else ["--lr", number(spec.lr)]
     if spec.alpha is not None:
@@ -109,6 +112,7 @@ def train_config(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -
                                      else {"lr": float(spec.lr)})),
         output=OutputConfig(folder=Path(out_dir), progress=False),
         seed=spec.seed,
+        noise_seed=spec.seed,
         threads=threads,
     )
 

@@ -150,7 +150,7 @@ def test_heads_take_one_private_step_with_hooks_and_bookkeeping(head, channels, 
         loader = DataLoader(TensorDataset(features, labels), batch_size=4)
         module, optimizer, _ = make_private(head_module, torch.optim.SGD(head_module.parameters(), lr=0.5), loader,
                                             mechanism="gaussian", noise_multiplier=0.5, max_grad_norm=0.1, delta=1e-5,
-                                            seed=3, grad_sample_mode=mode)
+                                            seed=3, noise_seed=3, grad_sample_mode=mode)
         optimizer.zero_grad()
         F.cross_entropy(module(features[:4]), labels[:4]).backward()
         optimizer.step()

@@ -54,7 +54,7 @@ def private(mechanism: str, grad_sample_mode: str = "auto", **options):
     model = mlp(hidden=16, seed=0)
     noise = noise_keywords(mechanism, options.pop("noise", GRADIENT_MECHANISMS.get(mechanism)))
     return make_private(model, torch.optim.Adam(model.parameters(), lr=1e-2), digits_loader(TRAIN, 64),
-                        mechanism=mechanism, delta=1e-5, max_grad_norm=1.0, seed=0, grad_sample_mode=grad_sample_mode,
+                        mechanism=mechanism, delta=1e-5, max_grad_norm=1.0, seed=0, noise_seed=0, grad_sample_mode=grad_sample_mode,
                         **noise, **options)
 
 

@@ -1,5 +1,6 @@
-"""A run interrupted, checkpointed and resumed equals the uninterrupted run with the same seed;
-a checkpoint that was corrupted, edited or saved by another run is refused with one line."""
+"""A run interrupted, checkpointed and resumed equals the uninterrupted run with the same seeds
+(noise_seed given); a secret-randomness run resumes with fresh secret draws; a checkpoint that was
+corrupted, edited or saved by another run is refused with one line, and with a key any edit is."""
 
 import re
 import warnings
@@ -18,20 +19,35 @@ from dpnoise.training import (
     save_checkpoint,
     train_steps,
 )
-from dpnoise.training.checkpoint import CHECKPOINT_FORMAT, read_checkpoint, write_checkpoint_state
+from dpnoise.training.checkpoint import (
+    CHECKPOINT_FORMAT,
+    KEY_FILE_VARIABLE,
+    KEY_VARIABLE,
+    checkpoint_key,
+    read_checkpoint,
+    write_checkpoint_state,
+)
 from dpnoise.training.engine import _same_state
-from dpnoise.training.errors import CheckpointError
+from dpnoise.training.errors import CheckpointError, CheckpointKeyError
+from dpnoise.training.randomness import ReproducibleNoiseWarning
 
 from training_helpers import digits_loader, mlp
 
 TOTAL_STEPS, INTERRUPT_AT = 10, 4
 
 
-def build(dataset, mechanism, seed, noise, model_seed=None, **options):
+KEY = "k" * 32
+
+
+def build(dataset, mechanism, seed, noise, model_seed=None, noise_seed="seed", **options):
+    """A private run; its noise and sampling are seeded by ``seed`` too unless ``noise_seed`` is None (secret)."""
     model = mlp(hidden=16, seed=seed if model_seed is None else model_seed)  # the seed sets the initial weights
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    return make_private(model, optimizer, digits_loader(dataset, 64), mechanism=mechanism, **noise_keywords(mechanism, noise),
-                        max_grad_norm=1.0, delta=1e-5, seed=seed, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReproducibleNoiseWarning)
+        return make_private(model, optimizer, digits_loader(dataset, 64), mechanism=mechanism,
+                            **noise_keywords(mechanism, noise), max_grad_norm=1.0, delta=1e-5, seed=seed,
+                            noise_seed=seed if noise_seed == "seed" else noise_seed, **options)
 
 
 def run(module, optimizer, loader, steps):
@@ -103,9 +119,9 @@ def accountant_names(dataset):
     return setup.accountant, tuple(setup.accountants)
 
 
-def tampered(saved, tmp_path, edit):
+def tampered(saved, tmp_path, edit, key=None):
     """A copy of ``saved`` whose state ``edit`` changed, with a recomputed hash (a deliberate edit)."""
-    state = read_checkpoint(saved)
+    state = read_checkpoint(saved, key=key)
     edit(state)
     path = tmp_path / "tampered.ckpt"
     write_checkpoint_state(path, state)
@@ -275,3 +291,105 @@ def test_single_steps_equal_one_multi_step(name):
         one_by_one.step(**arguments)
     at_once.step(**arguments, steps=3)
     assert _same_state(one_by_one.state_dict(), at_once.state_dict())
+
+
+# ----------------------------------------------------------------------------- private randomness
+def test_secret_randomness_differs_between_runs_and_resumes_fresh(digits_train, tmp_path):
+    """Without noise_seed two runs of the same seed draw other noise and batches; the checkpoint holds no
+    generator state, and the resumed run continues with fresh secret draws."""
+    finals = []
+    for _ in range(2):
+        module, optimizer, loader = build(digits_train, "gaussian", seed=7, noise=1.0, noise_seed=None)
+        assert optimizer.privacy_engine.private_randomness == "secret"
+        run(module, optimizer, loader, 3)
+        finals.append([p.detach().clone() for p in module.parameters()])
+    assert not all(torch.equal(a, b) for a, b in zip(*finals))
+    path = tmp_path / "secret.ckpt"
+    save_checkpoint(path, module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
+    state = read_checkpoint(path)
+    assert state["engine"]["private_randomness"] == "secret"
+    assert state["engine"]["generators"]["ranks"] == [{}]
+    module, optimizer, loader = build(digits_train, "gaussian", seed=7, noise=1.0, noise_seed=None)
+    load_checkpoint(path, module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
+    run(module, optimizer, loader, 2)
+    assert optimizer.privacy_engine.steps == 5
+
+
+def test_explicit_noise_seed_warns():
+    with pytest.warns(ReproducibleNoiseWarning, match="anyone who knows this seed"):
+        from dpnoise.training import PrivacyEngine
+
+        PrivacyEngine(seed=1, noise_seed=2)
+
+
+def test_replaced_generator_state_is_refused(digits_train, saved, tmp_path):
+    def fresh_state(state):  # a fresh seed-0 generator in place of the run's noise generator
+        state["engine"]["generators"]["ranks"][0]["noise"] = torch.Generator().manual_seed(0).get_state()
+    refused(digits_train, tampered(saved, tmp_path, fresh_state),
+            "checkpoint is inconsistent in rank 0's noise generator: its state does not carry this run's noise-seed tag")
+
+
+def test_private_randomness_must_match(digits_train, saved):
+    module, optimizer, _ = build(digits_train, "lap2", seed=7, noise=1.0, target_epsilon=BUDGET, noise_seed=None)
+    with pytest.raises(CheckpointMismatchError, match=re.escape("private randomness: noise_seed (checkpoint) vs secret (this run)")):
+        load_checkpoint(saved, module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
+
+
+# ----------------------------------------------------------------------------- keyed checkpoints
+@pytest.fixture(scope="module")
+def keyed(digits_train, tmp_path_factory):
+    module, optimizer, loader = build(digits_train, "lap2", seed=7, noise=1.0, target_epsilon=BUDGET)
+    run(module, optimizer, loader, INTERRUPT_AT)
+    path = tmp_path_factory.mktemp("keyed") / "run.ckpt"
+    save_checkpoint(path, module=module, optimizer=optimizer, engine=optimizer.privacy_engine, key=KEY)
+    return path
+
+
+def resume_keyed(dataset, path, key):
+    module, optimizer, engine = fresh_engine(dataset)
+    load_checkpoint(path, module=module, optimizer=optimizer, engine=engine, key=key)
+    return engine
+
+
+def test_keyed_checkpoint_resumes_with_its_key(digits_train, keyed, monkeypatch):
+    assert resume_keyed(digits_train, keyed, KEY).steps == INTERRUPT_AT
+    monkeypatch.setenv(KEY_VARIABLE, KEY)  # the same key from the environment
+    assert resume_keyed(digits_train, keyed, None).steps == INTERRUPT_AT
+
+
+def test_consistent_edit_of_a_keyed_checkpoint_is_refused(digits_train, keyed, tmp_path):
+    """Step counter and ledgers edited together and the hash recomputed (what passes without a key)."""
+    engine = fresh_engine(digits_train)[2]
+    arguments = engine.accounting_step_arguments()
+
+    def fewer_steps(state):
+        state["engine"]["steps"] = 1
+        for name in state["engine"]["accountants"]:
+            state["engine"]["accountants"][name] = get_accountant(name).step(**arguments, steps=1).state_dict()
+    path = tampered(keyed, tmp_path, fewer_steps, key=KEY)
+    assert resume(digits_train, path).steps == 1  # without a key the consistent edit is not detected
+    with pytest.raises(CheckpointError, match="carries no HMAC"):
+        resume_keyed(digits_train, path, KEY)
+    state = read_checkpoint(keyed, key=KEY)
+    fewer_steps(state)
+    write_checkpoint_state(path, state, key="x" * 32)  # re-signed with another key
+    with pytest.raises(CheckpointError, match="does not match its HMAC"):
+        resume_keyed(digits_train, path, KEY)
+
+
+def test_keys_must_match_the_checkpoint(digits_train, keyed, saved):
+    with pytest.raises(CheckpointError, match="the checkpoint is keyed: give its key"):
+        resume_keyed(digits_train, keyed, None)
+    with pytest.raises(CheckpointError, match="carries no HMAC"):
+        resume_keyed(digits_train, saved, KEY)
+
+
+def test_short_or_unreadable_keys_are_refused(tmp_path, monkeypatch):
+    with pytest.raises(CheckpointKeyError, match="is 5 bytes; at least 32"):
+        checkpoint_key("short")
+    monkeypatch.setenv(KEY_FILE_VARIABLE, str(tmp_path / "missing.key"))
+    with pytest.raises(CheckpointKeyError, match="cannot read"):
+        checkpoint_key()
+    (tmp_path / "good.key").write_bytes(b"\x01" * 40)
+    monkeypatch.setenv(KEY_FILE_VARIABLE, str(tmp_path / "good.key"))
+    assert checkpoint_key() == b"\x01" * 40

@@ -8,7 +8,7 @@ import pytest
 from dpnoise.cli.main import main
 
 COMMON = ["train", "--dataset", "digits", "--model", "cnn", "--delta", "1e-5", "--batch-size", "64",
-          "--threads", "1", "--no-progress", "--seed", "0"]
+          "--threads", "1", "--no-progress", "--seed", "0", "--noise-seed", "0"]
 
 
 def test_json_report_for_lap2_has_both_accountants(capsys):

@@ -257,7 +257,7 @@ def test_a_float64_model_trains_on_the_cpu(digits_train, mechanism):
 def resumable_run(digits_train):
     model = mlp(hidden=16)
     return make_private(model, torch.optim.Adam(model.parameters(), lr=1e-2), digits_loader(digits_train, 64),
-                        mechanism="lap2", laplace_scale=1.0, delta=1e-5, seed=0)
+                        mechanism="lap2", laplace_scale=1.0, delta=1e-5, seed=0, noise_seed=0)
 
 
 def test_a_checkpoint_from_another_device_resumes_with_reseeded_generators(digits_train, tmp_path):

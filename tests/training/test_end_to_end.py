@@ -34,7 +34,7 @@ def test_short_run_reaches_stated_accuracy(digits_train, digits_test, mechanism)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     module, optimizer, loader = make_private(
         model, optimizer, digits_loader(digits_train, 64), mechanism=mechanism, target_epsilon=4.0,
-        delta=1e-5, epochs=10, max_grad_norm=1.0, seed=0,
+        delta=1e-5, epochs=10, max_grad_norm=1.0, seed=0, noise_seed=0,
     )
     engine = optimizer.privacy_engine
     if mechanism == "dirichlet":  # the Dirichlet-mechanism paper's heuristic: effective learning rate 1e-2 at s_y = 0.9

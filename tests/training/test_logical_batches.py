@@ -38,7 +38,7 @@ def train(mechanism: str, physical: int | None, grad_sample_mode: str = "auto", 
     extra = {} if mechanism in ("dirichlet",) else {"grad_sample_mode": grad_sample_mode}
     module, optimizer, loader = make_private(
         net, torch.optim.SGD(net.parameters(), lr=0.5), DataLoader(data(), batch_size=60), mechanism=mechanism,
-        **noise_keywords(mechanism, NOISE[mechanism]), max_grad_norm=0.5, delta=1e-5, seed=3,
+        **noise_keywords(mechanism, NOISE[mechanism]), max_grad_norm=0.5, delta=1e-5, seed=3, noise_seed=3,
         max_physical_batch_size=physical, **extra, **options)
     engine, batches = optimizer.privacy_engine, 0
     for inputs, targets in loader:
@@ -82,7 +82,7 @@ def test_plain_gradient_accumulation_stays_refused(grad_sample_mode):
     net = model()
     module, optimizer, loader = make_private(
         net, torch.optim.SGD(net.parameters(), lr=0.1), DataLoader(data(), batch_size=60), mechanism="gaussian",
-        noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5, seed=0, grad_sample_mode=grad_sample_mode,
+        noise_multiplier=1.0, max_grad_norm=1.0, delta=1e-5, seed=0, noise_seed=0, grad_sample_mode=grad_sample_mode,
         max_physical_batch_size=1000)
     inputs, targets = next(iter(loader))
     optimizer.zero_grad()
@@ -122,7 +122,7 @@ def test_budget_stop_after_accumulated_physical_batches_leaves_nothing_behind():
     net = model()
     module, optimizer, loader = make_private(
         net, torch.optim.SGD(net.parameters(), lr=0.5), DataLoader(data(), batch_size=60), mechanism="gaussian",
-        noise_multiplier=2.0, target_epsilon=0.9, max_grad_norm=0.5, delta=1e-5, seed=3,
+        noise_multiplier=2.0, target_epsilon=0.9, max_grad_norm=0.5, delta=1e-5, seed=3, noise_seed=3,
         on_budget_exhausted="stop", max_physical_batch_size=13)
     engine = optimizer.privacy_engine
     history = train_steps(module, optimizer, iter(loader), engine, 10)
@@ -135,7 +135,7 @@ def test_train_steps_reports_logical_batches():
     net = model()
     module, optimizer, loader = make_private(
         net, torch.optim.SGD(net.parameters(), lr=0.5), DataLoader(data(), batch_size=60), mechanism="lap2",
-        laplace_scale=0.05, max_grad_norm=0.5, delta=1e-5, seed=3, max_physical_batch_size=11)
+        laplace_scale=0.05, max_grad_norm=0.5, delta=1e-5, seed=3, noise_seed=3, max_physical_batch_size=11)
     history = train_steps(module, optimizer, iter(loader), optimizer.privacy_engine, 3)
     assert [m.step for m in history] == [1, 2, 3]
     assert all(m.batch_size > 11 for m in history)  # whole logical batches of about 60

@@ -36,11 +36,12 @@ TINY = TrainingConfig(
     schedule=Schedule(epochs=1, batch_size=64),
     optimizer=OptimizerConfig(lr=0.01),
     output=OutputConfig(progress=False),
+    noise_seed=0,  # reproducible, so that the command line's run can be compared
     threads=1,
 )
 TINY_ARGV = ["train", "--dataset", "digits", "--limit", "512", "--test-limit", "100", "--mechanism", "lap2",
              "--delta", "1e-5", "--epsilon", "2", "--epochs", "1", "--batch-size", "64", "--lr", "0.01",
-             "--threads", "1", "--no-progress", "--json"]
+             "--noise-seed", "0", "--threads", "1", "--no-progress", "--json"]
 
 
 def with_field(config: TrainingConfig, path: str, value) -> TrainingConfig:

@@ -40,7 +40,7 @@ OPTIONS = {
     "optimizer.label_smoothing": ("--label-smoothing", "fraction"),
     "schedule.max_steps": ("--max-steps", "check_count", 1), "data.limit": ("--limit", "check_count", 1),
     "data.test_limit": ("--test-limit", "check_count", 1), "data.max_length": ("--max-length", "count_in", 2, 512),
-    "seed": ("--seed", "seed"), "threads": ("--threads", "check_count", 1),
+    "seed": ("--seed", "seed"), "noise_seed": ("--noise-seed", "seed"), "threads": ("--threads", "check_count", 1),
     "data.root": ("--data-root", "existing_folder"), "output.folder": ("--out", "output_folder"),
     "output.resume": ("--resume", "checkpoint_file"), "data.name": ("--dataset",), "model": ("--model",),
     "mechanism.name": ("--mechanism",), "privacy.accountant": ("--accountant",),
@@ -139,7 +139,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add("--max-steps", type=int,
         help="stop after this many steps in total (the noise is still calibrated for --epochs)")
     add = p.add_argument_group("run").add_argument
-    add("--seed", type=int, help="seed for model init, Poisson sampling and noise (default 0)")
+    add("--seed", type=int, help="public seed for model initialisation and data-loader workers (default 0); "
+        "the noise and the Poisson sampling are secret, seeded from the operating system's entropy")
+    add("--noise-seed", type=int, help="seed the noise and the Poisson sampling too, for a reproducible run: anyone "
+        "who knows it can regenerate the noise and remove it (warned); default: secret")
     add("--threads", type=int, help="torch CPU threads (default: torch's choice; per process under torchrun)")
     add("--device", choices=DEVICE_CHOICES, help="auto (default): cuda when available, else cpu")
     add("--noise-shares", choices=NOISE_SHARES_CHOICES, help="under torchrun: split (default; every "

@@ -13,12 +13,21 @@ unpickled.  Resuming then checks the state against the resuming run
 budget, and every accountant's ledger equal to what a fresh accountant records for that many
 steps of that setup.  Anything else is refused with one line naming what differs.
 
-What the hash does and does not do: it catches corrupted and truncated files and naive edits of
-the bytes; it is not a signature, so whoever edits a checkpoint on purpose can recompute it.  The
-ledger checks catch such edits when they are inconsistent (a ledger shortened, emptied or removed,
-a step counter changed without its ledgers, another noise).  A checkpoint edited consistently
-(counter *and* ledgers of the same smaller k, hash recomputed) still passes, as does a file
-crafted to run code when unpickled: load only checkpoints you wrote or trust.
+**Keyed checkpoints.** With a key (:func:`checkpoint_key`: the ``key=`` argument, or the
+environment variable ``DPNOISE_CHECKPOINT_KEY``, or a file named by
+``DPNOISE_CHECKPOINT_KEY_FILE``; at least 32 bytes, never stored in the checkpoint) the envelope
+also carries an HMAC-SHA256 of the payload, checked before anything is unpickled: any edit,
+consistent or not (step counter and ledgers changed together, hash recomputed, generator states
+replaced), is refused, and so is a keyed checkpoint read without its key or an unkeyed one read
+with a key.  Use keys wherever a checkpoint leaves your hands.
+
+What the hash alone does and does not do (no key): it catches corrupted and truncated files and
+naive edits of the bytes; it is not a signature, so whoever edits a checkpoint on purpose can
+recompute it.  The ledger checks catch such edits when they are inconsistent (a ledger shortened,
+emptied or removed, a step counter changed without its ledgers, another noise), and the
+generator tags a replaced generator state (:mod:`dpnoise.training.randomness`).  A checkpoint
+edited consistently (counter *and* ledgers of the same smaller k, hash recomputed) still passes,
+as does a file crafted to run code when unpickled: load only checkpoints you wrote or trust.
 
 Devices and processes: a checkpoint is read onto the CPU (``map_location``) and restored into the
 resuming run's model wherever it lives, so a run saved on a GPU resumes on the CPU and back (the
@@ -30,6 +39,7 @@ generators) and rank 0 writes the file; every rank resumes from it, with the sam
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
 import os
 import pickle
@@ -43,14 +53,53 @@ from torch import nn
 from torch.optim import Optimizer
 
 from dpnoise.training.engine import PrivacyEngine
-from dpnoise.training.errors import CheckpointError, CheckpointMismatchError
+from dpnoise.training.errors import CheckpointError, CheckpointKeyError, CheckpointMismatchError
 
 CHECKPOINT_FORMAT = 2
+#: Environment variables that give the checkpoint key (the key itself, or a file holding it).
+KEY_VARIABLE = "DPNOISE_CHECKPOINT_KEY"
+KEY_FILE_VARIABLE = "DPNOISE_CHECKPOINT_KEY_FILE"
+#: Shortest key accepted (HMAC-SHA256's block of security: 256 bits).
+MIN_KEY_BYTES = 32
+
+CheckpointKey = Optional[bytes | str]
 
 #: Keys of the (verified) state inside a checkpoint.
 STATE_KEYS = ("format", "module", "optimizer", "engine", "torch_rng", "numpy_rng", "python_rng", "extra")
 
 _ZIP_MAGIC = b"PK\x03\x04"
+
+
+def checkpoint_key(key: CheckpointKey = None) -> Optional[bytes]:
+    """The checkpoint key: ``key`` (bytes, or a str taken as UTF-8), else ``$DPNOISE_CHECKPOINT_KEY``,
+    else the bytes of the file ``$DPNOISE_CHECKPOINT_KEY_FILE``; None when none is set.
+
+    Raises :class:`CheckpointKeyError` for a key shorter than 32 bytes or an unreadable key file
+    (call it before training, so that a bad key stops the run before any step).
+    """
+    source = "key"
+    if key is None and os.environ.get(KEY_VARIABLE):
+        key, source = os.environ[KEY_VARIABLE], f"${KEY_VARIABLE}"
+    elif key is None and os.environ.get(KEY_FILE_VARIABLE):
+        source = f"${KEY_FILE_VARIABLE} ({os.environ[KEY_FILE_VARIABLE]})"
+        try:
+            key = Path(os.environ[KEY_FILE_VARIABLE]).read_bytes()
+        except OSError as err:
+            raise CheckpointKeyError(f"checkpoint key: cannot read {source}: {err.strerror or err}") from None
+    if key is None:
+        return None
+    if isinstance(key, str):
+        key = key.encode()
+    if not isinstance(key, bytes):
+        raise CheckpointKeyError(f"checkpoint key must be bytes or str, got {type(key).__name__}")
+    if len(key) < MIN_KEY_BYTES:
+        raise CheckpointKeyError(f"checkpoint key from {source} is {len(key)} bytes; at least {MIN_KEY_BYTES} "
+                                 "are needed (e.g. python -c 'import secrets; print(secrets.token_hex(32))')")
+    return key
+
+
+def _authentication_code(key: bytes, payload: bytes) -> str:
+    return hmac.new(key, payload, hashlib.sha256).hexdigest()
 
 
 def save_checkpoint(
@@ -60,9 +109,11 @@ def save_checkpoint(
     optimizer: Optimizer,
     engine: PrivacyEngine,
     extra: Optional[dict[str, Any]] = None,
+    key: CheckpointKey = None,
 ) -> None:
     """Write the private run's full state to ``path`` (atomically: temp file + rename).
 
+    ``key``: see :func:`checkpoint_key` (default: from the environment; none: unkeyed).
     In a process group call it on every rank: only rank 0 writes.
     """
     state = {
@@ -75,12 +126,15 @@ def save_checkpoint(
         "python_rng": random.getstate(),
         "extra": extra or {},
     }
+    key = checkpoint_key(key)
     if engine.rank == 0:
-        write_checkpoint_state(path, state)
+        write_checkpoint_state(path, state, key=key)
 
 
-def write_checkpoint_state(path: str | os.PathLike, state: dict[str, Any]) -> None:
-    """Serialise ``state``, hash it and write the format-2 envelope to ``path`` atomically."""
+def write_checkpoint_state(path: str | os.PathLike, state: dict[str, Any], key: CheckpointKey = None) -> None:
+    """Serialise ``state``, hash it (and authenticate it with ``key``, see :func:`checkpoint_key`) and
+    write the format-2 envelope to ``path`` atomically."""
+    key = checkpoint_key(key)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getvalue()
@@ -89,19 +143,23 @@ def write_checkpoint_state(path: str | os.PathLike, state: dict[str, Any]) -> No
         "sha256": hashlib.sha256(payload).hexdigest(),
         "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8),
     }
+    if key is not None:
+        envelope["hmac_sha256"] = _authentication_code(key, payload)
     path = Path(path)
     temporary = path.with_name(path.name + ".tmp")
     torch.save(envelope, temporary)
     os.replace(temporary, path)
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def read_checkpoint(path: str | os.PathLike, key: CheckpointKey = None) -> dict[str, Any]:
     """The verified state stored at ``path``, without restoring anything.
 
     Raises :class:`CheckpointError` (one line with the path and the problem) when the file is
     missing, empty, not a dpnoise checkpoint, of an older format, truncated, or does not match
-    its SHA-256 hash.
+    its SHA-256 hash; and, with a key (``key`` or the environment, :func:`checkpoint_key`), when
+    its HMAC does not match, or it has none; without a key, when it is keyed.
     """
+    key = checkpoint_key(key)
     path = Path(path)
 
     def fail(problem: str) -> CheckpointError:
@@ -144,6 +202,14 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     data = payload.numpy().tobytes()
     if hashlib.sha256(data).hexdigest() != digest:
         raise fail("checkpoint content does not match its SHA-256 hash (the file is corrupted or was edited)")
+    code = envelope.get("hmac_sha256")
+    if code is not None and key is None:
+        raise fail(f"the checkpoint is keyed: give its key (${KEY_VARIABLE} or ${KEY_FILE_VARIABLE})")
+    if key is not None and code is None:
+        raise fail("a checkpoint key is set but this checkpoint carries no HMAC: it was written without the key "
+                   "(or rewritten by someone without it); refusing it")
+    if key is not None and not (isinstance(code, str) and hmac.compare_digest(code, _authentication_code(key, data))):
+        raise fail("checkpoint content does not match its HMAC under this key (edited, or another key)")
 
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
@@ -160,18 +226,20 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_checkpoint(
-    path: str | os.PathLike, *, module: nn.Module, optimizer: Optimizer, engine: PrivacyEngine
+    path: str | os.PathLike, *, module: nn.Module, optimizer: Optimizer, engine: PrivacyEngine,
+    key: CheckpointKey = None,
 ) -> dict[str, Any]:
     """Restore a checkpoint into objects built by ``make_private`` with the same setup and seed.
 
-    The file is verified first (:func:`read_checkpoint`: :class:`CheckpointError`), then the
+    The file is verified first (:func:`read_checkpoint`, with ``key`` or the environment's:
+    :class:`CheckpointError`), then the
     model's parameter names and shapes and the engine state (:meth:`PrivacyEngine.load_state_dict`):
     any difference raises :class:`CheckpointMismatchError` naming the field, before the model or
     the engine is changed.  Checkpoints are pickles: load only files you wrote or trust.
 
     Returns the checkpoint's ``extra`` dictionary, with ``"steps"`` (steps already taken) added.
     """
-    state = read_checkpoint(path)
+    state = read_checkpoint(path, key=key)
     _check_module_state(state["module"], module)
     engine.load_state_dict(state["engine"])
     module.load_state_dict(state["module"])

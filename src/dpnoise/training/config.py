@@ -180,8 +180,12 @@ class TrainingConfig:
     model: str = "cnn"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
-    #: seed for model init, Poisson sampling and noise
+    #: public seed: model initialisation and data-loader workers (not the private randomness)
     seed: int = 0
+    #: seed of the private randomness (the noise, the Poisson sampling, noisy statistics) for a
+    #: reproducible run; None (default): secret, from the operating system's entropy
+    #: (:mod:`dpnoise.training.randomness`)
+    noise_seed: Optional[int] = None
     #: torch CPU threads (None: torch's choice)
     threads: Optional[int] = None
     #: where the model, batches, clipping, noise and sampler live: "auto" (CUDA when available), "cpu"
@@ -269,6 +273,7 @@ def check_config(config: TrainingConfig) -> None:
     _optional("data.feature_statistics_noise", "check_positive", data.feature_statistics_noise)
     check_field("data.max_length", "count_in", data.max_length, *MAX_LENGTH_RANGE)
     check_field("seed", "seed", config.seed)
+    _optional("noise_seed", "seed", config.noise_seed)
     _optional("threads", "check_count", config.threads, 1)
     _optional("data.root", "existing_folder", data.root)
     _optional("output.folder", "output_folder", out.folder)

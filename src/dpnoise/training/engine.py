@@ -26,6 +26,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
+from dpnoise import checks
 from dpnoise.accounting import (
     ACCOUNTANTS,
     CalibrationResult,
@@ -47,6 +48,13 @@ from dpnoise.training.calibration import calibrate_training_noise, steps_within_
 from dpnoise.training.config import NOISE_SHARES
 from dpnoise.training.devices import DeviceLike, module_device, module_float_dtype, resolve_device, seeded_generator
 from dpnoise.training.distributed import RankGroup, current_group, generator_seeds
+from dpnoise.training.randomness import (
+    ReproducibleNoiseWarning,
+    generator_state_tag,
+    private_master_seed,
+    randomness_source,
+    reproducible_noise_warning,
+)
 from dpnoise.training.errors import (
     CheckpointMismatchError,
     EngineStateError,
@@ -106,15 +114,23 @@ def make_conv_inputs_contiguous(module: nn.Module) -> None:
 class PrivacyEngine:
     """Makes a model, optimizer and data loader private and tracks the privacy spent.
 
-    Randomness: the engine owns two generators derived from ``seed`` — one for the Poisson
-    sampler, one for the mechanism's noise — so that a run is reproducible and its state can be
-    checkpointed.  They are created by ``make_private`` on the run's device, seeded differently on
-    every rank (:func:`~dpnoise.training.distributed.generator_seeds`).  They are ordinary (not
-    cryptographically secure) generators.
+    Randomness (:mod:`dpnoise.training.randomness`): the engine owns two private generators, one
+    for the Poisson sampler and one for the mechanism's noise, created by ``make_private`` on the
+    run's device.  By default they are seeded from the operating system's entropy, differently on
+    every rank, and their seeds are never stored: no one can regenerate the batches or the noise.
+    ``noise_seed`` makes them reproducible (:class:`ReproducibleNoiseWarning`: whoever knows it can
+    remove the noise).  The public ``seed`` drives the data-loader workers' seeds only.  The
+    generators are ordinary torch generators (Mersenne Twister), not cryptographically secure.
     """
 
-    def __init__(self, seed: Optional[int] = None):
+    def __init__(self, seed: Optional[int] = None, *, noise_seed: Optional[int] = None):
         self.seed = int(torch.seed() if seed is None else seed)
+        if noise_seed is not None:
+            noise_seed = checks.seed("noise_seed", noise_seed)
+            warnings.warn(reproducible_noise_warning(noise_seed), ReproducibleNoiseWarning, stacklevel=2)
+        #: the explicit seed of the private randomness (None: secret, from the OS's entropy)
+        self.noise_seed: Optional[int] = noise_seed
+        self._private_seed = private_master_seed(noise_seed)
         self.noise_generator: Optional[torch.Generator] = None
         self.sampling_generator: Optional[torch.Generator] = None
         #: the run's device and, in a process group of K > 1 ranks, this rank's place in it
@@ -363,9 +379,18 @@ class PrivacyEngine:
         """The number of ranks K training together (1 in one process)."""
         return 1 if self.group is None else self.group.world_size
 
+    @property
+    def private_randomness(self) -> str:
+        """"secret" (seeded from the OS's entropy, the default) or "noise_seed" (reproducible)."""
+        return randomness_source(self.noise_seed)
+
     def _create_generators(self, resumed_at: Optional[int] = None) -> None:
-        """(Re)seed this rank's noise and sampling generators on the run's device (created on first use)."""
-        noise_seed, sampling_seed, _ = generator_seeds(self.seed, self.rank, self.world_size, resumed_at)
+        """(Re)seed this rank's noise and sampling generators on the run's device (created on first use).
+
+        Secret randomness resumed from a checkpoint draws a fresh secret seed."""
+        if resumed_at is not None and self.noise_seed is None:
+            self._private_seed = private_master_seed(None)
+        noise_seed, sampling_seed, _ = generator_seeds(self._private_seed, self.rank, self.world_size, resumed_at)
         if self.noise_generator is None:
             self.noise_generator = seeded_generator(noise_seed, self.device)
             self.sampling_generator = seeded_generator(sampling_seed, self.device)
@@ -527,13 +552,19 @@ class PrivacyEngine:
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Setup, seed, step count, budget flag, accountant states and every rank's generator states
-        (for checkpoints).  In a process group it gathers the ranks' generators: call it on every rank."""
-        own = {"noise": self.noise_generator.get_state(), "sampling": self.sampling_generator.get_state()}
+        """Setup, seed, step count, budget flag, accountant states and, with a ``noise_seed``, every
+        rank's generator states with their tags (for checkpoints; secret randomness is not saved).
+        In a process group it gathers the ranks' generators: call it on every rank."""
+        own: dict[str, Any] = {}
+        if self.noise_seed is not None:
+            for name, generator in (("noise", self.noise_generator), ("sampling", self.sampling_generator)):
+                own[name] = generator.get_state()
+                own[f"{name}_tag"] = generator_state_tag(self.noise_seed, self.rank, name, own[name])
         ranks = [own] if self.group is None else self.group.gather_objects(own, "gathering the ranks' generators")
         return {
             "setup": asdict(self.setup),
             "seed": self.seed,
+            "private_randomness": self.private_randomness,
             "steps": self.steps,
             "budget_exhausted": self.budget_exhausted,
             "accountants": {name: acc.state_dict() for name, acc in self.accountants.items()},
@@ -554,7 +585,10 @@ class PrivacyEngine:
           as in ``make_private``) after ``step(**accounting_step_arguments(), steps=k)``: a ledger
           cannot be shortened, emptied
           or recorded with other noise without contradicting the step counter or the setup;
-        * it holds the generators of as many ranks as this run has (resume with the same K).
+        * it holds the generators of as many ranks as this run has (resume with the same K);
+        * its private randomness is this run's: secret (no generator state saved; the resumed run
+          draws fresh secret seeds) or from the same ``noise_seed``, every saved generator state
+          carrying the tag that binds it to that seed (a replaced state is refused).
 
         Each rank restores its own generators.  Saved on another kind of device (CPU vs CUDA, whose
         generators differ), they cannot be restored: the generators are then re-seeded from the
@@ -575,6 +609,9 @@ class PrivacyEngine:
         for name, acc_state in state["accountants"].items():
             self.accountants[name].load_state_dict(acc_state)
         generators = _saved_generators(state)
+        if self.noise_seed is None:
+            self._create_generators(resumed_at=self.steps)
+            return
         if generators["device"] == self.device.type:
             own = generators["ranks"][self.rank]
             self.noise_generator.set_state(own["noise"])
@@ -598,9 +635,8 @@ class PrivacyEngine:
 
         if not isinstance(state, dict):
             raise inconsistent("engine state", f"a {type(state).__name__}, not a dictionary")
-        missing = [key for key in ("setup", "seed", "steps", "budget_exhausted", "accountants") if key not in state]
-        if "generators" not in state and not {"noise_generator", "sampling_generator"} <= set(state):
-            missing.append("generators")
+        missing = [key for key in ("setup", "seed", "private_randomness", "steps", "budget_exhausted", "accountants",
+                                   "generators") if key not in state]
         if missing:
             raise inconsistent("engine state", f"no {', '.join(missing)}")
         saved_setup, current_setup = state["setup"], asdict(self.setup)
@@ -613,6 +649,8 @@ class PrivacyEngine:
                 raise differs(field, saved, current)
         if state["seed"] != self.seed:
             raise differs("seed", state["seed"], self.seed)
+        if state["private_randomness"] != self.private_randomness:
+            raise differs("private randomness", state["private_randomness"], self.private_randomness)
 
         steps = state["steps"]
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
@@ -651,21 +689,32 @@ class PrivacyEngine:
         if len(generators["ranks"]) != self.world_size:
             raise differs("number of processes", len(generators["ranks"]), self.world_size)
         for rank, own in enumerate(generators["ranks"]):
+            if not isinstance(own, dict):
+                raise inconsistent(f"rank {rank}'s generators", "not a dictionary")
+            if self.noise_seed is None:
+                if own:
+                    raise inconsistent(f"rank {rank}'s generators", "generator states saved by a run whose private "
+                                                                    "randomness is secret (none should be)")
+                continue
             for name in ("noise", "sampling"):
-                problem = _generator_state_problem(own.get(name) if isinstance(own, dict) else None,
-                                                   generators["device"], self.device)
+                problem = _generator_state_problem(own.get(name), generators["device"], self.device)
                 if problem:
                     raise inconsistent(f"rank {rank}'s {name} generator", problem)
+                if own.get(f"{name}_tag") != generator_state_tag(self.noise_seed, rank, name, own[name]):
+                    raise inconsistent(f"rank {rank}'s {name} generator", "its state does not carry this run's "
+                                                                          "noise-seed tag (replaced or edited)")
 
 def make_private(
-    module: nn.Module, optimizer: Optimizer, data_loader: DataLoader, *, seed: Optional[int] = None, **options: Any
+    module: nn.Module, optimizer: Optimizer, data_loader: DataLoader, *, seed: Optional[int] = None,
+    noise_seed: Optional[int] = None, **options: Any
 ) -> tuple[nn.Module, Optimizer, DataLoader]:
-    """One-call form of :meth:`PrivacyEngine.make_private` (same options, plus ``seed``).
+    """One-call form of :meth:`PrivacyEngine.make_private` (same options, plus the engine's ``seed``
+    and ``noise_seed``: see :class:`PrivacyEngine`).
 
     The engine is reachable as ``optimizer.privacy_engine`` (``get_epsilon``,
     ``epsilon_by_accountant``, ``state_dict``).
     """
-    engine = PrivacyEngine(seed=seed)
+    engine = PrivacyEngine(seed=seed, noise_seed=noise_seed)
     private_module, private_optimizer, private_loader = engine.make_private(module, optimizer, data_loader, **options)
     private_optimizer.privacy_engine = engine
     return private_module, private_optimizer, private_loader
@@ -687,10 +736,8 @@ _MISSING = type("Missing", (), {"__repr__": lambda self: "missing"})()
 
 
 def _saved_generators(state: dict[str, Any]) -> Any:
-    """The ``generators`` entry of an engine state (one CPU rank for states written before it existed)."""
-    if "generators" in state:
-        return state["generators"]
-    return {"device": "cpu", "ranks": [{"noise": state["noise_generator"], "sampling": state["sampling_generator"]}]}
+    """The ``generators`` entry of an engine state."""
+    return state["generators"]
 
 
 def _generator_state_problem(saved: Any, saved_device: str, device: torch.device) -> Optional[str]:

@@ -29,3 +29,7 @@ class InvalidTrainingOptionError(InvalidParameterError):
 
 class EngineStateError(DpnoiseError, RuntimeError):
     """The engine was used out of order (e.g. ``make_private`` called twice on one engine)."""
+
+
+class CheckpointKeyError(CheckpointError):
+    """The checkpoint key is unusable (too short, unreadable key file)."""

@@ -103,18 +103,20 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
     from dpnoise.accounting import UnsoundAccountantWarning
     from dpnoise.errors import DpnoiseError
     from dpnoise.training.averaging import learning_rate_schedule, parameter_average
-    from dpnoise.training.checkpoint import load_checkpoint
+    from dpnoise.training.checkpoint import checkpoint_key, load_checkpoint
     from dpnoise.training.engine import PrivacyEngine
     from dpnoise.training.report import RunHistory, write_run_outputs
     from dpnoise.training.sampling import shard_indices
 
+    if config.output.folder or config.output.resume:
+        checkpoint_key()  # a short or unreadable key stops the run here, before any step
     torch.manual_seed(config.seed)
     model, train_set, test_set = prepare_model_and_data(config)
     releases = standardize_features(config, model, train_set)
     optimizer = build_optimizer(config, model)
     # the average is copied from the plain model, before make_private hooks it
     average = parameter_average(model, config.optimizer.ema_decay) if config.optimizer.ema_decay else None
-    engine = PrivacyEngine(seed=config.seed)
+    engine = PrivacyEngine(seed=config.seed, noise_seed=config.noise_seed)
     module, optimizer, loader = make_private(engine, config, model, optimizer,
                                              DataLoader(train_set, batch_size=config.schedule.batch_size), device,
                                              releases)

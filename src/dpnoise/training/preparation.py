@@ -127,17 +127,25 @@ def standardize_features(config: TrainingConfig, head: nn.Module, train_set: Dat
     statistics of the training features released with that Gaussian noise, and return the release's DP
     event (for ``make_private(data_releases=...)``); otherwise change nothing and return ().
 
-    The noise is drawn from a generator of its own, seeded from ``config.seed``, so that every rank of a
-    distributed run and a resumed run compute the same statistics.
+    The noise is drawn from a generator of its own, seeded like the run's private randomness
+    (:mod:`dpnoise.training.randomness`: secret, or from ``config.noise_seed``); every rank of a
+    distributed run takes rank 0's seed, so that all compute the same statistics.  A resumed run
+    draws them again and discards them: the checkpoint's model holds the released ones.
     """
     import torch
 
     from dpnoise.mechanisms.channel_statistics import ChannelStandardization, private_channel_statistics
+    from dpnoise.training.distributed import current_group
+    from dpnoise.training.randomness import private_master_seed
 
     sigma = config.data.feature_statistics_noise
     if sigma is None:
         return ()
-    generator = torch.Generator().manual_seed((config.seed + STATISTICS_SEED_OFFSET) % 2**63)
+    seed = private_master_seed(config.noise_seed)
+    group = current_group(torch.device("cpu"))
+    if group is not None:
+        seed = group.gather_objects(seed, "sharing the statistics' noise seed")[0]
+    generator = torch.Generator().manual_seed((seed + STATISTICS_SEED_OFFSET) % 2**63)
     statistics = private_channel_statistics(train_set.tensors[0], sigma, generator)
     head.norm = ChannelStandardization(statistics.mean, statistics.variance)
     return (statistics.event,)

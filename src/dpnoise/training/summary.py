@@ -79,6 +79,8 @@ class TrainingResult:
     #: the noise multiplier of the features' per-channel statistics (released before training and
     #: included in every epsilon), when the features are standardised with them
     feature_statistics_noise: Optional[float] = None
+    #: how the noise and the Poisson sampling were seeded: "secret" (OS entropy) or "noise_seed" (reproducible)
+    private_randomness: str = "secret"
     #: the curves: per-step (loss, batch accuracy, quick epsilon) and per-epoch (test accuracy,
     #: epsilon by accountant) records
     history: RunHistory = field(default_factory=RunHistory)
@@ -116,7 +118,7 @@ SUMMARY_FIELDS = (
 )
 #: fields in the summary only when they differ from these defaults
 OPTIONAL_FIELDS = {"momentum": 0.0, "lr_schedule": "constant", "ema_decay": None, "physical_batch_size": None,
-                   "feature_statistics_noise": None}
+                   "feature_statistics_noise": None, "private_randomness": "secret"}
 
 
 def summarize(
@@ -170,6 +172,7 @@ def summarize(
         ema_decay=config.optimizer.ema_decay,
         physical_batch_size=config.schedule.physical_batch_size,
         feature_statistics_noise=config.data.feature_statistics_noise,
+        private_randomness=engine.private_randomness,
         history=history,
     )
 
