@@ -47,24 +47,33 @@ def calibrate_training_noise(
 
 
 def steps_within_budget(accountant: str, step_arguments: dict[str, Any], target_epsilon: float, delta: float,
-                        releases: Sequence[DpEvent] = ()) -> int:
+                        releases: Sequence[DpEvent] = (), start: int = 1) -> int:
     """Largest T with epsilon(``releases``, then T steps) <= target_epsilon (0 if one step already exceeds it).
 
-    Epsilon is non-decreasing in T, so this brackets by doubling and then bisects.
+    Epsilon is non-decreasing in T, so this gallops from ``start`` (a good guess: the planned steps
+    the noise was calibrated for, where it usually takes two evaluations) by doubling strides up or
+    down, and then bisects.
     """
     def fits(steps: int) -> bool:
         return epsilon_after(accountant, steps=steps, delta=delta, releases=releases,
                              **step_arguments) <= target_epsilon
 
-    if not fits(1):
-        return 0
-    low = 1
-    while low < MAX_BUDGET_STEPS and fits(2 * low):
-        low *= 2
-    if low >= MAX_BUDGET_STEPS:
-        return MAX_BUDGET_STEPS
-    high = 2 * low  # fits(low) and not fits(high)
-    while high - low > 1:
+    start = min(max(int(start), 1), MAX_BUDGET_STEPS)
+    if fits(start):
+        low, stride = start, 1  # fits(low); find a high that does not fit
+        while low < MAX_BUDGET_STEPS and fits(min(low + stride, MAX_BUDGET_STEPS)):
+            low, stride = min(low + stride, MAX_BUDGET_STEPS), 2 * stride
+        if low >= MAX_BUDGET_STEPS:
+            return MAX_BUDGET_STEPS
+        high = min(low + stride, MAX_BUDGET_STEPS)
+    else:
+        high, stride = start, 1  # not fits(high); find a low that fits
+        while high > 1 and not fits(max(high - stride, 1)):
+            high, stride = max(high - stride, 1), 2 * stride
+        if high == 1:
+            return 0
+        low = max(high - stride, 1)
+    while high - low > 1:  # fits(low) and not fits(high)
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
     return low

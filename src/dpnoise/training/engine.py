@@ -332,7 +332,7 @@ class PrivacyEngine:
         self.budget_policy = on_budget_exhausted
         if target_epsilon is not None:
             self.max_steps = steps_within_budget(primary, self.accounting_step_arguments(), target_epsilon, delta,
-                                                 releases)
+                                                 releases, start=self.planned_steps or 1)
             if self.max_steps == 0:
                 spent = f"; the data_releases alone cost {self.get_epsilon():.4g}" if releases else ""
                 raise PrivacyBudgetExceededError(
@@ -541,9 +541,20 @@ class PrivacyEngine:
         return float(self.accountant.get_quick_epsilon(self.setup.delta if delta is None else delta))
 
     def epsilon_by_accountant(self, delta: Optional[float] = None) -> dict[str, float]:
-        """Epsilon so far under every applicable accountant, e.g. ``{"lap2": .., "lap2-paper": ..}``."""
+        """Epsilon so far under every applicable accountant, e.g. ``{"lap2": .., "lap2-paper": ..}``.
+
+        An unsound accountant warns only when it is the primary one, which the user chose
+        (``accountant=``); recorded side by side, its value comes without a warning
+        (``ACCOUNTANTS[name].sound`` says which values are proven bounds).
+        """
         delta = self.setup.delta if delta is None else delta
-        return {name: float(acc.get_epsilon(delta)) for name, acc in self.accountants.items()}
+        by_accountant = {}
+        for name, acc in self.accountants.items():
+            with warnings.catch_warnings():
+                if name != self.setup.accountant:
+                    warnings.simplefilter("ignore", UnsoundAccountantWarning)
+                by_accountant[name] = float(acc.get_epsilon(delta))
+        return by_accountant
 
     @property
     def scope_statement(self) -> Optional[str]:

@@ -1,0 +1,57 @@
+"""The root finders of the noise calibration: the secant method for costly (PLD) epsilons."""
+
+import math
+
+import pytest
+
+from dpnoise.accounting.calibration import solve_by_secant, solve_smallest
+
+
+def counting(function):
+    """``function`` and the list of the points it was evaluated at."""
+    points = []
+
+    def wrapped(x):
+        points.append(x)
+        return function(x)
+
+    return wrapped, points
+
+
+@pytest.mark.parametrize("power,start", [(1.0, 1.3), (3.7, 0.8), (0.5, 2.0)])
+def test_secant_reaches_the_root_from_the_admissible_side_in_few_evaluations(power, start):
+    """epsilon = 2 / x^power has its root at x* = (2 / target)^(1/power); the answer is within the
+    tolerance above it, never below, in a handful of evaluations."""
+    target = 0.7
+    root = (2.0 / target) ** (1.0 / power)
+    epsilon_of, points = counting(lambda x: 2.0 / x**power)
+    x, slope = solve_by_secant(epsilon_of, target, initial=start * root, tolerance=1e-5)
+    assert epsilon_of(x) <= target
+    assert root <= x <= root * (1 + 2e-5)
+    assert slope == pytest.approx(-power, rel=1e-3)
+    assert len(points) <= 7
+    brent, brent_points = counting(lambda x: 2.0 / x**power)
+    solve_smallest(brent, target, initial=start * root, factor=1.25, tolerance=1e-5)
+    assert len(points) < len(brent_points)
+
+
+def test_secant_gives_up_on_values_it_cannot_use():
+    """NaN, an epsilon of 0, or +inf before any admissible point: None (the caller brackets instead)."""
+    assert solve_by_secant(lambda x: math.nan, 1.0, initial=1.0, tolerance=1e-5) is None
+    assert solve_by_secant(lambda x: 0.0, 1.0, initial=1.0, tolerance=1e-5) is None
+    assert solve_by_secant(lambda x: math.inf, 1.0, initial=1.0, tolerance=1e-5) is None
+
+
+def test_secant_bisects_across_an_infinite_region():
+    """Below x = 0.9 the epsilon is +inf (a route that cannot account that noise): the search stays
+    inside the bracket and still ends within the tolerance of the root 1.0."""
+    x, _ = solve_by_secant(lambda x: math.inf if x < 0.9 else 1.0 / x, 1.0, initial=1.5, tolerance=1e-5,
+                           first_slope=-10.0, max_evaluations=40)
+    assert 1.0 <= x <= 1.0 + 2e-5
+
+
+def test_secant_stops_after_its_evaluation_budget():
+    """A function it cannot converge on (a step) leaves it within max_evaluations."""
+    epsilon_of, points = counting(lambda x: 2.0 if x < 1.0 else 0.5)
+    assert solve_by_secant(epsilon_of, 1.0, initial=3.0, tolerance=1e-9, max_evaluations=6) is None
+    assert len(points) <= 6
