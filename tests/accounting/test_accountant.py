@@ -229,7 +229,7 @@ def test_replace_one_release_equals_the_add_remove_bound_without_sampling():
     """At q = 1 every example's output is released every step: both readings are the Gaussian's RDP at sigma / 2."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsoundAccountantWarning)
-        pen = get_accountant("penultimate-gaussian").step(noise_multiplier=2.0, sample_rate=1.0, steps=3)
+        pen = get_accountant("penultimate-gaussian-replace-one-rdp").step(noise_multiplier=2.0, sample_rate=1.0, steps=3)
         reading = get_accountant("penultimate-gaussian-rdp").step(noise_multiplier=2.0, sample_rate=1.0, steps=3)
     np.testing.assert_allclose(pen.get_rdp(), reading.get_rdp(), rtol=1e-12)
 

@@ -4,7 +4,8 @@
 * :mod:`~dpnoise.accounting.rdp` -- Renyi-DP bounds, one module per mechanism;
 * :mod:`~dpnoise.accounting.pld` -- privacy loss distributions (dp_accounting), Lap2 via GDP;
 * accountants (``step`` / ``compose`` / ``get_epsilon`` / ``state_dict``): :class:`RdpAccountant`,
-  :class:`PldAccountant` and :class:`MinimumAccountant` (the smallest of several sound routes);
+  :class:`PldAccountant`, :class:`ReleaseCountAccountant` (an output mechanism by its number of
+  releases) and :class:`MinimumAccountant` (the smallest of several sound routes);
 * :data:`MECHANISMS` -- the mechanism registry (noise unit, event, accountants, audit pair);
 * :data:`ACCOUNTANTS` -- named accountants (``gaussian``, ``laplace-l1``, ``lap2``, ``lap2-paper``,
   ``dirichlet``, ...); non-sound ones warn whenever they produce a number;
@@ -41,6 +42,7 @@ from dpnoise.accounting.mechanisms import (
     register_mechanism,
 )
 from dpnoise.accounting.registry import ACCOUNTANTS, AccountantSpec, accountants_for_mechanism
+from dpnoise.accounting.release_count import ReleaseCountAccountant
 from dpnoise.accounting.validation import InvalidParameterError
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "PldAccountant",
     "PrivacyAccountant",
     "RdpAccountant",
+    "ReleaseCountAccountant",
     "UnreachableTargetError",
     "UnsoundAccountantWarning",
     "accountants_for_mechanism",

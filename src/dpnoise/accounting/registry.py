@@ -10,7 +10,7 @@ from dpnoise.accounting.rdp.registry import AccountingMethods
 from dpnoise.accounting.validation import InvalidParameterError
 
 
-AccountantKind = Literal["rdp", "pld", "minimum"]
+AccountantKind = Literal["rdp", "pld", "minimum", "release-count"]
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,9 @@ class AccountantSpec:
     """A named accountant: the mechanism it accounts for and how.
 
     ``kind``: "rdp" (Renyi DP with ``methods``), "pld" (dp_accounting's privacy loss
-    distributions) or "minimum" (per delta, the smallest epsilon of the sound ``routes``).
+    distributions), "minimum" (per delta, the smallest epsilon of the sound ``routes``) or
+    "release-count" (an output mechanism's profile as the Bin(T, q) mixture over the changed
+    example's number of releases, :mod:`dpnoise.accounting.release_count`).
     """
 
     name: str
@@ -88,7 +90,22 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
             "at integer orders (Zhu & Wang 2019 tight form, which holds for Laplace).",
         ),
         AccountantSpec(
-            "penultimate-gaussian", "penultimate-gaussian", AccountingMethods(gaussian_release="replace-one"), True,
+            "penultimate-gaussian", "penultimate-gaussian", _SOUND, True,
+            "The smaller of penultimate-gaussian-exact and penultimate-gaussian-replace-one-rdp, per delta "
+            "(both sound; replace-one adjacency, each sampled example's noisy activation released).",
+            kind="minimum", routes=("penultimate-gaussian-exact", "penultimate-gaussian-replace-one-rdp"),
+        ),
+        AccountantSpec(
+            "penultimate-gaussian-exact", "penultimate-gaussian", _SOUND, True,
+            "Gaussian noise on per-example clipped penultimate activations, replace-one adjacency, each "
+            "sampled example's noisy activation released: the exact privacy profile, sum_k Bin(k; T, q) "
+            "delta_k(eps) with delta_k that of sqrt(k) mu-GDP, mu = 2 / sigma (docs/theory/dirichlet.md "
+            "Sec. 2.4). One repeated release only (else +inf).",
+            kind="release-count",
+        ),
+        AccountantSpec(
+            "penultimate-gaussian-replace-one-rdp", "penultimate-gaussian",
+            AccountingMethods(gaussian_release="replace-one"), True,
             "Gaussian noise on per-example clipped penultimate activations (reconstruction of Monir & "
             "Ghinita 2024, docs/theory/dirichlet.md Sec. 6), replace-one adjacency, each sampled "
             "example's noisy activation released: Gaussian RDP at multiplier sigma/2 (input replacement "
@@ -140,7 +157,21 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
             "it is not a guarantee for removal. Use 'lap2' for a guarantee.",
         ),
         AccountantSpec(
-            "dirichlet", "dirichlet", AccountingMethods(), True,
+            "dirichlet", "dirichlet", _SOUND, True,
+            "The smaller of dirichlet-release-count and dirichlet-rdp, per delta (both sound; replace-one "
+            "adjacency, each sampled example's sample released).",
+            kind="minimum", routes=("dirichlet-release-count", "dirichlet-rdp"),
+        ),
+        AccountantSpec(
+            "dirichlet-release-count", "dirichlet", AccountingMethods(), True,
+            "Dirichlet mechanism, replace-one adjacency, each sampled example's sample released: "
+            "sum_k Bin(k; T, q) delta_k(eps), delta_k converted from the RDP k eps(a) of k releases at its "
+            "own best order (exact two-vertex base RDP, as dirichlet-rdp; docs/theory/dirichlet.md "
+            "Sec. 2.4). Never above dirichlet-rdp beyond rounding. One repeated release only (else +inf).",
+            kind="release-count",
+        ),
+        AccountantSpec(
+            "dirichlet-rdp", "dirichlet", AccountingMethods(), True,
             "Dirichlet mechanism, replace-one adjacency (labels public, one private input changed), each "
             "sampled example's sample released: exact two-vertex base RDP, proven for integer orders "
             "(docs/theory/dirichlet.md Sec. 1.2), subsampled exactly as log(1 - q + q e^{(a-1) eps(a)}) "
