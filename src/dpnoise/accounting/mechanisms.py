@@ -230,7 +230,7 @@ register_mechanism(MechanismSpec(
     description="Dirichlet output mechanism: p~ ~ Dir(r softmax(z) + alpha), loss -log p~_y",
     noise=CONCENTRATION, perturbs="outputs", noise_distribution="dirichlet",
     event=_dirichlet_event, uses_alpha=True,
-    accountants=("dirichlet", "dirichlet-ponnoprat"),
+    accountants=("dirichlet", "dirichlet-release-count", "dirichlet-rdp", "dirichlet-ponnoprat"),
     audit_pair=AuditPair("dirichlet-vertex"),
     scope=OUTPUT_PRIVACY_SCOPE,
 ))
@@ -240,7 +240,8 @@ register_mechanism(MechanismSpec(
     "add N(0, sigma^2 C^2)",
     noise=NOISE_MULTIPLIER, perturbs="outputs", noise_distribution="gaussian",
     event=_penultimate_gaussian_event,
-    accountants=("penultimate-gaussian", "penultimate-gaussian-pld"),
+    accountants=("penultimate-gaussian", "penultimate-gaussian-exact", "penultimate-gaussian-replace-one-rdp",
+                 "penultimate-gaussian-pld"),
     audit_pair=AuditPair("gaussian-shift", noise_factor=0.5),
     scope=OUTPUT_PRIVACY_SCOPE,
 ))
