@@ -112,8 +112,12 @@ def test_lap2_params_extremes(n):
 
 
 def test_unreachable_gaussian_target_names_epsilon():
-    with pytest.raises(UnreachableTargetError, match="epsilon=0.001 is unreachable"):
-        calibrate_noise("gaussian", 0.001, 1e-5, 0.5, 10**5)
+    """Any epsilon > 0 is reachable by enough Gaussian noise, unless releases before training spend it."""
+    from dpnoise.accounting.events import GaussianEvent
+
+    assert calibrate_noise("gaussian", 0.001, 1e-5, 0.5, 10**5, compare=False).epsilon <= 0.001
+    with pytest.raises(UnreachableTargetError, match="epsilon=0.001 is unreachable: the releases before training"):
+        calibrate_noise("gaussian", 0.001, 1e-5, 0.5, 10**5, releases=[GaussianEvent(10.0)])
 
 
 @pytest.mark.parametrize("bad", [dict(target_epsilon=-1.0), dict(target_epsilon=float("nan")), dict(delta=1.0), dict(sample_rate=2.0), dict(steps=0)])

@@ -173,9 +173,11 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
         AccountantSpec(
             "dirichlet-rdp", "dirichlet", AccountingMethods(), True,
             "Dirichlet mechanism, replace-one adjacency (labels public, one private input changed), each "
-            "sampled example's sample released: exact two-vertex base RDP, proven for integer orders "
-            "(docs/theory/dirichlet.md Sec. 1.2), subsampled exactly as log(1 - q + q e^{(a-1) eps(a)}) "
-            "/ (a-1) (the example's inclusion is visible). RDP only: no PLD dominating pair is known.",
+            "sampled example's sample released: exact two-vertex base RDP, proven for integer orders and "
+            "real orders >= 1.58034 (docs/theory/dirichlet.md Sec. 1.2), subsampled exactly as "
+            "log(1 - q + q e^{(a-1) eps(a)}) / (a-1) (the example's inclusion is visible). RDP only: a "
+            "dominating pair (and an exact PLD) is known for two classes only (Sec. 1.3), and the ledger "
+            "does not record the number of classes.",
         ),
         AccountantSpec(
             "dirichlet-add-remove", "dirichlet", AccountingMethods(dirichlet_subsampling="general"), False,
