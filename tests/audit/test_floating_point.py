@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dpnoise.accounting.secure_noise import plan_discrete_gaussian, plan_discrete_laplace
-from dpnoise.audit.floating_point import audit_floating_point, grid_escape, rate_epsilon
+from dpnoise.audit.floating_point import audit_floating_point, grid_escape, lowest_bit_parity, rate_epsilon
 from dpnoise.mechanisms.noise import gaussian_noise, laplace_noise
 from dpnoise.mechanisms.secure_noise import Shake256RandomBits, secure_noisy_sum
 
@@ -27,6 +27,13 @@ def test_lemma_sums_below_the_input_lie_on_its_half_ulp_grid(dtype):
     same_shift = (shift + n[:, None]).astype(dtype)
     assert not grid_escape(same_shift, shift).any()
     assert grid_escape(n[:, None], shift).any()  # the noise alone does leave the grid
+
+
+def test_lowest_bit_parity_reads_the_exponent_of_the_lowest_set_bit():
+    values = np.array([[1.0], [2.0], [3.0 * 2.0 ** -7], [0.0], [-6.0], [2.0 ** -1074]])
+    assert lowest_bit_parity(values, np.array([1.0])).tolist() == [False, True, True, False, True, False]
+    single = values.astype(np.float32)[:5]
+    assert lowest_bit_parity(single, np.array([1.0])).tolist() == [False, True, True, False, True]
 
 
 def test_rate_bound_is_zero_without_evidence_and_large_with_it():
@@ -60,6 +67,8 @@ def test_secure_samplers_give_the_distinguishers_nothing(mechanism, dim, dtype):
                                   trials=TRIALS, dtype=dtype)
     assert result["consistent"]
     assert result["distinguishers"]["grid_escape"]["hits_without"] == 0
+    parity = result["distinguishers"]["lowest_bit_parity"]
+    assert min(parity["hits_without"], parity["hits_with"]) > 0.2 * TRIALS  # a live statistic, equal on both sides
     assert result["lower_bound_epsilon"] <= result["claimed_epsilon"]
 
 

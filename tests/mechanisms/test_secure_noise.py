@@ -207,3 +207,14 @@ def test_the_sampler_uses_only_exact_integer_parameters():
     laplace = plan_discrete_laplace(0.8, 1.0, 26_010, 2)
     exact_need = Fraction(0.8) * laplace.rounding.exact_inflated_clip / Fraction(1.0)
     assert Fraction(laplace.noise_scale) >= exact_need > Fraction(laplace.noise_scale) - Fraction(laplace.rounding.grid)
+
+
+def test_several_parameters_are_released_in_one_call_with_independent_noise():
+    plan = plan_discrete_laplace(1.0, 1.0, 20_006, 2, grid=2.0 ** -3)
+    sums = [torch.zeros(2, 3), torch.full((10_000,), 0.5, dtype=torch.float64), torch.zeros(10_000)]
+    released = secure_noise.secure_noisy_sums(sums, plan, bits(18))
+    assert [r.shape for r in released] == [s.shape for s in sums]
+    assert [r.dtype for r in released] == [s.dtype for s in sums]
+    second, third = (released[1].double() - 0.5).numpy(), released[2].double().numpy()
+    assert stats.ks_2samp(second, third).pvalue > 1e-3 and not np.array_equal(second, third)
+    assert secure_noise.secure_noisy_sums([], plan, bits(18)) == []

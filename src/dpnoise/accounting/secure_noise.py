@@ -52,12 +52,13 @@ __all__ = [
 #: default bound on the sensitivity's relative growth from rounding onto the grid: C' <= C (1 + 2^-10)
 GRID_SLACK = 2.0 ** -10
 #: width tau (in grid steps) of the randomized rounding that relates the discrete Gaussian to the
-#: continuous one (docs/theory/secure_noise.md §3): kappa <= 4 exp(-2 pi^2 tau^2) = 8e-137 per coordinate
+#: continuous one (docs/theory/secure_noise.md §3): kappa <= 4.01 exp(-2 pi^2 tau^2) = 2.8e-137 per
+#: coordinate and step
 SMOOTHING = 4
 #: largest Laplace parameter t (grid steps): keeps t * V in int64 for every V the sampler can reach
 MAX_LAPLACE_STEPS = 2 ** 40
-#: largest discrete Gaussian variance t * w (grid steps squared): 2 t w < 2^55 keeps the exact
-#: Bernoulli comparisons in int64 (the sampler's digit recurrence multiplies remainders by 256)
+#: the discrete Gaussian variance t * w (grid steps squared) stays below this: 2 t w < 2^55 keeps the
+#: exact Bernoulli comparisons in int64 (the sampler's digit recurrence multiplies remainders by 256)
 MAX_GAUSSIAN_VARIANCE = 2 ** 54
 
 
@@ -237,7 +238,7 @@ def plan_discrete_gaussian(noise_multiplier: float, clip: float, coordinates: in
 
     target = (sigma C'/grid)^2 + SMOOTHING^2; t = ceil(sqrt(target)) (CKS's t ~ sigma, which keeps
     the rejection rate low); w = ceil(target / t), so t w >= target.  A default grid too fine for
-    t w <= 2^54 is coarsened.
+    t w < 2^54 is coarsened.
     """
     sigma = check_positive("noise_multiplier", noise_multiplier)
     rounding = grid_rounding(clip, coordinates, 2, grid, slack)
@@ -248,9 +249,9 @@ def plan_discrete_gaussian(noise_multiplier: float, clip: float, coordinates: in
     target = (Fraction(sigma) * rounding.exact_inflated_clip / Fraction(rounding.grid)) ** 2 + SMOOTHING ** 2
     steps = _ceil_sqrt(target)
     width = math.ceil(target / steps)
-    if steps * width > MAX_GAUSSIAN_VARIANCE:
+    if steps * width >= MAX_GAUSSIAN_VARIANCE:
         raise InvalidParameterError(f"grid {rounding.grid!r} is too fine for the noise multiplier {sigma!r} "
-                                    f"(variance {steps * width} grid steps squared, at most 2^54)")
+                                    f"(variance {steps * width} grid steps squared, below 2^54 needed)")
     return DiscreteGaussianPlan(rounding, steps, width)
 
 

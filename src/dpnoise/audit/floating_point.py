@@ -31,7 +31,7 @@ from dpnoise.audit.claims import audit_record, claimed_epsilons
 from dpnoise.audit.sampler import GRADIENT_MECHANISMS, canary_direction
 from dpnoise.audit.stats import clopper_pearson_lower, clopper_pearson_upper
 
-__all__ = ["grid_escape", "lowest_bit_set", "DISTINGUISHERS", "rate_epsilon", "audit_floating_point"]
+__all__ = ["grid_escape", "lowest_bit_parity", "DISTINGUISHERS", "rate_epsilon", "audit_floating_point"]
 
 #: (clipped sums, one row per trial) -> the released noisy sums, same shape and dtype
 Release = Callable[[torch.Tensor], torch.Tensor]
@@ -54,19 +54,21 @@ def grid_escape(released: np.ndarray, shift: np.ndarray) -> np.ndarray:
     return np.any(off_grid & below & (shift != 0), axis=1)
 
 
-def lowest_bit_set(released: np.ndarray, shift: np.ndarray) -> np.ndarray:
-    """Per row: is the last significand bit of y_i set, for the first coordinate i with shift_i != 0
-    (a second low-order-bit statistic, y_i / ulp(y_i) odd)?"""
+def lowest_bit_parity(released: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """Per row: is the exponent j of the lowest set bit of y_i odd (y_i = odd * 2^j), for the first
+    coordinate i with shift_i != 0?  A parameter-free low-order-bit statistic; 0 counts as even."""
     i = int(np.flatnonzero(np.asarray(shift) != 0)[0])
-    y = np.abs(released[:, i])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.mod(y / _ulp(y), 2) == 1
+    fraction, exponent = np.frexp(np.asarray(released[:, i], dtype=np.float64))  # exact for every float dtype
+    significand = np.abs(fraction * 2.0 ** 53).astype(np.int64)
+    lowest = np.log2((significand & -significand).astype(np.float64), where=significand != 0,
+                     out=np.zeros(significand.shape))
+    return (significand != 0) & ((exponent - 53 + lowest.astype(np.int64)) % 2 == 1)
 
 
 #: the distinguishers run by :func:`audit_floating_point`, by name
 DISTINGUISHERS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "grid_escape": grid_escape,
-    "lowest_bit_set": lowest_bit_set,
+    "lowest_bit_parity": lowest_bit_parity,
 }
 
 

@@ -23,17 +23,18 @@ with a secret (:class:`Shake256RandomBits`, reproducible by whoever holds the ke
 computed on the CPU in int64, then the release is cast to the sum's dtype and moved to its device
 (post-processing: it changes nothing to the privacy).
 
-The samplers are vectorised rejection loops over the pending coordinates; each round costs a few
-tensor operations on the coordinates still pending, and a uniform byte decides a Bernoulli with
-probability 255/256 (:func:`bernoulli_rational`), so a coordinate costs about 20 random bytes
-(Laplace) or 45 (Gaussian).
+The samplers are vectorised loops: each round costs a few tensor operations on the coordinates
+still pending, rejection samplers draw their proposals in batches (:func:`_accepted`), and a
+uniform byte decides a Bernoulli with probability 255/256 (:func:`bernoulli_rational`), so a
+coordinate costs about 12 random bytes (Laplace) or 21 (Gaussian), benchmarks/bench_secure_noise.py.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
-from typing import Optional, Protocol, Union
+from typing import Callable, Optional, Protocol, Sequence, Union
 
 import torch
 
@@ -58,6 +59,7 @@ __all__ = [
     "discrete_gaussian",
     "floored_laplace",
     "secure_noisy_sum",
+    "secure_noisy_sums",
     "secure_laplace_sum",
     "secure_gaussian_sum",
 ]
@@ -73,8 +75,13 @@ GEOMETRIC_LIMIT = 2 ** 21
 #: |u| below this has u^2 < 2^62 (int64); the discrete Gaussian's rare larger |u| is squared in
 #: Python integers
 SQUARE_LIMIT = 2 ** 31
-#: coordinates processed at once by :func:`secure_noisy_sum` (bounds the memory of the int64 work)
-CHUNK = 1 << 22
+#: coordinates processed at once by :func:`secure_noisy_sums` (bounds the memory of the int64 work)
+CHUNK = 1 << 20
+#: acceptance rates that size the proposal batches (only the speed depends on them): the uniform
+#: U of :func:`geometric` is kept with probability E[e^{-U/t}] >= 1 - 1/e; CKS Algorithm 3 keeps
+#: about e^{-1/2} sqrt(pi/2) = 0.76 of its proposals at large sigma
+_ACCEPT_EXP = -math.expm1(-1.0)
+_ACCEPT_GAUSSIAN = 0.7
 
 
 class SecureNoiseError(DpnoiseError, RuntimeError):
@@ -141,6 +148,23 @@ def _where(mask: torch.Tensor) -> torch.Tensor:
     return torch.nonzero(mask).view(-1)
 
 
+def _accepted(count: int, propose: Callable[[int], tuple[torch.Tensor, torch.Tensor]], acceptance: float
+              ) -> torch.Tensor:
+    """The first ``count`` accepted values of a sequence of independent proposals.
+
+    ``propose(size)`` returns ``size`` proposals and whether each is accepted.  The accepted values,
+    in order, are independent draws of the target law (rejection sampling), so the first ``count``
+    of them are too; the batches are sized by the expected ``acceptance`` rate plus a margin, so
+    that one batch usually suffices (fewer rounds over ever smaller remainders).
+    """
+    parts, needed = [], count
+    while needed > 0:
+        values, kept = propose(int(needed / acceptance * 1.05) + 16)
+        parts.append(values[kept][:needed])
+        needed -= parts[-1].numel()
+    return torch.cat(parts) if len(parts) != 1 else parts[0]
+
+
 def _uniform_below(bits: RandomBits, count: int, bound: int) -> torch.Tensor:
     """``count`` exact uniforms on {0, ..., bound - 1}, bound < 2^56.
 
@@ -168,18 +192,14 @@ def _uniform_below(bits: RandomBits, count: int, bound: int) -> torch.Tensor:
             value &= mask
             return value, value < bound
 
-    out, ok = draw(count)
-    redo = _where(~ok)
-    while redo.numel():
-        value, ok = draw(redo.numel())
-        out[redo[ok]] = value[ok]
-        redo = redo[~ok]
-    return out
+    acceptance = 1.0 - (2 ** 32 % bound) / 2 ** 32 if bound <= 2 ** 31 else bound / 2 ** (bound - 1).bit_length()
+    return _accepted(count, draw, acceptance)
 
 
 def bernoulli_rational(bits: RandomBits, numerator: torch.Tensor, denominator: Union[int, torch.Tensor]
                        ) -> torch.Tensor:
-    """Exact Bernoulli(numerator / denominator), elementwise, for 0 <= numerator <= denominator < 2^55.
+    """Exact Bernoulli(numerator / denominator), elementwise, for 0 <= numerator <= denominator <= 2^55,
+    numerator < 2^55.
 
     A uniform U in [0, 1) is compared with p = numerator / denominator one base-256 digit at a time
     (the digit recurrence r <- 256 r mod d in int64; a digit of 256 when p = 1 is above every
@@ -249,7 +269,7 @@ def bernoulli_exp(bits: RandomBits, whole: torch.Tensor, numerator: torch.Tensor
                   denominator: Union[int, torch.Tensor]) -> torch.Tensor:
     """Exact Bernoulli(exp(-(whole + numerator / denominator))), elementwise (CKS Algorithm 1):
     ``whole`` >= 0 independent Bernoulli(e^-1) must all succeed (stopping at the first failure),
-    then Bernoulli(exp(-numerator / denominator)), 0 <= numerator <= denominator < 2^55."""
+    then Bernoulli(exp(-numerator / denominator)), 0 <= numerator < 2^55, numerator <= denominator <= 2^55."""
     out = _bernoulli_exp_fraction(bits, numerator, denominator)
     trying = _where(whole > 0)
     remaining = whole[trying]
@@ -283,14 +303,11 @@ def geometric(bits: RandomBits, count: int, steps: int) -> torch.Tensor:
     probability e^{-U/t} (else redrawn), and V ~ Geometric(e^-1) independent of U; then
     P(X = u + t v) is proportional to e^{-u/t} e^{-v} = e^{-(u + t v)/t}.
     """
-    u = _uniform_below(bits, count, steps)
-    redo = _where(~_bernoulli_exp_fraction(bits, u, steps))
-    while redo.numel():
-        fresh = _uniform_below(bits, redo.numel(), steps)
-        kept = _bernoulli_exp_fraction(bits, fresh, steps)
-        u[redo[kept]] = fresh[kept]
-        redo = redo[~kept]
-    return u + steps * _geometric_e(bits, count)
+    def propose(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        u = _uniform_below(bits, size, steps)
+        return u, _bernoulli_exp_fraction(bits, u, steps)
+
+    return _accepted(count, propose, _ACCEPT_EXP) + steps * _geometric_e(bits, count)
 
 
 def floored_laplace(bits: RandomBits, count: int, steps: int) -> torch.Tensor:
@@ -307,17 +324,12 @@ def floored_laplace(bits: RandomBits, count: int, steps: int) -> torch.Tensor:
 def discrete_laplace(bits: RandomBits, count: int, steps: int) -> torch.Tensor:
     """``count`` exact draws of the discrete Laplace law P(y) proportional to e^{-|y|/t} on Z
     (CKS Algorithm 2 with s = 1): a geometric magnitude and a fair sign, (negative, 0) redrawn."""
-    out = geometric(bits, count, steps)
-    negative = _fair_bits(bits, count)
-    redo = _where(negative & (out == 0))
-    while redo.numel():
-        magnitude = geometric(bits, redo.numel(), steps)
-        sign = _fair_bits(bits, redo.numel())
-        ok = ~(sign & (magnitude == 0))
-        out[redo[ok]] = magnitude[ok]
-        negative[redo[ok]] = sign[ok]
-        redo = redo[~ok]
-    return torch.where(negative, -out, out)
+    def propose(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        magnitude = geometric(bits, size, steps)
+        negative = _fair_bits(bits, size)
+        return torch.where(negative, -magnitude, magnitude), ~(negative & (magnitude == 0))
+
+    return _accepted(count, propose, 1.0 + math.expm1(-1.0 / steps) / 2)  # P(X = 0) = 1 - e^{-1/t}
 
 
 def _divmod_square(u: torch.Tensor, divisor: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,7 +349,7 @@ def _divmod_square(u: torch.Tensor, divisor: int) -> tuple[torch.Tensor, torch.T
 
 def discrete_gaussian(bits: RandomBits, count: int, steps: int, width: int) -> torch.Tensor:
     """``count`` exact draws of the discrete Gaussian N_Z(0, sigma^2), sigma^2 = t w (t = ``steps``,
-    w = ``width``, 2 t w < 2^55).
+    w = ``width``, t w < 2^54).
 
     CKS Algorithm 3: Y discrete Laplace with scale t (:func:`discrete_laplace`), kept with
     probability exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)) = exp(-(|Y| - w)^2 / (2 t w)), an exact
@@ -351,13 +363,7 @@ def discrete_gaussian(bits: RandomBits, count: int, steps: int, width: int) -> t
         whole, rest = _divmod_square((y.abs() - width).abs(), divisor)
         return y, bernoulli_exp(bits, whole, rest, divisor)
 
-    out, kept = propose(count)
-    redo = _where(~kept)
-    while redo.numel():
-        y, kept = propose(redo.numel())
-        out[redo[kept]] = y[kept]
-        redo = redo[~kept]
-    return out
+    return _accepted(count, propose, _ACCEPT_GAUSSIAN)
 
 
 def _integer_noise(bits: RandomBits, count: int, plan: Plan) -> torch.Tensor:
@@ -366,19 +372,8 @@ def _integer_noise(bits: RandomBits, count: int, plan: Plan) -> torch.Tensor:
     return discrete_gaussian(bits, count, plan.steps, plan.width)
 
 
-def secure_noisy_sum(clipped_sum: torch.Tensor, plan: Plan, bits: RandomBits) -> torch.Tensor:
-    """The released noisy sum grid * (round(clamp(S / grid)) + Z), shaped, typed and placed like
-    ``clipped_sum`` (S): what the optimizer sets as the gradient, INSTEAD of S + noise.
-
-    ``plan`` (:func:`~dpnoise.accounting.secure_noise.plan_discrete_laplace` or
-    :func:`~dpnoise.accounting.secure_noise.plan_discrete_gaussian`) is made once per run for the
-    number n of noised coordinates of the whole model; call this once per parameter tensor (the
-    noise is independent across coordinates, and the rounding bound covers all n).  The work is
-    done on the CPU in int64, CHUNK coordinates at a time; the release, an integer multiple of the
-    grid, is converted to float64 (exact below 2^53 grid steps), cast and moved (post-processing).
-    """
-    if not isinstance(plan, (DiscreteLaplacePlan, DiscreteGaussianPlan)):
-        raise InvalidParameterError(f"plan must be a DiscreteLaplacePlan or DiscreteGaussianPlan, got {plan!r}")
+def _checked_sum(clipped_sum: torch.Tensor) -> torch.Tensor:
+    """``clipped_sum`` flattened to float64 on the CPU, or a clear error."""
     if not isinstance(clipped_sum, torch.Tensor) or not clipped_sum.is_floating_point() or clipped_sum.is_complex():
         raise InvalidParameterError("clipped_sum must be a real floating-point tensor, got "
                                     f"{getattr(clipped_sum, 'dtype', type(clipped_sum).__name__)}")
@@ -387,13 +382,39 @@ def secure_noisy_sum(clipped_sum: torch.Tensor, plan: Plan, bits: RandomBits) ->
     flat = clipped_sum.detach().to(device="cpu", dtype=torch.float64).reshape(-1)
     if not bool(torch.isfinite(flat).all()):
         raise SecureNoiseError("the clipped sum has non-finite entries: it cannot be rounded onto the grid")
+    return flat
+
+
+def secure_noisy_sums(clipped_sums: Sequence[torch.Tensor], plan: Plan, bits: RandomBits) -> list[torch.Tensor]:
+    """The released noisy sums grid * (round(clamp(S / grid)) + Z) of every tensor of
+    ``clipped_sums`` (one per parameter), each shaped, typed and placed like its sum: what the
+    optimizer sets as the gradients, INSTEAD of S + noise.
+
+    ``plan`` (:func:`~dpnoise.accounting.secure_noise.plan_discrete_laplace` or
+    :func:`~dpnoise.accounting.secure_noise.plan_discrete_gaussian`) is made once per run for the
+    number n of noised coordinates of the whole model (the rounding bound covers all n).  The
+    tensors are released in one call: the samplers' rejection rounds cost a fixed time per call.
+    The work is done on the CPU in int64, CHUNK coordinates at a time; each release, an integer
+    multiple of the grid, is converted to float64 (exact below 2^53 grid steps), cast and moved
+    (post-processing).  The noise is independent across coordinates and calls.
+    """
+    if not isinstance(plan, (DiscreteLaplacePlan, DiscreteGaussianPlan)):
+        raise InvalidParameterError(f"plan must be a DiscreteLaplacePlan or DiscreteGaussianPlan, got {plan!r}")
+    flats = [_checked_sum(clipped_sum) for clipped_sum in clipped_sums]
+    flat = torch.cat(flats) if flats else torch.zeros(0, dtype=torch.float64)
     grid = plan.rounding.grid
     released = torch.empty(flat.numel(), dtype=torch.float64)
     for start in range(0, flat.numel(), CHUNK):
         part = flat[start:start + CHUNK]
         rounded = torch.round((part / grid).clamp_(-SUM_LIMIT, SUM_LIMIT)).to(torch.int64)
         released[start:start + CHUNK] = (rounded + _integer_noise(bits, part.numel(), plan)).to(torch.float64) * grid
-    return released.view(clipped_sum.shape).to(device=clipped_sum.device, dtype=clipped_sum.dtype)
+    pieces = torch.split(released, [f.numel() for f in flats])
+    return [piece.view(s.shape).to(device=s.device, dtype=s.dtype) for piece, s in zip(pieces, clipped_sums)]
+
+
+def secure_noisy_sum(clipped_sum: torch.Tensor, plan: Plan, bits: RandomBits) -> torch.Tensor:
+    """:func:`secure_noisy_sums` of one tensor."""
+    return secure_noisy_sums([clipped_sum], plan, bits)[0]
 
 
 def _whole_noise_only(shares: int) -> None:
