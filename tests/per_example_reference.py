@@ -15,3 +15,14 @@ def single_example_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor)
         F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
         rows.append([p.grad.clone() for p in model.parameters()])
     return [torch.stack(per_param) for per_param in zip(*rows)]
+
+
+def per_example_gradients(params: list[torch.Tensor], example_loss, batch: int) -> list[torch.Tensor]:
+    """Per-parameter ``(batch, *shape)`` gradients of ``example_loss(i)``, one backward pass per example
+    (zeros where the loss does not reach a parameter, as autograd leaves it without a gradient)."""
+    rows = [[torch.zeros_like(p) if g is None else g
+             for p, g in zip(params, torch.autograd.grad(example_loss(i), params, allow_unused=True))]
+            for i in range(batch)]
+    if not rows:
+        return [torch.zeros(0, *p.shape, dtype=p.dtype) for p in params]
+    return [torch.stack(per_param) for per_param in zip(*rows)]

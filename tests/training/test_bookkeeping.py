@@ -191,7 +191,7 @@ def test_training_is_the_same_with_bookkeeping_and_hooks(digits_train, mechanism
         model = build_model("cnn", in_channels=1, input_size=8)
         module, optimizer, loader = make_private(
             model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train, 64),
-            mechanism=mechanism, **noise_keywords(mechanism, 0.5), max_grad_norm=0.5, delta=1e-5, seed=4, grad_sample_mode=mode,
+            mechanism=mechanism, **noise_keywords(mechanism, 0.5), max_grad_norm=0.5, delta=1e-5, seed=4, noise_seed=4, grad_sample_mode=mode,
         )
         batches = iter(loader)
         for _ in range(3):

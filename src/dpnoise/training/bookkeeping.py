@@ -1,31 +1,44 @@
-"""Per-example clipping without materialising per-example gradients of dense layers.
+"""Per-example clipping with one backward pass and without materialising dense layers' gradients.
 
-For a dense layer applied once to each example (input ``a_i`` of shape ``(d_in,)``, gradient
-of the loss w.r.t. its output ``g_i``), example ``i``'s weight gradient is the outer product
-``g_i a_i^T``, and an outer product's entry-wise L1 and L2 norms factorise:
+Book-keeping (Bu et al., "Differentially private optimization on large model at small cost",
+arXiv 2210.00038): during the one backward pass, every trainable layer's input and output gradient
+are kept; the per-example norms and the clipped sum over the batch are then computed from them,
+exactly.  A layer with a registered rule (:mod:`dpnoise.training.bookkeeping_rules`: ``nn.Linear``,
+Hugging Face's ``Conv1D``, ``nn.Embedding``, ``nn.LayerNorm``) runs its forward pass through a
+function that back-propagates to its input only, so that autograd never computes the batch's
+summed parameter gradients that DP training discards; its per-example gradients stay factorised
+(:mod:`dpnoise.training.per_example_gradients`: ghost norms of sequences, the outer-product
+factorisation of 2-D inputs, token-id sums of embeddings).  Convolutions (``Conv2d``, groups 1,
+zero padding) get exact per-example gradients from one batched matmul over a channels-last
+sliding-window view (:func:`conv2d_per_example_gradients`), other convolutions and GroupNorm from
+Opacus's registered grad samplers, as :class:`opacus.GradSampleModule` would compute them.
 
-    ||g a^T||_p = ||g||_p * ||a||_p          (p = 1, 2)
+Exactness with models as they come (Hugging Face's among them):
 
-(the L2 case is the "ghost norm" of Goodfellow 2015 / Li et al. 2022, the L1 case follows from
-sum_jk |g_j a_k| = sum_j |g_j| * sum_k |a_k|).  The clipped sum over the batch is one matrix
-product, ``(f * G)^T A`` with ``f`` the clip factors ("book-keeping", Bu et al. 2023, ICML,
-"Differentially private optimization on large model at small cost"): one backward pass, and no
-``(batch, d_out, d_in)`` tensor.  Convolutions (``Conv2d``, groups 1, zero padding) get exact
-per-example gradients from one batched matmul over a channels-last sliding-window view
-(:func:`conv2d_per_example_gradients`); every other trainable layer (normalisation, embeddings,
-dense layers on sequences, other convolutions) from Opacus's registered grad samplers, as
-:class:`opacus.GradSampleModule` would compute them.
+* a layer whose input has batch size 1 while the model is called on B != 1 examples (BERT's and
+  GPT-2's ``position_ids`` buffer of shape ``(1, T)``) is taken to be broadcast over the batch: its
+  input is expanded to B identical rows (:class:`BroadcastInputs`), so that each example gets its
+  own output gradient and its own per-example gradient;
+* a trainable layer that the loss does not reach (BERT's pooler when a head reads the first token's
+  hidden state) has a zero gradient, as in non-private training;
+* the uses of a parameter in one forward pass (a layer applied twice, GPT-2's embedding tied to its
+  output layer) are summed per example before the norm;
+* a gradient that reaches a book-kept parameter other than through its layer's forward (a direct
+  use of ``layer.weight``, a forward pass in evaluation mode) is refused at the step, never
+  silently left out of the clipping;
+* under ``torch.autocast`` the norms and sums are computed in float32.
 
-The result is the same clipped sum as Opacus's hooks give (up to float rounding; tests compare
-both against one-example-at-a-time autograd).  On the tutorial CNN, where 63% of the per-example
-gradient entries sit in one dense layer, a DP step takes about 0.68x the time it takes with
-Opacus's hooks (``benchmarks/bench_training.py``).
+The clipped sums equal one-example-at-a-time autograd's (tests compare L1 and L2 norms and clipped
+sums for every layer type and for tiny BERT and GPT-2 models).  On the tutorial CNN a DP step takes
+about 0.68x the time it takes with Opacus's hooks (``benchmarks/bench_training.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Optional
 
 import torch
 from opacus import GradSampleModule
@@ -33,39 +46,50 @@ from opacus.utils.module_utils import trainable_modules
 from torch import nn
 from torch.nn import functional as F
 
-from dpnoise.training.errors import InvalidTrainingOptionError, UnsupportedLayerError
+from dpnoise.training.bookkeeping_rules import BookkeepingRule, bookkeeping_rule
+from dpnoise.training.errors import EngineStateError, InvalidTrainingOptionError, UnsupportedLayerError
+from dpnoise.training.per_example_gradients import (
+    MAX_CHUNK_ELEMENTS,
+    Contribution,
+    DenseRows,
+    MaterialisedGradients,
+    ParameterGradients,
+    compute_dtype,
+    dense_clipped_sum,
+)
 
 #: conv2d_per_example_gradients gives weights as (out, kh, kw, in); this permutes them to (out, in, kh, kw)
 CONV_WEIGHT_PERMUTATION = (0, 3, 1, 2)
 
+#: Layer types without a rule whose per-example gradients book-keeping materialises (exact types, batch
+#: first, one tensor in and out): Conv2d by :func:`conv2d_per_example_gradients` where it applies, the
+#: others by Opacus's grad samplers.  Other layers (e.g. Opacus's RNN layers, whose batch is not on
+#: dimension 0) are left to ``GradSampleModule``.
+MATERIALISED_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.GroupNorm)
+
 
 def factorised_norms(activations: torch.Tensor, backprops: torch.Tensor, norm_ord: int,
                      with_bias: bool) -> torch.Tensor:
-    """Per-example ``||g_i a_i^T||_p`` (plus the bias gradient ``g_i``): ``||g||_p ||a||_p``.
+    """Per-example norms ``||g_i a_i^T||_p`` (with the bias gradient ``g_i``) of a dense layer on 2-D inputs.
 
-    Args:
-        activations: ``(batch, d_in)`` layer inputs.
-        backprops: ``(batch, d_out)`` loss gradients w.r.t. the layer outputs.
-        norm_ord: 1 or 2.
-        with_bias: include the bias gradient ``g_i`` in the norm.
-
-    Returns:
-        ``(batch,)`` norms over the layer's parameters (L2: the square root of the summed squares).
+    ``||g a^T||_p = ||g||_p ||a||_p`` (p = 1, 2).  ``activations``: ``(batch, d_in)``, ``backprops``:
+    ``(batch, d_out)``; returns ``(batch,)`` norms over the layer's parameters.
     """
-    if norm_ord not in (1, 2):
-        raise InvalidTrainingOptionError(f"norm_ord must be 1 or 2, got {norm_ord}")
-    out_norms = backprops.norm(norm_ord, dim=1)
-    weight_norms = out_norms * activations.norm(norm_ord, dim=1)
-    if not with_bias:
-        return weight_norms
-    return torch.stack([weight_norms, out_norms], dim=1).norm(norm_ord, dim=1)
+    _check_norm_ord(norm_ord)
+    power = ParameterGradients(torch.Size((backprops.shape[1], activations.shape[1])),
+                               [DenseRows(backprops.unsqueeze(1), activations.unsqueeze(1))]).norm_power(norm_ord)
+    if with_bias:
+        power = power + ParameterGradients(backprops.shape[1:], [MaterialisedGradients(backprops)]).norm_power(norm_ord)
+    return power.pow(1 / norm_ord)
 
 
 def factorised_clipped_sum(activations: torch.Tensor, backprops: torch.Tensor,
                            factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(sum_i f_i g_i a_i^T, sum_i f_i g_i)``: the clipped weight and bias sums of a dense layer."""
-    scaled = backprops * factors.to(backprops.dtype).unsqueeze(1)
-    return scaled.t() @ activations, scaled.sum(dim=0)
+    """``(sum_i f_i g_i a_i^T, sum_i f_i g_i)``: the clipped weight and bias sums of a dense layer on
+    2-D inputs, in float32 at least."""
+    weight = dense_clipped_sum(DenseRows(backprops.unsqueeze(1), activations.unsqueeze(1)), factors)
+    dtype = compute_dtype(backprops.dtype)
+    return weight, factors.to(dtype) @ backprops.to(dtype)
 
 
 def conv2d_per_example_gradients(layer: nn.Conv2d, activations: torch.Tensor,
@@ -96,141 +120,332 @@ def has_channels_last_conv_gradients(layer: nn.Module) -> bool:
             and not isinstance(layer.padding, str))
 
 
-@dataclass
-class LayerRecord:
-    """What one trainable layer saw in one backward pass."""
-
-    #: (activations, backprops) of a dense layer on 2-D inputs (factorised), else None
-    dense: Optional[tuple[torch.Tensor, torch.Tensor]]
-    #: exact per-example gradients of the layer's trainable parameters (materialised layers)
-    grad_samples: dict[nn.Parameter, torch.Tensor]
-    #: axis order of a summed gradient -> the parameter's, where grad_samples stores another order
-    permutations: dict[nn.Parameter, tuple[int, ...]] = field(default_factory=dict)
-
-
-#: Layer types book-keeping handles (exact types): batch-first, one tensor in and out, and an Opacus
-#: grad sampler for those not computed here.  Others (e.g. Opacus's RNN layers, whose batch is not
-#: on dimension 0) are left to ``GradSampleModule``.
-BOOKKEEPING_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.GroupNorm, nn.LayerNorm, nn.Embedding)
-
-
 def unsupported_bookkeeping_layers(module: nn.Module) -> list[str]:
-    """Trainable layers book-keeping does not handle (empty: the model is supported)."""
-    return [
-        f"{name or '<model>'} ({type(layer).__name__})"
-        for name, layer in trainable_modules(module)
-        if type(layer) not in BOOKKEEPING_LAYERS or type(layer) not in GradSampleModule.GRAD_SAMPLERS
-    ]
+    """Trainable layers (and shared parameters) book-keeping does not handle (empty: the model is supported)."""
+    problems = []
+    for name, layer in trainable_modules(module):
+        path = f"{name or '<model>'} ({type(layer).__name__})"
+        rule = bookkeeping_rule(layer)
+        if rule is not None:
+            problems.extend(f"{path}: {reason}" for reason in rule.problems(layer))
+            if "forward" in layer.__dict__:
+                problems.append(f"{path}: its forward is replaced on the instance (e.g. by another library's hooks)")
+        elif type(layer) not in MATERIALISED_LAYERS or type(layer) not in GradSampleModule.GRAD_SAMPLERS:
+            problems.append(path)
+    return problems + _shared_parameter_problems(module)
+
+
+def _shared_parameter_problems(module: nn.Module) -> list[str]:
+    """Trainable parameters shared by layers whose per-example gradients come in different forms."""
+    owners: dict[nn.Parameter, list[tuple[str, nn.Module]]] = {}
+    for name, layer in trainable_modules(module):
+        for p in layer.parameters(recurse=False):
+            if p.requires_grad:
+                owners.setdefault(p, []).append((name or "<model>", layer))
+    names = _parameter_names(module)
+    problems = []
+    for p, layers in owners.items():
+        forms = {_gradient_form(layer, p) for _, layer in layers}
+        if len(forms) > 1:
+            used_by = ", ".join(f"{name} ({type(layer).__name__})" for name, layer in layers)
+            problems.append(f"parameter {names[p]} is shared by {used_by}, whose per-example gradients book-keeping "
+                            f"cannot add up")
+    return problems
+
+
+def _gradient_form(layer: nn.Module, p: nn.Parameter) -> str:
+    """How book-keeping holds ``layer``'s per-example gradients of ``p``: rows of outer products
+    (weights of rule layers), a rule's materialised gradients, or a grad sampler's."""
+    rule = bookkeeping_rule(layer)
+    if rule is None:
+        return "grad sampler"
+    return "rows" if p is getattr(layer, "weight", None) and rule.factorises_weight else "materialised"
+
+
+def _parameter_names(module: nn.Module) -> dict[nn.Parameter, str]:
+    """Each parameter's first qualified name in ``module``."""
+    names: dict[nn.Parameter, str] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(p, name)
+    return names
+
+
+def _recording(layer: nn.Module) -> bool:
+    """Book-keeping records training-mode calls with autograd on."""
+    return layer.training and torch.is_grad_enabled()
+
+
+def _leading_size(value: Any) -> Optional[int]:
+    """The leading dimension of the first tensor in ``value`` (nested tuples, lists, mappings), or None."""
+    if isinstance(value, torch.Tensor):
+        return len(value) if value.dim() else None
+    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else ()
+    for item in items:
+        size = _leading_size(item)
+        if size is not None:
+            return size
+    return None
+
+
+class BroadcastInputs:
+    """Gives each example its own copy of a layer input that is broadcast over the batch.
+
+    A forward pre-hook on the model reads the batch size B of each training call (the leading
+    dimension of its first tensor argument, positional or keyword) and counts the calls; a forward
+    pre-hook on each of ``layers`` expands an input of leading dimension 1 to B rows when B != 1
+    (no copy: ``expand``).  The layer's output then has B identical rows, each of which receives
+    only its own example's output gradient: per-example gradients of a broadcast layer are exact.
+    This assumes, as broadcasting does, that the batch-size-1 output combines with tensors whose
+    leading dimension is the batch (Hugging Face's position embeddings are added to the token
+    embeddings).  Only training-mode calls with autograd on are touched.
+    """
+
+    def __init__(self, module: nn.Module, layers: list[nn.Module]):
+        #: batch size of the model's last training call (None before one)
+        self.batch_size: Optional[int] = None
+        #: training calls of the model so far
+        self.forward_passes = 0
+        self._handles = [module.register_forward_pre_hook(self._read_batch_size, with_kwargs=True)]
+        self._handles.extend(layer.register_forward_pre_hook(self._expand) for layer in layers)
+
+    def _read_batch_size(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if _recording(module):
+            self.forward_passes += 1
+            self.batch_size = _leading_size((args, kwargs))
+
+    def _expand(self, layer: nn.Module, args: tuple) -> Optional[tuple]:
+        batch = self.batch_size
+        if batch is None or batch == 1 or not args or not _recording(layer):
+            return None
+        inputs = args[0]
+        if not isinstance(inputs, torch.Tensor) or inputs.dim() == 0 or len(inputs) != 1:
+            return None
+        return (inputs.expand(batch, *inputs.shape[1:]), *args[1:])
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def broadcast_inputs_over_batch(module: nn.Module) -> BroadcastInputs:
+    """:class:`BroadcastInputs` on every trainable layer of ``module`` (for Opacus's ``GradSampleModule``,
+    which records layer inputs in forward hooks, after these pre-hooks)."""
+    return BroadcastInputs(module, [layer for _, layer in trainable_modules(module)])
+
+
+@dataclass(eq=False)
+class LayerUse:
+    """One call of a trainable layer in a recorded forward pass, and its output gradient."""
+
+    layer: nn.Module
+    #: the layer's rule (None: its per-example gradients are materialised by a grad sampler)
+    rule: Optional[BookkeepingRule]
+    #: the layer's input (None once released)
+    inputs: Optional[torch.Tensor]
+    #: which training call of the model it belongs to
+    forward_pass: int
+    output_grad: Optional[torch.Tensor] = None
+    backward_passes: int = 0
+
+    def receive(self, output_grad: torch.Tensor) -> None:
+        if self.inputs is not None:  # released uses (a graph kept past its step) record nothing
+            self.backward_passes += 1
+            self.output_grad = output_grad.detach()
+
+    def release(self) -> None:
+        """Drop the tensors (the autograd graph, which may outlive the step, still refers to the use)."""
+        self.inputs = self.output_grad = None
+
+
+class _BookkeptCall(torch.autograd.Function):
+    """A rule layer's call: the rule's output; backward records the output gradient and returns
+    the input gradient only (no parameter gradient: the parameters are inputs only so that the
+    output requires grad)."""
+
+    @staticmethod
+    def forward(ctx, use: LayerUse, inputs: torch.Tensor, *parameters: nn.Parameter) -> torch.Tensor:
+        ctx.use, ctx.parameters = use, len(parameters)
+        ctx.save_for_backward(inputs if ctx.needs_input_grad[1] else None)  # freed by autograd after backward
+        return use.rule.forward(use.layer, inputs)
+
+    @staticmethod
+    def backward(ctx, output_grad: torch.Tensor):
+        use = ctx.use
+        use.receive(output_grad)
+        inputs_grad = None
+        if ctx.needs_input_grad[1]:
+            inputs_grad = use.rule.input_gradient(use.layer, ctx.saved_tensors[0], output_grad)
+        return (None, inputs_grad, *([None] * ctx.parameters))
+
+
+class _BookkeptForward:
+    """The forward of a rule layer while it is book-kept (set on the instance; deep copies stay consistent)."""
+
+    def __init__(self, keeper: "BookkeepingModule", layer: nn.Module, rule: BookkeepingRule):
+        self.keeper, self.layer, self.rule = keeper, layer, rule
+
+    def __call__(self, inputs: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        layer = self.layer
+        if args or kwargs or not _recording(layer):
+            return type(layer).forward(layer, inputs, *args, **kwargs)
+        use = self.keeper.record_use(layer, self.rule, inputs)
+        return _BookkeptCall.apply(use, inputs, *(p for p in layer.parameters(recurse=False) if p.requires_grad))
 
 
 class BookkeepingModule(nn.Module):
-    """Wraps a model; records, per backward pass, what per-example clipping needs.
+    """Wraps a model; records, per backward pass, what per-example clipping needs (module docstring).
 
-    A forward hook on every trainable layer keeps the layer's input and hooks the gradient of that
-    call's output (so each input is paired with its own output gradient).  Only training-mode
-    forward passes with autograd on are recorded.  ``loss_reduction="mean"``: the loss is the
-    batch mean (as with ``GradSampleModule``), so output gradients are multiplied by the batch
-    size.  Each trainable layer must run once per forward pass (no weight sharing), and each step
-    must have exactly one backward pass (Poisson batches are never accumulated); anything else
-    raises instead of mis-clipping.
+    ``loss_reduction="mean"``: the loss is the batch mean (as with ``GradSampleModule``), so output
+    gradients are multiplied by the batch size.  Each step must have exactly one forward and one
+    backward pass through the model (Poisson batches are never accumulated); anything else raises
+    instead of mis-clipping.  ``max_chunk_elements`` bounds the memory of per-example gradients
+    that are materialised (L1 norms of sequence layers; see
+    :mod:`dpnoise.training.per_example_gradients`).
     """
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, max_chunk_elements: int = MAX_CHUNK_ELEMENTS):
         super().__init__()
         unsupported = unsupported_bookkeeping_layers(module)
         if unsupported:
             raise UnsupportedLayerError("book-keeping clipping does not support: " + ", ".join(unsupported))
         self._module = module
-        self._layers = [layer for _, layer in trainable_modules(module)]
-        self._records: dict[nn.Module, list[LayerRecord]] = {layer: [] for layer in self._layers}
-        self._hooks = [layer.register_forward_hook(self._watch_output) for layer in self._layers]
+        self.max_chunk_elements = max_chunk_elements
+        layers = [layer for _, layer in trainable_modules(module)]
+        self._parameter_names = _parameter_names(module)
+        self._layer_parameters = {p for layer in layers for p in layer.parameters(recurse=False)}
+        self._uses: list[LayerUse] = []
+        #: book-kept parameters that received a gradient other than through their layer's recorded forward
+        self._untracked: set[nn.Parameter] = set()
+        self._gradients: Optional[tuple[int, dict[nn.Parameter, ParameterGradients]]] = None
+        self._broadcast = BroadcastInputs(module, layers)
+        self._hooks = []
+        self._forwards: list[nn.Module] = []
+        for layer in layers:
+            rule = bookkeeping_rule(layer)
+            if rule is None:
+                self._hooks.append(layer.register_forward_hook(self._watch_output))
+                continue
+            layer.forward = _BookkeptForward(self, layer, rule)
+            self._forwards.append(layer)
+            for p in layer.parameters(recurse=False):
+                if p.requires_grad:
+                    self._hooks.append(p.register_hook(partial(self._check_untracked, p)))
 
     def forward(self, *args, **kwargs):
         return self._module(*args, **kwargs)
 
-    def _watch_output(self, layer: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
-        """In training with autograd on, record this call's input and, later, its output gradient."""
-        if layer.training and torch.is_grad_enabled() and output.requires_grad:
-            activations = inputs[0].detach()
-            output.register_hook(lambda grad: self._record(layer, activations, grad.detach()))
+    def _check_untracked(self, p: nn.Parameter, grad: Optional[torch.Tensor]) -> None:
+        """A gradient hook of a rule layer's parameter: the rule's calls give it none (None)."""
+        if grad is not None:
+            self._untracked.add(p)
 
-    def _record(self, layer: nn.Module, activations: torch.Tensor, output_grad: torch.Tensor) -> None:
-        backprops = output_grad * len(activations)  # undo the batch mean
-        if type(layer) is nn.Linear and activations.dim() == 2 and layer.weight.requires_grad:
-            record = LayerRecord(dense=(activations, backprops), grad_samples={})
-        elif not len(activations):  # an empty Poisson batch: no per-example gradients
-            record = LayerRecord(dense=None, grad_samples={})
-        elif has_channels_last_conv_gradients(layer):
-            weight, bias = conv2d_per_example_gradients(layer, activations, backprops)
-            samples = {layer.weight: weight, layer.bias: bias}
-            record = LayerRecord(dense=None, grad_samples=_trainable(samples),
-                                 permutations={layer.weight: CONV_WEIGHT_PERMUTATION})
+    def record_use(self, layer: nn.Module, rule: Optional[BookkeepingRule], inputs: torch.Tensor) -> LayerUse:
+        """A new use of ``layer`` in the current forward pass (its output gradient comes later)."""
+        use = LayerUse(layer, rule, inputs.detach(), self._broadcast.forward_passes)
+        self._uses.append(use)
+        self._gradients = None
+        return use
+
+    def _watch_output(self, layer: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        """A materialised layer's call: record its input and, later, its output gradient."""
+        if _recording(layer) and output.requires_grad:
+            output.register_hook(self.record_use(layer, None, inputs[0]).receive)
+
+    def _parameter_gradients(self) -> tuple[int, dict[nn.Parameter, ParameterGradients]]:
+        """(batch size, per-example gradients of every reached trainable parameter) of this step."""
+        if self._gradients is not None:
+            return self._gradients
+        if self._untracked:
+            names = ", ".join(sorted(self._parameter_names[p] for p in self._untracked))
+            raise EngineStateError(
+                f"parameters {names} received gradients outside book-keeping (a use outside their layer's "
+                f"forward, or a forward pass in evaluation mode: call model.train()); their per-example "
+                f"gradients would be missing from the clipping")
+        reached = [use for use in self._uses if use.backward_passes]
+        if any(use.backward_passes > 1 for use in reached) or len({use.forward_pass for use in reached}) > 1:
+            raise EngineStateError(
+                "per-example clipping needs exactly one forward and backward pass per optimizer step; gradient "
+                "accumulation over Poisson batches (several backward passes, or forward passes, before a step) "
+                "is not supported")
+        if not reached:
+            if self._broadcast.batch_size == 0:
+                return 0, {}
+            raise EngineStateError("per-example clipping needs exactly one forward and backward pass per optimizer "
+                                   "step; no backward pass reached a trainable layer since the last step")
+        sizes = {len(use.inputs) for use in reached}
+        if len(sizes) > 1:
+            seen = ", ".join(sorted({f"{type(use.layer).__name__} {len(use.inputs)}" for use in reached}))
+            raise EngineStateError(f"trainable layers saw inputs of different batch sizes ({seen}): book-keeping "
+                                   f"needs the batch on dimension 0 of every trainable layer's input")
+        batch = sizes.pop()
+        contributions: dict[nn.Parameter, list[Contribution]] = {}
+        for use in reached if batch else ():
+            for p, contribution in self._use_gradients(use).items():
+                contributions.setdefault(p, []).append(contribution)
+        self._gradients = batch, {p: ParameterGradients(p.shape, parts, self.max_chunk_elements)
+                                  for p, parts in contributions.items()}
+        return self._gradients
+
+    @staticmethod
+    def _use_gradients(use: LayerUse) -> dict[nn.Parameter, Contribution]:
+        """Per-example gradients (of the mean loss) of ``use``'s trainable parameters."""
+        layer, inputs, output_grad = use.layer, use.inputs, use.output_grad
+        if use.rule is not None:
+            return use.rule.gradients(layer, inputs, output_grad)
+        dtype = compute_dtype(output_grad.dtype)
+        inputs, output_grad = inputs.to(dtype), output_grad.to(dtype)
+        if has_channels_last_conv_gradients(layer):
+            weight, bias = conv2d_per_example_gradients(layer, inputs, output_grad)
+            samples = {layer.weight: MaterialisedGradients(weight, CONV_WEIGHT_PERMUTATION),
+                       layer.bias: MaterialisedGradients(bias)}
         else:
             sampler = GradSampleModule.GRAD_SAMPLERS[type(layer)]
             # Opacus's conv sampler (unfold2d, 1.6) reads inputs as if contiguous: channels-last
             # activations would give wrong per-example gradients.
-            record = LayerRecord(dense=None, grad_samples=_trainable(sampler(layer, [activations.contiguous()], backprops)))
-        self._records[layer].append(record)
-
-    def _single_records(self) -> list[tuple[nn.Module, LayerRecord]]:
-        """One record per layer, or a clear error (no backward yet / accumulated backward passes)."""
-        counts = {len(records) for records in self._records.values()}
-        if counts != {1}:
-            raise RuntimeError(
-                "per-example clipping needs exactly one forward and backward pass per optimizer step, "
-                f"each trainable layer used once (recorded passes per layer: {sorted(counts)}); gradient "
-                "accumulation over Poisson batches and weight sharing are not supported"
-            )
-        return [(layer, records[0]) for layer, records in self._records.items()]
+            samples = {p: MaterialisedGradients(g) for p, g in sampler(layer, [inputs.contiguous()], output_grad).items()}
+        return {p: g for p, g in samples.items() if p is not None and p.requires_grad}
 
     def per_example_norms(self, norm_ord: int) -> torch.Tensor:
         """``(batch,)`` L1 or L2 norm of each example's gradient over all trainable parameters."""
-        per_layer = []
-        for layer, record in self._single_records():
-            if record.dense is not None:
-                per_layer.append(factorised_norms(*record.dense, norm_ord, with_bias=_trains_bias(layer)))
-            else:
-                per_layer.extend(g.reshape(len(g), -1).norm(norm_ord, dim=1) for g in record.grad_samples.values())
-        if not per_layer:  # an empty Poisson batch through materialised layers only
-            return torch.zeros(0, device=next(self._module.parameters()).device)
-        return torch.stack(per_layer, dim=1).norm(norm_ord, dim=1)
+        _check_norm_ord(norm_ord)
+        batch, gradients = self._parameter_gradients()
+        if not gradients:
+            return torch.zeros(batch, device=next(self._module.parameters()).device)
+        power = sum(g.norm_power(norm_ord) for g in gradients.values())
+        return power.pow(1 / norm_ord) * batch  # the per-example loss is batch * (its share of the mean)
 
     def clipped_sums(self, params: list[nn.Parameter], factors: torch.Tensor) -> list[torch.Tensor]:
         """``sum_i factors[i] * grad_i`` for each of ``params``; consumes this step's records."""
-        sums: dict[nn.Parameter, torch.Tensor] = {}
-        for layer, record in self._single_records():
-            if record.dense is not None:
-                weight_sum, bias_sum = factorised_clipped_sum(*record.dense, factors)
-                sums[layer.weight] = weight_sum
-                if _trains_bias(layer):
-                    sums[layer.bias] = bias_sum
-            else:
-                for p, g in record.grad_samples.items():
-                    summed = torch.einsum("i,i...->...", factors.to(g.dtype), g)
-                    sums[p] = summed.permute(record.permutations[p]).contiguous() if p in record.permutations else summed
+        batch, gradients = self._parameter_gradients()
         self.clear()
-        missing = [tuple(p.shape) for p in params if p not in sums and len(factors)]
+        missing = [tuple(p.shape) for p in params if p not in self._layer_parameters]
         if missing:
-            raise RuntimeError(f"no per-example gradients for parameters of shapes {missing}; are they used in forward?")
-        return [sums[p] if p in sums else torch.zeros_like(p) for p in params]
+            raise EngineStateError(f"no per-example gradients for parameters of shapes {missing}: they belong to no "
+                                   f"trainable layer of the wrapped model")
+        scaled = factors * batch
+        return [gradients[p].clipped_sum(scaled) if p in gradients else torch.zeros_like(p) for p in params]
 
     def clear(self) -> None:
-        """Forget recorded backward passes (called at ``zero_grad``)."""
-        for records in self._records.values():
-            records.clear()
+        """Forget recorded passes (called at ``zero_grad`` and after each step's clipped sums)."""
+        for use in self._uses:
+            use.release()
+        self._uses.clear()
+        self._untracked.clear()
+        self._gradients = None
 
     def remove_hooks(self) -> None:
         """Detach from the wrapped model (which then trains without recording anything)."""
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
+        for layer in self._forwards:
+            del layer.forward
+        self._forwards.clear()
+        self._broadcast.remove()
         self.clear()
 
 
-def _trainable(samples: dict) -> dict[nn.Parameter, torch.Tensor]:
-    """The entries of ``samples`` whose parameter exists and is trained."""
-    return {p: g for p, g in samples.items() if p is not None and p.requires_grad}
-
-
-def _trains_bias(layer: nn.Linear) -> bool:
-    return layer.bias is not None and layer.bias.requires_grad
+def _check_norm_ord(norm_ord: int) -> None:
+    if norm_ord not in (1, 2):
+        raise InvalidTrainingOptionError(f"norm_ord must be 1 or 2, got {norm_ord}")

@@ -43,7 +43,7 @@ from dpnoise.accounting.events import (EVENT_TYPES, ComposedEvent, DpEvent, Pois
                                       event_to_dict)
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_delta, check_positive, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
-from dpnoise.training.bookkeeping import BookkeepingModule, unsupported_bookkeeping_layers
+from dpnoise.training.bookkeeping import BookkeepingModule, broadcast_inputs_over_batch, unsupported_bookkeeping_layers
 from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
 from dpnoise.training.config import NOISE_SHARES
 from dpnoise.training.devices import DeviceLike, module_device, module_float_dtype, resolve_device, seeded_generator
@@ -459,6 +459,7 @@ class PrivacyEngine:
                 private_module = BookkeepingModule(module)
             else:
                 make_conv_inputs_contiguous(module)
+                broadcast_inputs_over_batch(module)
                 private_module = GradSampleModule(module, loss_reduction="mean")
                 private_module.forbid_grad_accumulation()
             options = dict(

@@ -1,0 +1,188 @@
+"""Book-keeping rules: how a trainable layer's call is computed and what per-example gradients it leaves.
+
+A rule computes its layer's output without any parameter gradient (autograd then back-propagates
+through the layer to its input only, and never computes the batch's summed weight gradient, which
+DP training would discard) and turns the layer's input and output gradient into the per-example
+gradients of its trainable parameters, kept factorised where possible
+(:mod:`dpnoise.training.per_example_gradients`).  Rules are registered per layer type, in the idiom
+of Opacus's ``register_grad_sampler``::
+
+    @register_bookkeeping_rule(nn.Linear)
+    class LinearRule(BookkeepingRule): ...
+
+The layer types without a rule here are left to Opacus's grad samplers (convolutions, GroupNorm)
+or are not book-kept at all (:func:`dpnoise.training.bookkeeping.unsupported_bookkeeping_layers`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from dpnoise.training.per_example_gradients import (
+    Contribution,
+    DenseRows,
+    IndexedRows,
+    MaterialisedGradients,
+    compute_dtype,
+)
+
+
+class BookkeepingRule:
+    """How book-keeping computes one type of layer, called with one tensor (batch on dimension 0)."""
+
+    #: whether the layer's ``weight`` comes as rows of outer products (``DenseRows`` / ``IndexedRows``),
+    #: which uses of a weight shared between layers can add up only with other rows
+    factorises_weight = False
+
+    def problems(self, layer: nn.Module) -> list[str]:
+        """Why this layer cannot be book-kept exactly (empty: it can)."""
+        return []
+
+    def forward(self, layer: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        """The layer's output (called with autograd off)."""
+        raise NotImplementedError
+
+    def input_gradient(self, layer: nn.Module, inputs: torch.Tensor, output_grad: torch.Tensor) -> Optional[torch.Tensor]:
+        """The loss gradient w.r.t. ``inputs``, from the gradient w.r.t. the output."""
+        raise NotImplementedError
+
+    def gradients(self, layer: nn.Module, inputs: torch.Tensor,
+                  output_grad: torch.Tensor) -> dict[nn.Parameter, Contribution]:
+        """Per-example gradients of the layer's trainable parameters (``output_grad``: w.r.t. the output)."""
+        raise NotImplementedError
+
+
+#: layer type (or the qualified name ``"package.module.Class"`` of a type not imported here) -> its rule
+BOOKKEEPING_RULES: dict[Union[type, str], BookkeepingRule] = {}
+
+
+def register_bookkeeping_rule(*layer_types: Union[type, str]) -> Callable[[type], type]:
+    """Class decorator: an instance of the decorated :class:`BookkeepingRule` computes ``layer_types``
+    (exact types; a string names a type by its qualified name, so that its package need not be imported)."""
+
+    def register(rule_class: type) -> type:
+        rule = rule_class()
+        for layer_type in layer_types:
+            BOOKKEEPING_RULES[layer_type] = rule
+        return rule_class
+
+    return register
+
+
+def bookkeeping_rule(layer: nn.Module) -> Optional[BookkeepingRule]:
+    """The rule registered for ``type(layer)`` (None: no rule)."""
+    layer_type = type(layer)
+    rule = BOOKKEEPING_RULES.get(layer_type)
+    return rule if rule is not None else BOOKKEEPING_RULES.get(f"{layer_type.__module__}.{layer_type.__qualname__}")
+
+
+@register_bookkeeping_rule(nn.Linear)
+class LinearRule(BookkeepingRule):
+    """``y = x W^T + b`` on inputs ``(B, ..., d_in)``: weight rows ``u = g, v = a``; bias ``sum_t g_t``."""
+
+    factorises_weight = True
+
+    def forward(self, layer: nn.Linear, inputs: torch.Tensor) -> torch.Tensor:
+        return F.linear(inputs, layer.weight, layer.bias)
+
+    def input_gradient(self, layer: nn.Linear, inputs: torch.Tensor, output_grad: torch.Tensor) -> torch.Tensor:
+        return output_grad @ layer.weight.to(output_grad.dtype)
+
+    def gradients(self, layer: nn.Linear, inputs: torch.Tensor,
+                  output_grad: torch.Tensor) -> dict[nn.Parameter, Contribution]:
+        activations, backprops = _rows(inputs, layer.in_features), _rows(output_grad, layer.out_features)
+        return _trainable({layer.weight: DenseRows(backprops, activations), layer.bias: _summed_rows(backprops)})
+
+
+@register_bookkeeping_rule("transformers.pytorch_utils.Conv1D")
+class TransposedLinearRule(BookkeepingRule):
+    """Hugging Face's ``Conv1D`` (GPT-2): ``y = x W + b`` with ``W`` of shape ``(d_in, d_out)``: weight
+    rows ``u = a, v = g``; bias ``sum_t g_t``."""
+
+    factorises_weight = True
+
+    def forward(self, layer: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        return F.linear(inputs, layer.weight.t(), layer.bias)
+
+    def input_gradient(self, layer: nn.Module, inputs: torch.Tensor, output_grad: torch.Tensor) -> torch.Tensor:
+        return output_grad @ layer.weight.t().to(output_grad.dtype)
+
+    def gradients(self, layer: nn.Module, inputs: torch.Tensor,
+                  output_grad: torch.Tensor) -> dict[nn.Parameter, Contribution]:
+        activations, backprops = _rows(inputs, layer.nx), _rows(output_grad, layer.nf)
+        return _trainable({layer.weight: DenseRows(activations, backprops), layer.bias: _summed_rows(backprops)})
+
+
+@register_bookkeeping_rule(nn.Embedding)
+class EmbeddingRule(BookkeepingRule):
+    """Token ids ``(B, ...)``: one-hot weight rows ``e_{id_t}, v = g_t`` (``padding_idx`` gets none, as in
+    PyTorch)."""
+
+    factorises_weight = True
+
+    def problems(self, layer: nn.Embedding) -> list[str]:
+        reasons = []
+        if layer.max_norm is not None:
+            reasons.append("max_norm renormalises the weight in place during the forward pass")
+        if layer.scale_grad_by_freq:
+            reasons.append("scale_grad_by_freq divides gradients by the batch's token counts, mixing examples")
+        return reasons
+
+    def forward(self, layer: nn.Embedding, inputs: torch.Tensor) -> torch.Tensor:
+        return F.embedding(inputs, layer.weight, layer.padding_idx)
+
+    def input_gradient(self, layer: nn.Embedding, inputs: torch.Tensor, output_grad: torch.Tensor) -> None:
+        return None  # token ids have no gradient
+
+    def gradients(self, layer: nn.Embedding, inputs: torch.Tensor,
+                  output_grad: torch.Tensor) -> dict[nn.Parameter, Contribution]:
+        index = inputs.reshape(len(inputs), -1)
+        backprops = _rows(output_grad, layer.embedding_dim)
+        if layer.padding_idx is not None:
+            backprops = backprops.masked_fill((index == layer.padding_idx).unsqueeze(2), 0)
+        return _trainable({layer.weight: IndexedRows(index, backprops, layer.num_embeddings)})
+
+
+@register_bookkeeping_rule(nn.LayerNorm)
+class LayerNormRule(BookkeepingRule):
+    """``y = x_hat * w + b`` over the last dimensions: per-example ``sum_t g_t * x_hat_t`` and ``sum_t g_t``."""
+
+    def forward(self, layer: nn.LayerNorm, inputs: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(inputs, layer.normalized_shape, layer.weight, layer.bias, layer.eps)
+
+    def input_gradient(self, layer: nn.LayerNorm, inputs: torch.Tensor, output_grad: torch.Tensor) -> torch.Tensor:
+        # Recomputing the (cheap) normalisation lets PyTorch's own kernel give the input gradient.
+        with torch.enable_grad():
+            detached = inputs.detach().requires_grad_(True)
+            weight = None if layer.weight is None else layer.weight.detach()
+            bias = None if layer.bias is None else layer.bias.detach()
+            output = F.layer_norm(detached, layer.normalized_shape, weight, bias, layer.eps)
+            return torch.autograd.grad(output, detached, output_grad)[0]
+
+    def gradients(self, layer: nn.LayerNorm, inputs: torch.Tensor,
+                  output_grad: torch.Tensor) -> dict[nn.Parameter, Contribution]:
+        shape = tuple(layer.normalized_shape)
+        dtype = compute_dtype(output_grad.dtype)
+        normalized = F.layer_norm(inputs.to(dtype), shape, eps=layer.eps).reshape(len(inputs), -1, *shape)
+        backprops = output_grad.to(dtype).reshape(len(inputs), -1, *shape)
+        return _trainable({layer.weight: MaterialisedGradients((backprops * normalized).sum(1)),
+                           layer.bias: MaterialisedGradients(backprops.sum(1))})
+
+
+def _rows(values: torch.Tensor, width: int) -> torch.Tensor:
+    """``(B, ..., width)`` as ``(B, R, width)``: every position of an example is a row."""
+    return values.reshape(len(values), -1, width)
+
+
+def _summed_rows(rows: torch.Tensor) -> MaterialisedGradients:
+    """A bias's per-example gradients ``sum_r rows[i, r]``, in the compute dtype."""
+    return MaterialisedGradients(rows.sum(1, dtype=compute_dtype(rows.dtype)))
+
+
+def _trainable(contributions: dict) -> dict[nn.Parameter, Contribution]:
+    """The entries of ``contributions`` whose parameter exists and is trained."""
+    return {p: c for p, c in contributions.items() if p is not None and p.requires_grad}
