@@ -115,9 +115,20 @@ def test_discrete_gaussian_squares_large_offsets_exactly(monkeypatch):
 def test_large_scales_keep_their_spread():
     t = 2 ** 23
     gaussian = discrete_gaussian(bits(9), 20_000, t, t).double() / t
-    laplace = floored_laplace(bits(10), 20_000, t).double() / t
     assert stats.kstest(gaussian.numpy(), "norm").pvalue > 1e-4
-    assert stats.kstest(laplace.numpy(), stats.laplace().cdf).pvalue > 1e-4
+    for t in (2 ** 23, 3 * 2 ** 34 + 7):  # the second draws its uniforms by masking (bound > 2^31)
+        laplace = floored_laplace(bits(10), 20_000, t).double() / t
+        assert stats.kstest(laplace.numpy(), stats.laplace().cdf).pvalue > 1e-4
+
+
+@pytest.mark.parametrize("bound", [1, 7, 2 ** 31, 2 ** 33 + 5, 2 ** 55 - 1])
+def test_uniform_integers_are_exact_on_both_branches(bound):
+    draws = secure_noise._uniform_below(bits(19), 40_000, bound)
+    assert int(draws.min()) >= 0 and int(draws.max()) < bound
+    bins = min(bound, 10)  # every value (small bounds) or 10 equal-width bins
+    if bins > 1:
+        counts = np.bincount((draws.double() * bins / bound).long().numpy(), minlength=bins)
+        assert stats.chisquare(counts).pvalue > 1e-4
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])

@@ -127,13 +127,17 @@ class Shake256RandomBits:
         return _as_tensor(block)
 
 
+def _checked(drawn: torch.Tensor, count: int) -> torch.Tensor:
+    """``drawn`` if it is ``count`` contiguous CPU uint8 values, else an error."""
+    if drawn.dtype != torch.uint8 or drawn.numel() != count or drawn.device.type != "cpu" or not drawn.is_contiguous():
+        raise SecureNoiseError(f"the random-bit source returned {drawn.numel()} {drawn.dtype} values on "
+                               f"{drawn.device}, {count} contiguous uint8 on the CPU expected")
+    return drawn
+
+
 def _bytes(bits: RandomBits, count: int) -> torch.Tensor:
     """``count`` uniform values in [0, 256) as int64."""
-    drawn = bits.random_bytes(count)
-    if drawn.dtype != torch.uint8 or drawn.numel() != count:
-        raise SecureNoiseError(f"the random-bit source returned {drawn.numel()} {drawn.dtype} values, "
-                               f"{count} uint8 expected")
-    return drawn.to(torch.int64)
+    return _checked(bits.random_bytes(count), count).to(torch.int64)
 
 
 def _fair_bits(bits: RandomBits, count: int) -> torch.Tensor:
@@ -177,8 +181,8 @@ def _uniform_below(bits: RandomBits, count: int, bound: int) -> torch.Tensor:
         low_mask, threshold = 2 ** 32 - 1, 2 ** 32 % bound
 
         def draw(size: int) -> tuple[torch.Tensor, torch.Tensor]:
-            product = _bytes(bits, 4 * size).view(size, 4)
-            product = (product[:, 0] | product[:, 1] << 8 | product[:, 2] << 16 | product[:, 3] << 24) * bound
+            drawn = _checked(bits.random_bytes(4 * size), 4 * size)
+            product = (drawn.view(torch.int32).to(torch.int64) & low_mask) * bound  # 4 bytes read as one
             return product >> 32, (product & low_mask) >= threshold
     else:
         width = (bound - 1).bit_length()
@@ -409,7 +413,8 @@ def secure_noisy_sums(clipped_sums: Sequence[torch.Tensor], plan: Plan, bits: Ra
         rounded = torch.round((part / grid).clamp_(-SUM_LIMIT, SUM_LIMIT)).to(torch.int64)
         released[start:start + CHUNK] = (rounded + _integer_noise(bits, part.numel(), plan)).to(torch.float64) * grid
     pieces = torch.split(released, [f.numel() for f in flats])
-    return [piece.view(s.shape).to(device=s.device, dtype=s.dtype) for piece, s in zip(pieces, clipped_sums)]
+    # cast on the CPU, then move: a device without float64 (MPS) never sees the float64 release
+    return [piece.view(s.shape).to(dtype=s.dtype).to(device=s.device) for piece, s in zip(pieces, clipped_sums)]
 
 
 def secure_noisy_sum(clipped_sum: torch.Tensor, plan: Plan, bits: RandomBits) -> torch.Tensor:
