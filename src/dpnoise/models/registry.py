@@ -10,7 +10,7 @@ from torch import nn
 from dpnoise.models.cnn import TFPrivacyTutorialCNN
 from dpnoise.models.efficientnet_lite import FrozenFeatureClassifier, pretrained_efficientnet_lite0
 from dpnoise.models.errors import InvalidModelError
-from dpnoise.models.minilm import build_minilm, build_minilm_features
+from dpnoise.models.minilm import build_minilm_features, minilm_sequence_classifier
 from dpnoise.models.resnet_gn import SMALL_RESNET_WIDTHS, ResNetGN
 from dpnoise.models.scatternet import build_scatternet
 
@@ -28,7 +28,7 @@ def _resnet_gn_small(num_classes: int, in_channels: int | None, input_size: int 
 
 
 def _minilm(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
-    return build_minilm(num_classes, **options)
+    return minilm_sequence_classifier(num_classes, **options)
 
 
 def _minilm_features(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
@@ -74,7 +74,10 @@ def build_model(
 
     Args:
         name: ``cnn`` (seed CNN; ``input_size`` < 16 selects the small-input variant), ``resnet-gn``
-            (GroupNorm ResNet), ``resnet-gn-small`` (the same at half width, 4x fewer FLOPs), ``minilm`` (MiniLM-L6 on token ids; option ``trainable_blocks``),
+            (GroupNorm ResNet), ``resnet-gn-small`` (the same at half width, 4x fewer FLOPs), ``minilm`` (MiniLM-L6, Hugging Face's
+            ``BertForSequenceClassification`` on dict batches; options ``trainable`` and ``lora_rank``, see
+            :func:`~dpnoise.models.minilm.with_trainable_part`; :func:`~dpnoise.models.build_minilm` wraps it
+            for plain token ids),
             ``minilm-features`` (frozen MiniLM-L6 sentence embeddings + linear head),
             ``efficientnet-lite0-features`` (frozen ImageNet backbone + linear head; option
             ``resolution``: the side images are resized to, default ``DEFAULT_RESOLUTION``),

@@ -35,6 +35,8 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 NOISE_SHARES = ("split", "rank0")
 #: learning-rate schedules over the planned steps: constant, or cosine decay to 0 (Loshchilov & Hutter, arXiv 1608.03983)
 LR_SCHEDULES = ("constant", "cosine")
+#: the splits a run can be evaluated on ("dev" where the dataset has one: sst2)
+EVAL_SPLITS = ("test", "dev")
 
 #: renders a field's dotted path (``privacy.epsilon``) as a front end names it
 Naming = Callable[[str], str]
@@ -76,6 +78,8 @@ class DataConfig:
     root: Optional[Path] = None
     #: token length for text datasets
     max_length: int = 64
+    #: the split evaluated after every epoch: "test", or "dev" (sst2: GLUE's validation sentences)
+    eval_split: str = "test"
     #: scatternet models: standardise the features with per-channel statistics released with Gaussian
     #: noise of this multiplier (:mod:`dpnoise.mechanisms.channel_statistics`; accounted with the
     #: training steps) instead of GroupNorm.  None: GroupNorm (no privacy cost)
@@ -178,6 +182,10 @@ class TrainingConfig:
     schedule: Schedule
     #: a name from ``dpnoise.models.MODELS``
     model: str = "cnn"
+    #: minilm only: which of its parameters train (``dpnoise.models.TRAINABLE_PARTS``); None: last-block
+    trainable: Optional[str] = None
+    #: trainable "lora" only: the rank of the LoRA adapters; None: 8
+    lora_rank: Optional[int] = None
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     #: public seed: model initialisation and data-loader workers (not the private randomness)
@@ -274,6 +282,7 @@ def check_config(config: TrainingConfig) -> None:
     check_field("data.max_length", "count_in", data.max_length, *MAX_LENGTH_RANGE)
     check_field("seed", "seed", config.seed)
     _optional("noise_seed", "seed", config.noise_seed)
+    _optional("lora_rank", "check_count", config.lora_rank, 1)
     _optional("threads", "check_count", config.threads, 1)
     _optional("data.root", "existing_folder", data.root)
     _optional("output.folder", "output_folder", out.folder)
@@ -284,12 +293,15 @@ def check_config(config: TrainingConfig) -> None:
     if opt.momentum != 0 and opt.name != "sgd":  # refused rather than silently ignored
         raise InvalidConfigError(lambda n: f"{n('optimizer.momentum')} applies to {n('optimizer.name')} sgd only, "
                                            f"got {opt.momentum!r} with {opt.name!r}")
+    if config.lora_rank is not None and config.trainable != "lora":
+        raise InvalidConfigError(lambda n: f"{n('lora_rank')} applies to {n('trainable')} lora only")
     if privacy.calibrate_with is not None and mech.noise is not None:
         raise InvalidConfigError(lambda n: f"{n('privacy.calibrate_with')} applies only when the noise is "
                                            f"calibrated: give {n('privacy.epsilon')} without {n('mechanism.noise')}")
     for path, value, choices in (("device", config.device, DEVICE_CHOICES),
                                  ("mechanism.noise_shares", mech.noise_shares, NOISE_SHARES),
-                                 ("optimizer.lr_schedule", opt.lr_schedule, LR_SCHEDULES)):
+                                 ("optimizer.lr_schedule", opt.lr_schedule, LR_SCHEDULES),
+                                 ("data.eval_split", data.eval_split, EVAL_SPLITS)):
         if value not in choices:
             raise InvalidConfigError(lambda n, path=path, value=value, choices=choices:
                                      f"{n(path)} must be one of {', '.join(choices)}, got {value!r}")

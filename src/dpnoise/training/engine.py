@@ -43,6 +43,7 @@ from dpnoise.accounting.events import (EVENT_TYPES, ComposedEvent, DpEvent, Pois
                                       event_to_dict)
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_delta, check_positive, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
+from dpnoise.training.batches import check_batches_have_labels
 from dpnoise.training.bookkeeping import BookkeepingModule, broadcast_inputs_over_batch, unsupported_bookkeeping_layers
 from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
 from dpnoise.training.config import NOISE_SHARES
@@ -68,7 +69,7 @@ from dpnoise.training.optimizers import (
     OutputPrivateOptimizer,
 )
 from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
-from dpnoise.training.validation import check_optimizer_trains, check_supported_layers
+from dpnoise.training.validation import check_optimizer_trains, check_supported_layers, check_training_mode
 
 logger = logging.getLogger(__name__)
 
@@ -181,11 +182,18 @@ class PrivacyEngine:
         """Return the private (module, optimizer, data loader).
 
         Args:
-            module: the model (in training mode), with at least one trainable parameter. Batch
-                normalisation is refused.
+            module: the model, in training mode (a model in eval mode, as Hugging Face's
+                ``from_pretrained`` returns it, is refused: call ``model.train()``), with at least one
+                trainable parameter. Batch normalisation is refused.
             optimizer: a torch optimizer over ``module``'s trainable parameters (refused if it holds a
                 tensor that is not a parameter of ``module``, or none of the trainable ones).
-            data_loader: its dataset and ``batch_size`` (the expected batch size) are used.
+            data_loader: its dataset and ``batch_size`` (the expected batch size) are used, and its
+                ``collate_fn``.  Examples may be ``(inputs, target)`` pairs or dicts of the model's
+                keyword arguments (Hugging Face: ``input_ids``, ``attention_mask``, ...), whose batches
+                must hold ``labels`` (refused otherwise).  An empty Poisson batch has the structure of
+                the others with zero examples; a loop may skip the forward pass on it and call
+                ``optimizer.step()`` alone, which takes the noise-only step (Hugging Face models cannot
+                run on zero examples).
             mechanism: a name from :data:`dpnoise.accounting.MECHANISMS`.
             delta: the target delta.
             noise_multiplier / laplace_scale / concentration: the noise, under the keyword of the
@@ -283,6 +291,8 @@ class PrivacyEngine:
         rate = check_sample_rate("data_loader.batch_size / len(dataset)", data_loader.batch_size / len(data_loader.dataset))
         if epochs is not None and not np.isfinite(epochs / rate):
             raise InvalidTrainingOptionError(f"epochs={epochs:g} at sample rate {rate:g} is an unbounded number of steps")
+        check_batches_have_labels(data_loader)
+        check_training_mode(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         primary, accountant_names = self._choose_accountants(mech, accountant, calibrate_with)
         releases = self._check_releases(data_releases, mech, accountant_names)

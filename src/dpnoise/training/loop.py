@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
+from dpnoise.training.batches import batch_labels, batch_loss, is_keyword_batch, model_logits, run_model
 from dpnoise.training.devices import module_device, module_float_dtype, to_device
 from dpnoise.training.engine import PrivacyEngine
 
@@ -34,18 +34,30 @@ def endless_batches(loader: DataLoader) -> Iterator:
 
 
 def train_step(
-    module: nn.Module, optimizer: Optimizer, batch: tuple[torch.Tensor, torch.Tensor], loss_fn: LossFunction
+    module: nn.Module, optimizer: Optimizer, batch: Any, loss_fn: Optional[LossFunction] = None
 ) -> tuple[float, float, int]:
-    """One forward/backward/step on ``batch``; returns (loss, batch accuracy, batch size)."""
-    inputs, targets = batch
+    """One forward/backward/step on ``batch``; returns (loss, batch accuracy, batch size).
+
+    ``batch``: an ``(inputs, targets)`` pair, or a dict of the model's keyword arguments with
+    ``labels`` (Hugging Face models: ``module(**batch)``).  The loss is ``loss_fn(logits, labels)``
+    when given, else the model's own ``outputs.loss`` (dict batches) or the cross-entropy (pairs);
+    the logits are ``outputs.logits`` where the model returns an object holding them.
+    """
+    targets = batch_labels(batch)
     module.train()
     optimizer.zero_grad()
-    outputs = module(inputs)
-    # An empty Poisson batch still takes a (pure-noise) step: zero loss, zero gradient signal.
-    loss = loss_fn(outputs, targets) if len(targets) else outputs.sum() * 0.0
+    if not len(targets) and is_keyword_batch(batch):
+        # An empty Poisson batch still takes its (noise-only) step; Hugging Face models cannot run on
+        # zero examples, and the optimizer knows from the loader that there is nothing to clip.
+        optimizer.step()
+        return 0.0, 0.0, 0
+    outputs = run_model(module, batch)
+    logits = model_logits(outputs)
+    # An empty batch of a pair: zero loss, zero gradient signal.
+    loss = batch_loss(outputs, batch, loss_fn) if len(targets) else logits.sum() * 0.0
     loss.backward()
     optimizer.step()
-    accuracy = (outputs.argmax(dim=-1) == targets).float().mean().item() if len(targets) else 0.0
+    accuracy = (logits.argmax(dim=-1) == targets).float().mean().item() if len(targets) else 0.0
     return loss.item(), accuracy, len(targets)
 
 
@@ -56,10 +68,13 @@ def train_steps(
     engine: PrivacyEngine,
     num_steps: int,
     *,
-    loss_fn: LossFunction = F.cross_entropy,
+    loss_fn: Optional[LossFunction] = None,
     on_step: Optional[Callable[[StepMetrics], None]] = None,
 ) -> list[StepMetrics]:
     """Take up to ``num_steps`` optimizer steps; stop early if the engine's budget is exhausted.
+
+    ``loss_fn(logits, labels)``: default the model's own loss for dict batches (Hugging Face
+    models given ``labels``), the cross-entropy for ``(inputs, targets)`` pairs (:func:`train_step`).
 
     With physical batches (``make_private(max_physical_batch_size=...)``) a step takes as many
     batches as its logical batch has; its metrics are over the whole logical batch.
@@ -94,18 +109,23 @@ def logical_batch_metrics(physical: list[tuple[float, float, int]]) -> tuple[flo
 @torch.no_grad()
 def count_correct(module: nn.Module, batches: Iterable) -> tuple[int, int]:
     """(correct top-1 predictions, examples) of ``module`` (in eval mode) over ``batches`` of
-    (inputs, targets), each moved to the module's device (floating inputs in its dtype)."""
+    (inputs, targets), or dicts of keyword arguments with ``labels`` (run without them), each moved
+    to the module's device (floating inputs in its dtype)."""
     module.eval()
     device, dtype = module_device(module), module_float_dtype(module)
     correct = total = 0
-    for inputs, targets in batches:
-        inputs, targets = to_device((inputs, targets), device, dtype)
-        correct += (module(inputs).argmax(dim=-1) == targets).sum().item()
+    for batch in batches:
+        batch = to_device(batch, device, dtype)
+        targets = batch_labels(batch)
+        if not len(targets):
+            continue
+        logits = model_logits(run_model(module, batch, with_labels=False))
+        correct += (logits.argmax(dim=-1) == targets).sum().item()
         total += len(targets)
     return correct, total
 
 
 def evaluate_accuracy(module: nn.Module, batches: Iterable) -> float:
-    """Top-1 accuracy of ``module`` (in eval mode) over ``batches`` of (inputs, targets)."""
+    """Top-1 accuracy of ``module`` (in eval mode) over ``batches`` of (inputs, targets) or dict batches."""
     correct, total = count_correct(module, batches)
     return correct / total

@@ -97,8 +97,15 @@ class NoisyGradientOptimizer(DPOptimizer):
 
     def clip_and_accumulate(self) -> None:
         """Clip each example's gradient to ``max_grad_norm`` in the mechanism's norm and add the sum
-        to ``p.summed_grad`` (the step's clipped sum over its physical batches)."""
-        if self.bookkeeping is not None:
+        to ``p.summed_grad`` (the step's clipped sum over its physical batches).  An empty Poisson
+        batch adds nothing, whether or not the model ran on it (Hugging Face models cannot)."""
+        if self.logical_batches.batch_size == 0:
+            sums = [torch.zeros_like(p) for p in self.params]
+            if self.bookkeeping is not None:
+                self.bookkeeping.clear()
+            for p in self.params:
+                p.grad_sample = None
+        elif self.bookkeeping is not None:
             norms = self.bookkeeping.per_example_norms(self.mechanism.clip_norm_ord)
             sums = self.bookkeeping.clipped_sums(self.params, clip_factors(norms, self.max_grad_norm))
         else:

@@ -31,6 +31,7 @@ from dpnoise.formatting import decimals
 from dpnoise.training.config import CHECKPOINT_NAME, InvalidConfigError, TrainingConfig, check_config
 from dpnoise.training.preparation import (
     apply_dirichlet_learning_rate,
+    batch_collation,
     build_optimizer,
     check_against_registries,
     prepare_model_and_data,
@@ -117,9 +118,10 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
     # the average is copied from the plain model, before make_private hooks it
     average = parameter_average(model, config.optimizer.ema_decay) if config.optimizer.ema_decay else None
     engine = PrivacyEngine(seed=config.seed, noise_seed=config.noise_seed)
+    model.train()  # pretrained models may come in eval mode (Hugging Face's from_pretrained)
     module, optimizer, loader = make_private(engine, config, model, optimizer,
-                                             DataLoader(train_set, batch_size=config.schedule.batch_size), device,
-                                             releases)
+                                             DataLoader(train_set, batch_size=config.schedule.batch_size,
+                                                        **batch_collation(train_set)), device, releases)
     apply_dirichlet_learning_rate(config, optimizer, engine)
     total_steps = min(engine.planned_steps, config.schedule.max_steps or engine.planned_steps)
     extras = PostProcessing(model, average.to(engine.device) if average is not None else None,
@@ -134,7 +136,7 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
         history = RunHistory.from_dict(extra["history"])
         extras.load_state_dict(extra.get("post_processing", {}))
     test_shard = Subset(test_set, shard_indices(len(test_set), engine.rank, engine.world_size).tolist())
-    test_loader = DataLoader(test_shard, batch_size=EVAL_BATCH_SIZE)
+    test_loader = DataLoader(test_shard, batch_size=EVAL_BATCH_SIZE, **batch_collation(test_set))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsoundAccountantWarning)  # stated in the final report
         # Opacus's hooks on the first layer trigger this torch notice on every run; it is harmless.
@@ -221,7 +223,9 @@ def run_epochs(
 
     sample_rate = engine.setup.sample_rate
     label_smoothing = config.optimizer.label_smoothing
-    loss_fn = lambda outputs, targets: F.cross_entropy(outputs, targets, label_smoothing=label_smoothing)  # noqa: E731
+    # Without label smoothing, the model's own loss for dict batches (Hugging Face), the cross-entropy otherwise.
+    loss_fn = None if not label_smoothing else (
+        lambda logits, targets: F.cross_entropy(logits, targets, label_smoothing=label_smoothing))
     batches = endless_batches(loader)
     # Redraw rarely when stderr is a log file, not a terminal (keeps logs readable).
     bar = tqdm(total=total_steps, initial=engine.steps, desc=config.mechanism.name, unit="step",

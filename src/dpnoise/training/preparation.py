@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from dpnoise.training.config import DEFAULT_LR, TEXT_MODELS, InvalidConfigError, TrainingConfig, check_field
 
+#: models with a choice of trainable parameters (``trainable``, ``lora_rank``), on dict batches
+TRAINABLE_MODELS = ("minilm",)
 #: models whose head starts with a ``norm`` layer that ``data.feature_statistics_noise`` replaces
 STANDARDIZED_MODELS = ("scatternet-linear", "scatternet-cnn")
 #: the statistics' noise generator is seeded from the run's seed plus this (not the engine's streams)
@@ -31,7 +33,7 @@ def check_against_registries(config: TrainingConfig) -> None:
     from dpnoise.accounting import accountants_for_mechanism
     from dpnoise.data import DATASETS, dataset_info
     from dpnoise.mechanisms import MECHANISMS
-    from dpnoise.models import MODELS
+    from dpnoise.models import MODELS, TRAINABLE_PARTS
     from dpnoise.training.engine import GRAD_SAMPLE_MODES
 
     data, mechanism, privacy, schedule = config.data, config.mechanism, config.privacy, config.schedule
@@ -47,8 +49,15 @@ def check_against_registries(config: TrainingConfig) -> None:
                                            f"dataset {data.name}")
     if config.model == "efficientnet-lite0-features" and info.input_shape[0] != 3:
         raise InvalidConfigError(lambda n: f"{n('model')} {config.model} needs RGB images; {data.name} is not RGB")
+    if config.trainable is not None and (config.model not in TRAINABLE_MODELS or config.trainable not in TRAINABLE_PARTS):
+        raise InvalidConfigError(lambda n: f"{n('trainable')} applies to {n('model')} {', '.join(TRAINABLE_MODELS)} "
+                                           f"and is one of {', '.join(TRAINABLE_PARTS)}; got {config.trainable!r} "
+                                           f"with {config.model}")
+    if data.eval_split not in info.splits:
+        raise InvalidConfigError(lambda n: f"{n('data.eval_split')} {data.eval_split} does not exist for {data.name} "
+                                           f"(its splits: {', '.join(info.splits)})")
     for path, limit, size in (("data.limit", data.limit, info.train_size),
-                              ("data.test_limit", data.test_limit, info.test_size)):
+                              ("data.test_limit", data.test_limit, info.size(data.eval_split))):
         if limit is not None and limit > size:
             raise InvalidConfigError(lambda n, path=path, limit=limit, size=size:
                                      f"{n(path)} must be <= {size} (the {data.name} split's size), got {limit}")
@@ -71,31 +80,47 @@ def check_against_registries(config: TrainingConfig) -> None:
 
 
 def load_splits(config: TrainingConfig, normalize: bool = True) -> tuple[Dataset, Dataset]:
-    """Train and test datasets of (input, label) tensors; text is tokenised for MiniLM."""
+    """Train and evaluation (``data.eval_split``) datasets: (input, label) tensors, or for ``minilm`` the
+    dict items of a Hugging Face sequence classifier (:class:`~dpnoise.data.TokenizedText`); other text
+    models get token ids."""
     from dpnoise.data import dataset_info, load_dataset
 
     data = config.data
     train_set = load_dataset(data.name, "train", data.root, limit=data.limit, normalize=normalize)
-    test_set = load_dataset(data.name, "test", data.root, limit=data.test_limit, normalize=normalize)
+    test_set = load_dataset(data.name, data.eval_split, data.root, limit=data.test_limit, normalize=normalize)
     if dataset_info(data.name).modality == "text":
-        from dpnoise.data import minilm_tokenizer, tokenize
+        from dpnoise.data import minilm_tokenizer, tokenize, tokenize_for_classifier
 
         tokenizer = minilm_tokenizer()
-        train_set = tokenize(train_set, data.max_length, tokenizer)
-        test_set = tokenize(test_set, data.max_length, tokenizer)
+        encode = tokenize_for_classifier if config.model in TRAINABLE_MODELS else tokenize
+        train_set = encode(train_set, data.max_length, tokenizer)
+        test_set = encode(test_set, data.max_length, tokenizer)
     return train_set, test_set
 
 
 def model_for_dataset(config: TrainingConfig) -> nn.Module:
-    """``config.model`` sized for ``config.data`` (classes, channels, image side)."""
+    """``config.model`` sized for ``config.data`` (classes, channels, image side), with its trainable
+    part (``trainable``, ``lora_rank``) where it has a choice."""
     from dpnoise.data import dataset_info
     from dpnoise.models import build_model
 
     info = dataset_info(config.data.name)
     image = info.modality == "image"
+    options = {}
+    if config.model in TRAINABLE_MODELS:
+        options = {name: value for name, value in (("trainable", config.trainable), ("lora_rank", config.lora_rank))
+                   if value is not None}
     return build_model(config.model, num_classes=info.num_classes,
                        in_channels=info.input_shape[0] if image else None,
-                       input_size=info.input_shape[-1] if image else None)
+                       input_size=info.input_shape[-1] if image else None, **options)
+
+
+def batch_collation(dataset: Dataset) -> dict:
+    """The ``DataLoader`` options of ``dataset``'s batches: its own collate function where it has one
+    (:class:`~dpnoise.data.TokenizedText` crops the padding of each batch)."""
+    from dpnoise.data import TokenizedText
+
+    return {"collate_fn": TokenizedText.collate} if isinstance(getattr(dataset, "dataset", dataset), TokenizedText) else {}
 
 
 def frozen_features(model: FeatureClassifier, config: TrainingConfig) -> tuple[Dataset, Dataset]:

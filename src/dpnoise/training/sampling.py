@@ -9,8 +9,10 @@ q.  The generators must be seeded differently on each rank (identically seeded r
 same positions of their shards, and the inclusions would not be independent).
 
 Every rank yields the same number of batches per pass, empty ones included (an empty local batch
-still takes its step: a rank that skipped it would desynchronise the others).  Empty batches are
-collated by Opacus's ``wrap_collate_with_empty`` (zero-length tensors of the data set's shapes).
+still takes its step: a rank that skipped it would desynchronise the others).  An empty batch has
+the structure of the others (tensors, possibly in tuples, lists and dicts) with zero examples
+(:class:`CollateWithEmpty`); the tracker tells the optimizer that it is empty, so that a model which
+cannot run on zero examples (Hugging Face transformers) may skip its forward pass.
 
 In one process on the CPU the draws are those of Opacus's ``UniformWithReplacementSampler`` with
 the same generator (``torch.rand(N) < q``), so the batches are the ones ``DPDataLoader`` gave.
@@ -25,15 +27,15 @@ noise the accumulated clipped sum and take the step (Opacus's ``BatchMemoryManag
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Optional
 
 import torch
-from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from dpnoise.training.devices import to_device
+from dpnoise.training.errors import InvalidTrainingOptionError
 
 
 def shard_indices(size: int, rank: int, world_size: int) -> torch.Tensor:
@@ -42,24 +44,26 @@ def shard_indices(size: int, rank: int, world_size: int) -> torch.Tensor:
 
 
 class LogicalBatchTracker:
-    """Whether the physical batch a loader yielded last ends its logical (Poisson) batch.
+    """Whether the physical batch a loader yielded last ends its logical (Poisson) batch, and its size.
 
-    The sampler queues one flag per physical batch in the order it makes them, and the loader takes
-    one off per batch it yields (the order a ``DataLoader`` keeps, workers or not), so that the flag
-    read at ``optimizer.step()`` is the one of the batch just trained on.
+    The sampler queues one (flag, size) pair per physical batch in the order it makes them, and the
+    loader takes one off per batch it yields (the order a ``DataLoader`` keeps, workers or not), so
+    that what is read at ``optimizer.step()`` is about the batch just trained on.
     """
 
     def __init__(self) -> None:
-        self.queued: deque[bool] = deque()
+        self.queued: deque[tuple[bool, Optional[int]]] = deque()
         #: True before the first batch and after every batch that ends a logical batch
         self.ends_logical_batch = True
+        #: examples in the physical batch yielded last (None: unknown); 0 for an empty Poisson batch
+        self.batch_size: Optional[int] = None
 
-    def queue(self, ends_logical_batch: bool) -> None:
-        self.queued.append(ends_logical_batch)
+    def queue(self, ends_logical_batch: bool, batch_size: Optional[int] = None) -> None:
+        self.queued.append((ends_logical_batch, batch_size))
 
     def advance(self) -> None:
         """The loader yielded the next physical batch."""
-        self.ends_logical_batch = self.queued.popleft()
+        self.ends_logical_batch, self.batch_size = self.queued.popleft()
 
 
 class PoissonShardSampler(Sampler[list[int]]):
@@ -93,7 +97,7 @@ class PoissonShardSampler(Sampler[list[int]]):
             starts = range(0, max(len(selected), 1), size)  # an empty logical batch: one empty physical batch
             for start in starts:
                 if self.tracker is not None:
-                    self.tracker.queue(start == starts[-1])
+                    self.tracker.queue(start == starts[-1], len(selected[start : start + size]))
                 yield selected[start : start + size]
 
 
@@ -110,6 +114,32 @@ class TensorBatches(Dataset):
     def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
         positions = torch.as_tensor(indices, dtype=torch.long)
         return tuple(tensor[positions] for tensor in self.tensors)
+
+
+def empty_batch_like(batch: Any) -> Any:
+    """``batch`` (collated: tensors, possibly in tuples, lists and dicts) with zero examples: each
+    tensor's first (batch) dimension set to 0, its other dimensions and dtype kept."""
+    if isinstance(batch, torch.Tensor):
+        return batch.new_empty((0, *batch.shape[1:]))
+    if isinstance(batch, Mapping):
+        return {key: empty_batch_like(value) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(empty_batch_like(value) for value in batch)
+    raise InvalidTrainingOptionError(f"batches must be tensors, possibly in tuples, lists and dicts (an empty Poisson "
+                                     f"batch is made of the same with zero examples); the collate function gave a "
+                                     f"{type(batch).__name__}")
+
+
+class CollateWithEmpty:
+    """``collate`` for a list of examples, and for an empty one (an empty Poisson batch) the structure
+    of ``collate([example])`` with zero examples (:func:`empty_batch_like`)."""
+
+    def __init__(self, collate: Callable[[list], Any], example: Any) -> None:
+        self.collate = collate
+        self.empty = empty_batch_like(collate([example]))
+
+    def __call__(self, examples: list) -> Any:
+        return self.collate(examples) if examples else self.empty
 
 
 class DeviceDataLoader(DataLoader):
@@ -153,18 +183,13 @@ def poisson_loader(dataset: Dataset, *, sample_rate: float, shard: torch.Tensor,
                                   sampler=sampler, batch_size=None, num_workers=num_workers, generator=worker_generator)
         loader.sample_rate = sample_rate
         return loader
-    first = dataset[0]
     loader = DeviceDataLoader(
         dataset,
         device=device,
         float_dtype=float_dtype,
         tracker=tracker,
         batch_sampler=sampler,
-        collate_fn=wrap_collate_with_empty(
-            collate_fn=collate_fn or default_collate,
-            sample_empty_shapes=[(0, *shape_safe(x)) for x in first],
-            dtypes=[dtype_safe(x) for x in first],
-        ),
+        collate_fn=CollateWithEmpty(collate_fn or default_collate, dataset[0]),
         num_workers=num_workers,
         generator=worker_generator,
     )

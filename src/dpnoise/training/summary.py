@@ -81,6 +81,10 @@ class TrainingResult:
     feature_statistics_noise: Optional[float] = None
     #: how the noise and the Poisson sampling were seeded: "secret" (OS entropy) or "noise_seed" (reproducible)
     private_randomness: str = "secret"
+    #: which of the model's parameters were trained (minilm), the LoRA rank, and the evaluated split
+    trainable: Optional[str] = None
+    lora_rank: Optional[int] = None
+    eval_split: str = "test"
     #: the curves: per-step (loss, batch accuracy, quick epsilon) and per-epoch (test accuracy,
     #: epsilon by accountant) records
     history: RunHistory = field(default_factory=RunHistory)
@@ -95,7 +99,7 @@ class TrainingResult:
             summary["kappa_at_0.9"] = self.kappa_at_0_9
         if self.calibrated_with is not None:
             summary["calibrated_with"] = self.calibrated_with
-        for name, default in OPTIONAL_FIELDS.items():
+        for name, default in {**OPTIONAL_FIELDS, **MODEL_FIELDS}.items():
             if getattr(self, name) != default:
                 summary[name] = getattr(self, name)
         if self.files:
@@ -119,6 +123,8 @@ SUMMARY_FIELDS = (
 #: fields in the summary only when they differ from these defaults
 OPTIONAL_FIELDS = {"momentum": 0.0, "lr_schedule": "constant", "ema_decay": None, "physical_batch_size": None,
                    "feature_statistics_noise": None, "private_randomness": "secret"}
+#: the same, printed with the model
+MODEL_FIELDS = {"trainable": None, "lora_rank": None, "eval_split": "test"}
 
 
 def summarize(
@@ -173,6 +179,9 @@ def summarize(
         physical_batch_size=config.schedule.physical_batch_size,
         feature_statistics_noise=config.data.feature_statistics_noise,
         private_randomness=engine.private_randomness,
+        trainable=config.trainable,
+        lora_rank=config.lora_rank,
+        eval_split=config.data.eval_split,
         history=history,
     )
 
@@ -187,11 +196,11 @@ def report_lines(summary: dict[str, Any]) -> list[str]:
     from dpnoise.accounting import get_mechanism_spec
     from dpnoise.formatting import decimals, significant_digits
 
-    accuracy = summary["test_accuracy"]
+    accuracy, split = summary["test_accuracy"], summary.get("eval_split", "test")
     noise = get_mechanism_spec(summary["mechanism"]).noise.printed(summary["noise"])
     lines = [
-        ("test accuracy: not evaluated (no step trained in this run)" if accuracy is None else
-         f"test accuracy: {accuracy:.4f}")
+        (f"{split} accuracy: not evaluated (no step trained in this run)" if accuracy is None else
+         f"{split} accuracy: {accuracy:.4f}")
         + f"  ({summary['dataset']}, model {summary['model']}, "
         f"{summary['steps']} steps, {summary['wall_time_s']:.0f} s on {summary['device']}"
         + (f", {summary['processes']} processes)" if summary["processes"] > 1 else ")"),
@@ -199,6 +208,9 @@ def report_lines(summary: dict[str, Any]) -> list[str]:
         f"clip {significant_digits(summary['clip'], 6, 'down')}, sample rate {summary['sample_rate']:.6g}, "
         f"lr {summary['lr']:.3g}"
         + "".join(f", {name.replace('_', ' ')} {summary[name]}" for name in OPTIONAL_FIELDS if name in summary),
+        f"model: {summary['params']:,} trained parameters"
+        + "".join(f", {name.replace('_', ' ')} {summary[name]}" for name in MODEL_FIELDS if name in summary)
+        + (f"; per-example gradients by {summary['grad_sample_mode']}" if summary["grad_sample_mode"] else ""),
         f"epsilon at delta={summary['delta']:g}:",
     ]
     for name, eps in summary["epsilon_by_accountant"].items():

@@ -70,3 +70,18 @@ def check_optimizer_trains(module: nn.Module, optimizer: Optimizer) -> None:
             f"create it over the module's parameters, e.g. torch.optim.SGD(module.parameters(), ...)")
     if not any(parameters[p] for p in held):
         raise InvalidTrainingOptionError("optimizer holds none of module's trainable parameters (requires_grad=True)")
+
+
+def check_training_mode(module: nn.Module, *, needs_per_sample_gradients: bool) -> None:
+    """Refuse a model in eval mode (and, for gradient mechanisms, any trainable layer in it).
+
+    Per-example gradients are recorded in training-mode forward passes only, and dropout is off in
+    eval mode; Hugging Face's ``from_pretrained`` returns models in eval mode.
+    """
+    layers = trainable_modules(module) if needs_per_sample_gradients else []
+    in_eval = [name or "<model>" for name, layer in [("", module), *layers] if not layer.training]
+    if in_eval:
+        listed = ", ".join(dict.fromkeys(in_eval[:4])) + (", ..." if len(in_eval) > 4 else "")
+        raise InvalidTrainingOptionError(
+            f"the model is in eval mode ({listed}): call model.train() before make_private (from_pretrained "
+            f"returns models in eval mode, in which no per-example gradient is recorded)")

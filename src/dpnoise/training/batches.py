@@ -1,0 +1,68 @@
+"""What a training batch is: an ``(inputs, targets)`` pair, or a dict of a model's keyword arguments.
+
+Hugging Face models take their batches as keyword arguments (``input_ids``, ``attention_mask``,
+``token_type_ids``, ``labels``) and return an output object whose ``logits`` (and, given the
+labels, ``loss``: the mean over the batch's examples for sequence classification) are read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
+
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data._utils.collate import default_collate
+
+from dpnoise.training.errors import InvalidTrainingOptionError
+
+#: the key of the labels in a dict batch (what Hugging Face models and collators use)
+LABELS = "labels"
+
+
+def is_keyword_batch(batch: Any) -> bool:
+    """True for a dict batch (the model's keyword arguments), False for an ``(inputs, targets)`` pair."""
+    return isinstance(batch, Mapping)
+
+
+def batch_labels(batch: Any) -> torch.Tensor:
+    """The labels of ``batch``: ``batch["labels"]`` of a dict batch, the second entry of a pair."""
+    if not is_keyword_batch(batch):
+        return batch[1]
+    if LABELS not in batch:
+        hint = " (rename 'label' to 'labels', as Hugging Face's DataCollatorWithPadding does)" if "label" in batch else ""
+        raise InvalidTrainingOptionError(
+            f"dict batches need their labels under 'labels'{hint}: the loss is the model's own (outputs.loss), "
+            f"which Hugging Face models compute from them; got the keys {', '.join(map(str, batch)) or 'none'}")
+    return batch[LABELS]
+
+
+def check_batches_have_labels(data_loader: DataLoader) -> None:
+    """Refuse, before any step, a data loader whose examples collate into a dict batch without labels."""
+    example = data_loader.dataset[0]
+    if is_keyword_batch(example):
+        collate: Callable[[list], Any] = data_loader.collate_fn or default_collate
+        batch_labels(collate([example]))
+
+
+def model_logits(outputs: Any) -> torch.Tensor:
+    """The logits of a model's outputs: ``outputs.logits`` (Hugging Face models), or the outputs themselves."""
+    return getattr(outputs, "logits", outputs)
+
+
+def run_model(module: torch.nn.Module, batch: Any, with_labels: bool = True) -> Any:
+    """``module(**batch)`` for a dict batch (without its labels unless ``with_labels``), else ``module(inputs)``."""
+    if not is_keyword_batch(batch):
+        return module(batch[0])
+    return module(**(batch if with_labels else {k: v for k, v in batch.items() if k != LABELS}))
+
+
+def batch_loss(outputs: Any, batch: Any,
+               loss_fn: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]) -> torch.Tensor:
+    """``loss_fn(logits, labels)`` when given; otherwise the model's ``outputs.loss`` for a dict batch
+    and the cross-entropy of the logits for a pair."""
+    if loss_fn is not None:
+        return loss_fn(model_logits(outputs), batch_labels(batch))
+    if is_keyword_batch(batch):
+        return outputs.loss
+    return torch.nn.functional.cross_entropy(model_logits(outputs), batch_labels(batch))
