@@ -29,7 +29,7 @@ DEFAULT_SEEDS = (0, 1, 2)
 #: Choices and defaults kept here so that building the parser imports no torch (the runner loads
 #: the datasets); a test checks them against
 #: reproductions.plans.EXPERIMENTS and reproductions.runner.DEFAULT_THREADS.
-EXPERIMENT_CHOICES = ("table2", "finetune", "dirichlet", "scatternet", "figures")
+EXPERIMENT_CHOICES = ("table2", "finetune", "finetune-full", "dirichlet", "scatternet", "figures")
 DEFAULT_THREADS = 1
 EXAMPLES = """examples:
   # Lap2 paper's Table II on Fashion-MNIST, one seed, two epsilons (T = 5860 steps per run)
@@ -40,6 +40,8 @@ EXAMPLES = """examples:
   python -m reproductions --experiment dirichlet --dataset mnist --seeds 0
   # Tramer & Boneh's ScatterNet recipe for every mechanism (MNIST, Fashion-MNIST, CIFAR-10)
   python -m reproductions --experiment scatternet --dataset fashion-mnist --seeds 0
+  # the Lap2 paper's Table III at full dimension (MiniLM-L6, 22.7M parameters trained), seed 0, two epsilons
+  python -m reproductions --experiment finetune-full --seeds 0 --epsilons 3.74 0.54 --jobs 2
   # redraw every table and figure from the records (no training)
   python -m reproductions --experiment figures
 Records: <results>/<experiment>/<run>.json, one per finished run (existing ones are skipped, so a
@@ -61,14 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", required=True, choices=EXPERIMENT_CHOICES)
     p.add_argument("--dataset", nargs="+",
                    help="datasets (default: table2 fashion-mnist mnist; dirichlet mnist fashion-mnist cifar10-jpeg; "
-                   "finetune cifar10-jpeg sst2; scatternet fashion-mnist mnist cifar10-jpeg)")
+                   "finetune cifar10-jpeg sst2; finetune-full sst2; scatternet fashion-mnist mnist cifar10-jpeg)")
     p.add_argument("--quick", action="store_true", help="one seed and two epsilons per table")
     p.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2; --quick: 0)")
     p.add_argument("--epsilons", type=float, nargs="+", help="target epsilons (default: the experiment's)")
     p.add_argument("--columns", nargs="+",
                    help="only these columns, named by their calibrating accountant (table2: gaussian "
-                   "laplace-l1 lap2-paper lap2; dirichlet: dirichlet gaussian penultimate-gaussian; scatternet: "
-                   "gaussian lap2 laplace-l1 dirichlet)")
+                   "laplace-l1 lap2-paper lap2; finetune-full: gaussian lap2 lap2-paper laplace-l1; dirichlet: "
+                   "dirichlet gaussian penultimate-gaussian; scatternet: gaussian lap2 laplace-l1 dirichlet)")
     p.add_argument("--models", nargs="+", help="only the runs of these models (default: every model the experiment "
                    "trains), e.g. scatternet-linear")
     p.add_argument("--steps", type=int,
@@ -135,6 +137,9 @@ def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
     elif args.experiment == "scatternet":
         specs = plans.scatternet_specs(choose(args.dataset, plans.SCATTERNET_DATASETS),
                                        choose(args.epsilons, plans.SCATTERNET_EPSILONS, quick), seeds, args.steps)
+    elif args.experiment == "finetune-full":
+        specs = plans.finetune_full_specs(choose(args.epsilons, plans.FINETUNE_FULL_EPSILONS, quick), seeds,
+                                          args.steps)
     else:
         specs = plans.finetune_specs(choose(args.dataset, tuple(plans.FINETUNE_TASKS)), args.epsilons, seeds,
                                      args.steps, quick)
@@ -171,8 +176,9 @@ def check_options(args: argparse.Namespace) -> None:
         from dpnoise.data import DATASETS
         from reproductions import plans
 
-        offered = tuple(plans.FINETUNE_TASKS) if args.experiment == "finetune" else \
-            tuple(d for d in sorted(DATASETS) if d != "sst2")  # table2 and dirichlet train image CNNs/ResNets
+        # table2, dirichlet and scatternet train image models
+        offered = {"finetune": tuple(plans.FINETUNE_TASKS), "finetune-full": ("sst2",)}.get(
+            args.experiment, tuple(d for d in sorted(DATASETS) if d != "sst2"))
         for dataset in args.dataset:
             if dataset not in offered:
                 raise checks.InvalidParameterError(

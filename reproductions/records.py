@@ -17,7 +17,7 @@ from typing import Any, Iterable, Optional
 GROUP_KEYS = (
     "experiment", "dataset", "model", "mechanism", "calibrated_with", "target_epsilon",
     "steps_planned", "optimizer", "alpha", "effective_lr", "momentum", "lr_schedule", "ema_decay",
-    "feature_statistics_noise",
+    "feature_statistics_noise", "trainable", "max_length", "eval_split",
 )
 
 
@@ -59,6 +59,12 @@ class RunSpec:
     #: standardise the features with per-channel statistics released with this Gaussian noise
     #: multiplier (scatternet models; the release is in every epsilon); None: GroupNorm
     feature_statistics_noise: Optional[float] = None
+    #: minilm only: which parameters are fine-tuned (``dpnoise train --trainable``); None: the library's default
+    trainable: Optional[str] = None
+    #: text datasets: sentences cut to this many tokens (``--max-length``); None: the library's default
+    max_length: Optional[int] = None
+    #: the split evaluated (``--eval-split``, e.g. sst2's ``dev``); None: the test split
+    eval_split: Optional[str] = None
 
     @property
     def name(self) -> str:
@@ -78,6 +84,12 @@ class RunSpec:
             parts.append(f"fstat{self.feature_statistics_noise:g}")
         if self.train_limit is not None:
             parts.append(f"N{self.train_limit}")
+        if self.trainable is not None:
+            parts.append(f"train-{self.trainable}")
+        if self.max_length is not None:
+            parts.append(f"L{self.max_length}")
+        if self.eval_split is not None:
+            parts.append(f"eval-{self.eval_split}")
         parts.append(f"seed{self.seed}")
         return "_".join(parts)
 

@@ -84,6 +84,12 @@ def train_argv(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> 
         argv += ["--physical-batch-size", str(spec.physical_batch_size)]
     if spec.feature_statistics_noise is not None:
         argv += ["--feature-statistics-noise", number(spec.feature_statistics_noise)]
+    if spec.trainable is not None:
+        argv += ["--trainable", spec.trainable]
+    if spec.max_length is not None:
+        argv += ["--max-length", str(spec.max_length)]
+    if spec.eval_split is not None:
+        argv += ["--eval-split", spec.eval_split]
     return argv
 
 
@@ -94,11 +100,14 @@ def train_config(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -
                                   Schedule, TrainingConfig)
 
     alpha = {} if spec.alpha is None else {"alpha": float(spec.alpha)}
+    text = {**({} if spec.max_length is None else {"max_length": spec.max_length}),
+            **({} if spec.eval_split is None else {"eval_split": spec.eval_split})}
     return TrainingConfig(
         data=DataConfig(spec.dataset, limit=spec.train_limit, test_limit=spec.test_limit,
                         feature_statistics_noise=None if spec.feature_statistics_noise is None
-                        else float(spec.feature_statistics_noise)),
+                        else float(spec.feature_statistics_noise), **text),
         model=spec.model,
+        trainable=spec.trainable,
         mechanism=MechanismConfig(spec.mechanism, clip=float(spec.clip), **alpha),
         privacy=PrivacyTarget(delta=float(spec.delta), epsilon=float(spec.target_epsilon),
                               accountant=spec.calibrated_with, calibrate_with=spec.calibrated_with),

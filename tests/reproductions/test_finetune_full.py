@@ -1,0 +1,76 @@
+"""The full fine-tuning plan (``finetune-full``): its runs, their command lines and its summary table (no training)."""
+
+from __future__ import annotations
+
+import pytest
+
+from reproductions import plans, runner
+from reproductions.cli import main
+from reproductions.records import RunSpec, mean_std
+from reproductions.tables import finetune_full_summary_markdown
+
+
+def test_plan_runs_every_column_at_the_epsilons_in_the_given_order_with_the_same_settings():
+    specs = plans.finetune_full_specs([3.74, 0.54], seeds=[0])
+    assert [(s.target_epsilon, s.calibrated_with) for s in specs] == [
+        (eps, c.calibrated_with) for eps in (3.74, 0.54) for c in plans.FINETUNE_FULL_COLUMNS]
+    assert {(s.model, s.trainable, s.max_length, s.eval_split, s.steps, s.batch_size, s.clip, s.lr)
+            for s in specs} == {("minilm", "all", 32, "dev", plans.FINETUNE_FULL_STEPS, 128, 0.1, 5e-4)}
+    assert len({s.name for s in specs}) == len(specs)
+    assert specs[0].name.endswith("_train-all_L32_eval-dev_seed0")
+
+
+def test_specs_without_the_text_fields_keep_their_record_names():
+    spec = RunSpec(experiment="finetune", dataset="sst2", model="minilm-features", mechanism="gaussian",
+                   calibrated_with="gaussian-rdp", target_epsilon=0.54, seed=0, steps=660, batch_size=1024, lr=2e-3)
+    assert spec.name == "sst2_minilm-features_gaussian_cal-gaussian-rdp_eps0.54_T660_B1024_adam_lr0.002_seed0"
+
+
+def test_recorded_command_builds_the_configuration_the_runner_trains(tmp_path):
+    from dpnoise.cli.main import build_parser
+    from dpnoise.cli.train import configuration_fields
+    from dpnoise.training import TrainingConfig
+
+    spec = plans.finetune_full_specs([0.54], seeds=[1], steps=7)[2]
+    argv = runner.train_argv(spec, tmp_path / "out")
+    assert argv[argv.index("--trainable") + 1] == "all" and argv[argv.index("--eval-split") + 1] == "dev"
+    config = runner.train_config(spec, tmp_path / "out")
+    assert (config.trainable, config.data.max_length, config.data.eval_split) == ("all", 32, "dev")
+    args = build_parser().parse_args(["train", *argv])
+    assert TrainingConfig.from_fields(configuration_fields(args)) == config
+
+
+def test_dry_run_lists_the_plan(capsys, tmp_path):
+    assert main(["--experiment", "finetune-full", "--seeds", "0", "--epsilons", "3.74", "0.54", "--dry-run",
+                 "--results-dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 8 and all(line.startswith("todo  sst2_minilm_") for line in lines)
+
+
+def aggregated(column: plans.Column, accuracy: float, noise: float, eps: float) -> dict:
+    mean, std = mean_std([accuracy])
+    return dict(dataset="sst2", target_epsilon=eps, mechanism=column.mechanism, calibrated_with=column.calibrated_with,
+                status="ok", seeds=[0], accuracies=[accuracy], accuracy_mean=mean, accuracy_std=std, n_seeds=1,
+                noise=noise)
+
+
+def test_summary_sets_the_papers_table_iii_below_ours_and_pairs_lap2_with_gaussian():
+    gaussian, lap2 = plans.FINETUNE_FULL_COLUMNS[:2]
+    rows = [aggregated(gaussian, 0.80, 1.0, 3.74), aggregated(lap2, 0.75, 1.1, 3.74),
+            aggregated(gaussian, 0.7, 2.0, 0.54)]
+    lines = finetune_full_summary_markdown(rows).splitlines()
+    assert "| SST-2 | ε = 3.74 | ε = 0.54 |" in lines
+    ours = lines.index("| Gaussian | 80.00 (n=1), σ = 1 | 70.00 (n=1), σ = 2 |")
+    assert lines[ours + 1] == "| *↳ paper* | 90.31 | 87.16 |"
+    assert "| Lap2 − Gaussian | -5.00 (0/1 seeds ahead); noise +10.0% | — |" in lines
+    assert not any(line.startswith("| Laplace-L1") for line in lines)  # not run: left out
+
+
+def test_summary_without_records_says_so():
+    assert finetune_full_summary_markdown([]) == "(no runs yet)"
+
+
+@pytest.mark.parametrize("argv", [["--dataset", "mnist"], ["--columns", "gaussian-rdp"]])
+def test_options_outside_the_plan_are_refused(capsys, argv):
+    assert main(["--experiment", "finetune-full", "--dry-run", *argv]) == 2
+    assert argv[0] in capsys.readouterr().err
