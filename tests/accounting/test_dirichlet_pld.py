@@ -1,11 +1,15 @@
-"""Two-class Dirichlet PLD (docs/theory/dirichlet.md Sec. 1.3): domination, pessimism, and agreement with the
-exact lower bound."""
+"""Two-class Dirichlet PLD (docs/theory/dirichlet.md Sec. 1.3): domination, pessimism, agreement with the
+exact lower bound, and its route dirichlet-pld of the default (events recording num_classes=2)."""
+
+import json
+import math
 
 import numpy as np
 import pytest
 from scipy.special import betainc, betaln, expit
 
-from dpnoise.accounting import epsilon_after
+from dpnoise.accounting import InvalidParameterError, PldAccountant, epsilon_after, get_accountant
+from dpnoise.accounting.events import DirichletEvent, PoissonSampledEvent, event_from_dict, event_to_dict
 from dpnoise.accounting.pld.dirichlet import two_class_vertex_masses, two_class_vertex_pld
 from dpnoise.audit.pld import dirichlet_shift_laws, epsilon_lower_bound
 
@@ -77,3 +81,115 @@ def test_composed_two_class_pld_lies_between_the_exact_lower_bound_and_the_rdp_b
     rdp = epsilon_after("dirichlet", steps=steps, delta=delta, sample_rate=q, concentration=r, alpha=alpha)
     assert lower <= upper <= lower + 0.02 * upper
     assert upper < rdp
+
+
+# ------------------------------------------------------------- the route dirichlet-pld of the default
+SETTINGS = [(0.05, 0.1, 1.0, 200), (0.5, 0.05, 0.2, 50), (1.0, 0.3, 0.5, 3)]
+
+
+def _routes(q, r, alpha, steps, delta, num_classes=2):
+    acc = get_accountant("dirichlet").step(concentration=r, alpha=alpha, sample_rate=q, steps=steps,
+                                           num_classes=num_classes)
+    return acc.get_epsilon_and_bound(delta), {name: value for name, (value, _) in acc.epsilon_by_route(delta).items()}
+
+
+@pytest.mark.parametrize("q,r,alpha,steps", SETTINGS)
+@pytest.mark.parametrize("delta", [1e-5, 1e-12])
+def test_route_is_never_below_the_exact_lower_bound(q, r, alpha, steps, delta):
+    lower = epsilon_lower_bound(dirichlet_shift_laws(r, alpha, grid=1 << 15), q, steps, delta,
+                                directions=("replace-one",))["replace-one"]
+    (epsilon, bound), by_route = _routes(q, r, alpha, steps, delta)
+    assert lower <= by_route["dirichlet-pld"] and lower <= epsilon
+    assert epsilon == min(by_route.values())
+    if delta == 1e-5:
+        # Far below the RDP routes; above the exact value by the rounding of losses up to the 1e-3 grid,
+        # less than one grid step per release (at most ~3 T q releases matter here).
+        assert bound.startswith("dirichlet-pld: PLD") and epsilon <= lower + 1e-3 * (3 * steps * q + 3)
+        assert by_route["dirichlet-pld"] < min(by_route["dirichlet-release-count"], by_route["dirichlet-rdp"])
+    else:
+        # At 1e-12 the FFT's round-off bound dominates the PLD: the minimum answers by another route.
+        assert by_route["dirichlet-pld"] > epsilon and not bound.startswith("dirichlet-pld")
+
+
+def test_route_is_the_release_count_mixture_of_the_exact_vertex_profiles():
+    """Composing the one-step PLD (loss 0 w.p. 1 - q, the pair's loss w.p. q) T times is the Bin(T, q) mixture over
+    the number of releases of the k-fold vertex pair's exact profiles (docs/theory/dirichlet.md Sec. 1.3): at q = 1
+    the same PLD composed k times gives delta_k, and the mixture of those matches the route at q < 1."""
+    from scipy.stats import binom
+
+    q, r, alpha, steps, epsilon = 0.3, 0.2, 1.0, 4, 0.3
+    route = PldAccountant("dirichlet-pld").step(concentration=r, alpha=alpha, sample_rate=q, steps=steps,
+                                                 num_classes=2)
+    profiles = [0.0] + [PldAccountant("dirichlet-pld").step(concentration=r, alpha=alpha, sample_rate=1.0, steps=k,
+                                                            num_classes=2).get_delta(epsilon) for k in range(1, steps + 1)]
+    mixture = float(binom.pmf(np.arange(steps + 1), steps, q) @ np.array(profiles))
+    assert route.get_delta(epsilon) == pytest.approx(mixture, rel=2e-6)  # the masses' error allowances differ
+    # and one release at q = 1 is the base pair's exact delta (up to the grid)
+    exact = _exact_step_delta(1.0, r, alpha, epsilon)
+    assert exact <= profiles[1] <= _exact_step_delta(1.0, r, alpha, epsilon - 1e-3) + 1e-12
+
+
+@pytest.mark.parametrize("num_classes", [None, 10])
+def test_route_does_not_apply_without_two_classes(num_classes):
+    (epsilon, bound), by_route = _routes(0.05, 0.1, 1.0, 200, 1e-5, num_classes)
+    assert by_route["dirichlet-pld"] == math.inf
+    assert f"dirichlet-pld: PLD not computed: no PLD for DirichletEvent with num_classes={num_classes}" in bound
+    assert epsilon == min(by_route["dirichlet-release-count"], by_route["dirichlet-rdp"])
+    alone = PldAccountant("dirichlet-pld").step(concentration=0.1, alpha=1.0, sample_rate=0.05, steps=200,
+                                                num_classes=num_classes)  # accepted: answers +inf
+    assert alone.get_epsilon(1e-5) == math.inf and alone.get_delta(1.0) == 1.0
+
+
+@pytest.mark.parametrize("r,alpha", [(5e-5, 1.0), (6.0, 10.0), (0.001, 0.005)])
+def test_route_does_not_apply_outside_the_checked_range(r, alpha):
+    acc = PldAccountant("dirichlet-pld").step(concentration=r, alpha=alpha, sample_rate=0.05, steps=10, num_classes=2)
+    epsilon, bound = acc.get_epsilon_and_bound(1e-5)
+    assert epsilon == math.inf and "outside the range" in bound
+
+
+def test_other_pld_accountants_still_refuse_dirichlet_events_without_two_classes():
+    with pytest.raises(InvalidParameterError, match="gaussian-pld.*num_classes=None"):
+        get_accountant("gaussian").compose(DirichletEvent(0.5, 1.0))
+
+
+# ------------------------------------------------------------------------ DirichletEvent.num_classes
+@pytest.mark.parametrize("value", [1, 0, -2, True, 2.0, "2", 2.5])
+def test_num_classes_must_be_an_integer_of_at_least_two(value):
+    with pytest.raises(InvalidParameterError, match="num_classes"):
+        DirichletEvent(0.1, 1.0, value)
+
+
+def test_num_classes_in_equality_hash_and_serialisation():
+    two = DirichletEvent(0.1, 1.0, np.int64(2))
+    assert two == DirichletEvent(0.1, 1.0, 2) and hash(two) == hash(DirichletEvent(0.1, 1.0, 2))
+    assert type(two.num_classes) is int and two != DirichletEvent(0.1, 1.0)
+    # unrecorded: written as before the field existed, and such descriptions still load
+    assert event_to_dict(DirichletEvent(0.1, 1.0)) == {"type": "DirichletEvent", "r": 0.1, "alpha": 1.0}
+    assert event_from_dict({"type": "DirichletEvent", "r": 0.1, "alpha": 1.0}) == DirichletEvent(0.1, 1.0)
+    assert event_to_dict(two)["num_classes"] == 2 and event_from_dict(event_to_dict(two)) == two
+    for bad in (1, None, "2", 2.0):
+        data = {"type": "DirichletEvent", "r": 0.1, "alpha": 1.0, "num_classes": bad}
+        if bad is None:  # None written out explicitly is the default
+            assert event_from_dict(data) == DirichletEvent(0.1, 1.0)
+            continue
+        with pytest.raises(InvalidParameterError, match="num_classes"):
+            event_from_dict(data)
+    with pytest.raises(InvalidParameterError, match="optional: num_classes"):
+        event_from_dict({"type": "DirichletEvent", "r": 0.1})
+
+
+def test_state_dict_round_trip_keeps_the_route():
+    acc = get_accountant("dirichlet").step(concentration=0.1, alpha=1.0, sample_rate=0.05, steps=200, num_classes=2)
+    clone = get_accountant("dirichlet")
+    clone.load_state_dict(json.loads(json.dumps(acc.state_dict())))
+    assert clone.history == acc.history and clone.get_epsilon_and_bound(1e-5) == acc.get_epsilon_and_bound(1e-5)
+    assert clone.get_epsilon_and_bound(1e-5)[1].startswith("dirichlet-pld")
+
+
+def test_num_classes_is_a_dirichlet_keyword_only():
+    with pytest.raises(InvalidParameterError, match="num_classes"):
+        get_accountant("gaussian").step(noise_multiplier=1.0, sample_rate=0.1, num_classes=2)
+    acc = get_accountant("dirichlet").step(concentration=0.1, sample_rate=0.1, num_classes=2)
+    acc.step(concentration=0.1, sample_rate=0.1, num_classes=2)
+    assert acc.history == [(PoissonSampledEvent(0.1, DirichletEvent(0.1, 1.0, 2)), 2)]
+

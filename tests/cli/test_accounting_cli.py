@@ -58,6 +58,24 @@ def test_calibrate_lap2_and_dirichlet(capsys):
     assert dirichlet["r"] < ponnoprat["r"] / 3  # what its add/remove reading under-counts
 
 
+def test_two_classes_give_the_dirichlet_pld_route(capsys):
+    """--classes 2: the default answers by its two-class PLD route, below its other routes, and r* grows."""
+    setting = ["--mechanism", "dirichlet", "--sample-rate", "0.1", "--steps", "10", "--delta", "1e-5"]
+    two = run_json(capsys, ["account", *setting, "--noise", "0.1", "--classes", "2"])
+    plain = run_json(capsys, ["account", *setting, "--noise", "0.1"])
+    assert two["bound"].startswith("dirichlet-pld: PLD") and two["num_classes"] == 2
+    assert two["epsilon"] < plain["epsilon"] == min(plain["epsilon_by_accountant"]["dirichlet-release-count"],
+                                                    plain["epsilon_by_accountant"]["dirichlet-rdp"])
+    assert "dirichlet-pld: PLD not computed" in plain["bound"] and plain["num_classes"] is None
+    assert main(["account", *setting, "--noise", "0.1", "--classes", "2"]) == 0
+    assert "accountant dirichlet: epsilon" in capsys.readouterr().out.splitlines()[0]
+    one_step = ["calibrate", "--mechanism", "dirichlet", "--sample-rate", "1", "--steps", "1", "--delta", "1e-5",
+                "--epsilon", "4"]
+    calibrated = run_json(capsys, [*one_step, "--classes", "2"])
+    assert calibrated["num_classes"] == 2 and calibrated["epsilon"] <= 4
+    assert calibrated["r"] > run_json(capsys, one_step)["r"]
+
+
 #: (calibrate options, target epsilon): small settings (the RDP accountant where the default is slow), and
 #: the README's Dirichlet command
 PRINTED_CALIBRATIONS = [

@@ -347,6 +347,9 @@ ACCOUNT = ["account", "--mechanism", "gaussian", "--noise", "1", "--sample-rate"
     (with_option(with_option(ACCOUNT, "--steps", None), "--epochs", "1e308"), "--epochs"),
     ([*with_option(ACCOUNT, "--mechanism", "lap2"), "--params", "1e13"], "--params"),  # up to 1e12
     ([*with_option(ACCOUNT, "--mechanism", "lap2"), "--params", "0.5"], "--params"),
+    ([*with_option(ACCOUNT, "--mechanism", "dirichlet"), "--classes", "1"], "--classes"),
+    ([*with_option(ACCOUNT, "--mechanism", "dirichlet"), "--classes", "2.5"], "--classes"),
+    ([*with_option(ACCOUNT, "--mechanism", "dirichlet"), "--classes", "-2"], "--classes"),
 ])
 def test_accounting_commands_refuse(capsys, argv, flag):
     assert_refused(capsys, argv, flag)
@@ -356,6 +359,7 @@ def test_accounting_commands_refuse(capsys, argv, flag):
 @pytest.mark.parametrize("flag,value,mechanism", [
     ("--alpha", "nan", "gaussian"), ("--alpha", "2", "lap2"), ("--alpha", "1", "laplace-l1"),
     ("--params", "-5", "gaussian"), ("--params", "100", "dirichlet"), ("--params", "100", "laplace-l1"),
+    ("--classes", "2", "gaussian"), ("--classes", "2", "penultimate-gaussian"), ("--classes", "10", "lap2"),
 ])
 def test_accounting_commands_refuse_options_the_mechanism_does_not_take(capsys, command, flag, value, mechanism):
     argv = [*with_option(ACCOUNT, "--mechanism", mechanism), flag, value]

@@ -21,6 +21,7 @@ import numpy as np
 
 from dpnoise.accounting.events import (
     ComposedEvent,
+    DirichletEvent,
     DpEvent,
     PoissonSampledEvent,
     SelfComposedEvent,
@@ -102,6 +103,7 @@ class PrivacyAccountant:
         clip: float = 1.0,
         params: Optional[int] = None,
         alpha: Optional[float] = None,
+        num_classes: Optional[int] = None,
         mechanism: Optional[str] = None,
         steps: int = 1,
     ) -> "PrivacyAccountant":
@@ -112,11 +114,14 @@ class PrivacyAccountant:
         ``noise_multiplier`` sigma (noise std sigma * C) for ``gaussian`` and
         ``penultimate-gaussian``, ``laplace_scale`` b (absolute; accounted through b / ``clip``)
         for ``laplace-l1`` and ``lap2``, ``concentration`` r for ``dirichlet``.
+        ``num_classes`` (``dirichlet`` only): the number of classes of the perturbed softmax output,
+        where known; with 2 the default ``dirichlet`` accountant also has its exact two-class PLD
+        route (docs/theory/dirichlet.md Sec. 1.3). Give it only if every release has that many classes.
         """
         spec = get_mechanism_spec(mechanism or self.spec.mechanism)
         noise = noise_from_keywords(spec.name, noise_multiplier=noise_multiplier, laplace_scale=laplace_scale,
                                     concentration=concentration)
-        event = spec.build_event(noise, clip, params, alpha)
+        event = spec.build_event(noise, clip, params, alpha, num_classes)
         q = check_sample_rate("sample_rate", sample_rate)
         return self.compose(PoissonSampledEvent(q, event), steps)
 
@@ -279,7 +284,8 @@ def flat_ledger(history: list[tuple[DpEvent, int]]) -> Ledger:
 class PldAccountant(PrivacyAccountant):
     """Privacy-loss-distribution accountant (dp_accounting's PLDs, pessimistic rounding).
 
-    Covers Poisson-sampled Gaussian, Laplace (L1) and, through Gaussian-DP domination, Lap2 steps.
+    Covers Poisson-sampled Gaussian, Laplace (L1) and, through Gaussian-DP domination, Lap2 steps,
+    and two-class Dirichlet steps (replace-one adjacency, inclusion visible).
     Where the PLD grid would be too large (e.g. sigma below ~0.02, or more than 1e6 steps) it
     reports epsilon = +inf with the reason; the default accountants then use their RDP route.
 
@@ -294,9 +300,13 @@ class PldAccountant(PrivacyAccountant):
             raise InvalidParameterError(f"accountant {name!r} is not a PLD accountant (it is {self.spec.kind})")
 
     def _check_supported(self, event: DpEvent) -> None:
+        """Refuse an event that has no PLD, except a Dirichlet event in a Dirichlet accountant: there
+        is a PLD for two classes only, and the route answers +inf with the reason for the others (so
+        that the minimum it is a route of answers by its other routes)."""
         for sampled, _ in flat_ledger([(event, 1)]):
             reason = pld_feasibility(sampled, 1, 1.0)
-            if reason is not None and reason.startswith("no PLD"):
+            answered = isinstance(sampled.event, DirichletEvent) and self.spec.mechanism == "dirichlet"
+            if reason is not None and reason.startswith("no PLD") and not answered:
                 raise InvalidParameterError(f"accountant {self.name!r}: {reason}")
 
     def _epsilon_and_bound(self, delta: float) -> tuple[float, str]:

@@ -184,6 +184,8 @@ class CalibrationResult:
     alpha: Optional[float] = None
     epsilon_by_accountant: dict[str, float] = field(default_factory=dict)
     initial_guess: Optional[float] = None
+    #: the number of classes the Dirichlet epsilon was computed for (None: any)
+    num_classes: Optional[int] = None
 
     @property
     def noise_keyword(self) -> str:
@@ -379,8 +381,12 @@ def calibrate_dirichlet_r(
     steps: int,
     alpha: float = 1.0,
     accountant: str = "dirichlet",
+    num_classes: Optional[int] = None,
 ) -> CalibrationResult:
     """Largest r in (0, alpha) with h(r) <= target (docs/theory/dirichlet.md §3), by Brent on log(1/r).
+
+    ``num_classes``: the number of classes of the perturbed output where known (with 2 the default
+    accountant's two-class PLD route applies; None: any number).
 
     h is non-decreasing in r with near-jumps at r = alpha/(a-1); the answer is checked and stepped
     left if needed.  A target below the floor lim_{r->0} h(r) (docs/theory/dirichlet.md §2.3) raises
@@ -395,7 +401,7 @@ def calibrate_dirichlet_r(
         warnings.warn(spec.warning or "", UnsoundAccountantWarning, stacklevel=2)
 
     def eps_of_inverse(inv_r: float) -> float:
-        return _epsilon(accountant, 1.0 / inv_r, q, steps, delta, alpha=alpha)
+        return _epsilon(accountant, 1.0 / inv_r, q, steps, delta, alpha=alpha, num_classes=num_classes)
 
     # h(r) is non-decreasing in r, i.e. non-increasing in 1/r; r < alpha keeps order 2 admissible.
     try:
@@ -412,5 +418,5 @@ def calibrate_dirichlet_r(
     eps = eps_of_inverse(inv_r)
     return CalibrationResult(
         "dirichlet", accountant, r, eps, delta, q, steps, alpha=alpha,
-        epsilon_by_accountant={accountant: eps},
+        epsilon_by_accountant={accountant: eps}, num_classes=num_classes,
     )

@@ -7,8 +7,9 @@ All noise parameters are normalised by the sensitivity (clipping norm).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Union
+from dataclasses import MISSING, dataclass, fields
+from numbers import Integral
+from typing import Any, Optional, Union
 
 from dpnoise.accounting.validation import (
     InvalidParameterError,
@@ -52,14 +53,24 @@ class Lap2Event:
 
 @dataclass(frozen=True)
 class DirichletEvent:
-    """One release of p~ ~ Dir(r s + alpha) per selected example (inputs private, labels public)."""
+    """One release of p~ ~ Dir(r s + alpha) per selected example (inputs private, labels public).
+
+    ``num_classes``: the number d of classes (the length of s), or None where it is not recorded.
+    The RDP routes hold for every d; the two-class PLD route (docs/theory/dirichlet.md Sec. 1.3)
+    applies only to an event that records d = 2.
+    """
 
     r: float
     alpha: float
+    num_classes: Optional[int] = None
 
     def __post_init__(self) -> None:
         check_positive("r", self.r)
         check_positive("alpha", self.alpha)
+        if self.num_classes is not None:
+            if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, Integral):
+                raise InvalidParameterError(f"num_classes must be an integer >= 2 or None, got {self.num_classes!r}")
+            object.__setattr__(self, "num_classes", check_count("num_classes", self.num_classes, 2))
 
 
 @dataclass(frozen=True)
@@ -110,10 +121,14 @@ EVENT_TYPES = {
 
 
 def event_to_dict(event: DpEvent) -> dict[str, Any]:
-    """A JSON-able description of ``event`` (``{"type": ..., fields...}``)."""
+    """A JSON-able description of ``event`` (``{"type": ..., fields...}``); an optional field at its
+    default (e.g. a Dirichlet event's unrecorded ``num_classes``) is left out, so that the description
+    is the one written before that field existed."""
     out: dict[str, Any] = {"type": type(event).__name__}
     for f in fields(event):
         value = getattr(event, f.name)
+        if f.default is not MISSING and value == f.default:
+            continue
         if f.name == "event":
             value = event_to_dict(value)
         elif f.name == "events":
@@ -124,7 +139,8 @@ def event_to_dict(event: DpEvent) -> dict[str, Any]:
 
 def event_from_dict(data: dict[str, Any]) -> DpEvent:
     """Inverse of :func:`event_to_dict`; :class:`InvalidParameterError` for anything it would not write
-    (not a dictionary, an unknown type, missing or unknown fields, values outside their domain)."""
+    (not a dictionary, an unknown type, missing or unknown fields, values outside their domain).
+    Optional fields may be missing (they take their default)."""
     if not isinstance(data, dict):
         raise InvalidParameterError(f"a DP event must be a dictionary with a 'type', got {data!r}")
     data = dict(data)
@@ -132,8 +148,10 @@ def event_from_dict(data: dict[str, Any]) -> DpEvent:
     if not isinstance(kind, str) or kind not in EVENT_TYPES:
         raise InvalidParameterError(f"unknown DP event type {kind!r}; choose from {', '.join(EVENT_TYPES)}")
     expected = {f.name for f in fields(EVENT_TYPES[kind])}
-    if set(data) != expected:
-        raise InvalidParameterError(f"DP event {kind} has the fields {', '.join(sorted(expected))}, "
+    required = {f.name for f in fields(EVENT_TYPES[kind]) if f.default is MISSING}
+    if not required <= set(data) <= expected:
+        optional = f" (optional: {', '.join(sorted(expected - required))})" if expected != required else ""
+        raise InvalidParameterError(f"DP event {kind} has the fields {', '.join(sorted(expected))}{optional}, "
                                     f"got {', '.join(sorted(map(str, data))) or 'none'}")
     if "event" in data:
         data["event"] = event_from_dict(data["event"])

@@ -59,9 +59,9 @@ CONCENTRATION = NoiseParameter(
     per_clip=False, larger_is_more_private=False)
 NOISE_PARAMETERS = {p.keyword: p for p in (NOISE_MULTIPLIER, LAPLACE_SCALE, CONCENTRATION)}
 
-#: (noise in the mechanism's unit, clip C, number of parameters n, Dirichlet alpha) -> per-step event;
-#: called by :meth:`MechanismSpec.build_event` with C and n already checked
-EventFactory = Callable[[float, float, Optional[int], Optional[float]], MechanismEvent]
+#: (noise in the mechanism's unit, clip C, number of parameters n, Dirichlet alpha, number of classes)
+#: -> per-step event; called by :meth:`MechanismSpec.build_event` with C and n already checked
+EventFactory = Callable[[float, float, Optional[int], Optional[float], Optional[int]], MechanismEvent]
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,9 @@ class MechanismSpec:
     needs_params: bool = False
     #: the event takes the Dirichlet offset alpha; calibration then searches r in (0, alpha)
     uses_alpha: bool = False
+    #: the event records the number of classes of the perturbed output, where known (Dirichlet:
+    #: with two classes its PLD route applies)
+    uses_num_classes: bool = False
     #: what the epsilon covers when it is not the trained model (output mechanisms)
     scope: Optional[str] = None
 
@@ -112,20 +115,24 @@ class MechanismSpec:
         return self.perturbs == "gradients"
 
     def build_event(self, noise: float, clip: float = 1.0, params: Optional[int] = None,
-                    alpha: Optional[float] = None) -> MechanismEvent:
+                    alpha: Optional[float] = None, num_classes: Optional[int] = None) -> MechanismEvent:
         """The per-step event of this mechanism at ``noise`` (in :attr:`noise`'s unit).
 
         As in ``make_private``: the clipping norm ``clip`` (finite, > 0) and the number of trained
         parameters ``params`` (an integer >= 1, or None) are checked for every mechanism, also where
         the event does not depend on them (the Gaussian's sigma is already relative to C; only Lap2
-        uses n), since they describe the training run; the Dirichlet offset ``alpha`` is refused by
-        a mechanism that does not take it.
+        uses n), since they describe the training run; the Dirichlet offset ``alpha`` and the number
+        of classes ``num_classes`` (an integer >= 2, or None: not recorded) are refused by a
+        mechanism that does not take them.
         """
         clip = check_positive("clip", clip)
         params = None if params is None else check_count("params", params, 1)
         if alpha is not None and not self.uses_alpha:
             raise InvalidParameterError(f"alpha is a Dirichlet parameter; mechanism {self.name!r} does not take it")
-        return self.event(noise, clip, params, alpha)
+        if num_classes is not None and not self.uses_num_classes:
+            raise InvalidParameterError(f"num_classes is recorded by the Dirichlet mechanism only; mechanism "
+                                        f"{self.name!r} does not take it")
+        return self.event(noise, clip, params, alpha, num_classes)
 
 
 MECHANISMS: dict[str, MechanismSpec] = {}
@@ -176,29 +183,34 @@ def noise_keywords(mechanism: str, noise: float) -> dict[str, float]:
     return {get_mechanism_spec(mechanism).noise.keyword: noise}
 
 
-def _gaussian_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
+def _gaussian_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float],
+                    num_classes: Optional[int]) -> MechanismEvent:
     return GaussianEvent(check_positive("noise_multiplier", noise))
 
 
-def _penultimate_gaussian_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
+def _penultimate_gaussian_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float],
+                                num_classes: Optional[int]) -> MechanismEvent:
     # Each selected example's activation (clipped to norm C) gets N(0, (sigma C)^2); replacing the
     # private input moves it by up to 2C, so the sensitivity-1 noise multiplier is sigma / 2.
     return GaussianEvent(check_positive("noise_multiplier", noise) / 2.0)
 
 
-def _laplace_l1_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
+def _laplace_l1_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float],
+                      num_classes: Optional[int]) -> MechanismEvent:
     return LaplaceEvent(check_positive("laplace_scale", noise) / clip)
 
 
-def _lap2_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
+def _lap2_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float],
+                num_classes: Optional[int]) -> MechanismEvent:
     if params is None:
         raise InvalidParameterError("params (the number of trained parameters n) is required for lap2")
     return Lap2Event(check_positive("laplace_scale", noise) / clip, params)
 
 
-def _dirichlet_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float]) -> MechanismEvent:
+def _dirichlet_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float],
+                     num_classes: Optional[int]) -> MechanismEvent:
     return DirichletEvent(check_positive("concentration", noise),
-                          check_positive("alpha", 1.0 if alpha is None else alpha))
+                          check_positive("alpha", 1.0 if alpha is None else alpha), num_classes)
 
 
 register_mechanism(MechanismSpec(
@@ -229,7 +241,7 @@ register_mechanism(MechanismSpec(
     name="dirichlet",
     description="Dirichlet output mechanism: p~ ~ Dir(r softmax(z) + alpha), loss -log p~_y",
     noise=CONCENTRATION, perturbs="outputs", noise_distribution="dirichlet",
-    event=_dirichlet_event, uses_alpha=True,
+    event=_dirichlet_event, uses_alpha=True, uses_num_classes=True,
     accountants=("dirichlet", "dirichlet-release-count", "dirichlet-rdp", "dirichlet-ponnoprat"),
     audit_pair=AuditPair("dirichlet-vertex"),
     scope=OUTPUT_PRIVACY_SCOPE,

@@ -158,9 +158,19 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
         ),
         AccountantSpec(
             "dirichlet", "dirichlet", _SOUND, True,
-            "The smaller of dirichlet-release-count and dirichlet-rdp, per delta (both sound; replace-one "
-            "adjacency, each sampled example's sample released).",
-            kind="minimum", routes=("dirichlet-release-count", "dirichlet-rdp"),
+            "The smallest of dirichlet-release-count, dirichlet-rdp and, for two classes, dirichlet-pld, per "
+            "delta (all sound; replace-one adjacency, each sampled example's sample released).",
+            kind="minimum", routes=("dirichlet-release-count", "dirichlet-rdp", "dirichlet-pld"),
+        ),
+        AccountantSpec(
+            "dirichlet-pld", "dirichlet", _SOUND, True,
+            "Two-class Dirichlet mechanism (events recording num_classes=2; +inf otherwise), replace-one "
+            "adjacency, each sampled example's sample released: the PLD of the dominating vertex pair "
+            "Beta(alpha + r, alpha) vs Beta(alpha, alpha + r), one step being loss 0 with probability 1 - q "
+            "(the example not sampled, visibly) and the pair's loss with probability q, discretised "
+            "pessimistically and composed with its round-off bounded (docs/theory/dirichlet.md Sec. 1.3, "
+            "2.4). Exact up to the discretisation.",
+            kind="pld",
         ),
         AccountantSpec(
             "dirichlet-release-count", "dirichlet", AccountingMethods(), True,
@@ -175,9 +185,9 @@ ACCOUNTANTS: dict[str, AccountantSpec] = {
             "Dirichlet mechanism, replace-one adjacency (labels public, one private input changed), each "
             "sampled example's sample released: exact two-vertex base RDP, proven for integer orders and "
             "real orders >= 1.58034 (docs/theory/dirichlet.md Sec. 1.2), subsampled exactly as "
-            "log(1 - q + q e^{(a-1) eps(a)}) / (a-1) (the example's inclusion is visible). RDP only: a "
-            "dominating pair (and an exact PLD) is known for two classes only (Sec. 1.3), and the ledger "
-            "does not record the number of classes.",
+            "log(1 - q + q e^{(a-1) eps(a)}) / (a-1) (the example's inclusion is visible). Any number of "
+            "classes (a dominating pair, and the exact PLD of dirichlet-pld, is known for two classes only, "
+            "Sec. 1.3).",
         ),
         AccountantSpec(
             "dirichlet-add-remove", "dirichlet", AccountingMethods(dirichlet_subsampling="general"), False,

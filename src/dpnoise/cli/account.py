@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         "noise": args.noise,
         "clip": kwargs["clip"],
         "params": kwargs["params"],
+        **({"num_classes": kwargs["num_classes"]} if "num_classes" in kwargs else {}),
         "sound": spec.sound,
         "description": spec.description,
         "epsilon_by_accountant": by_acc,

@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     target = check_positive("--epsilon", args.epsilon)
     mechanism_spec = get_mechanism_spec(mechanism)
     if mechanism_spec.uses_alpha:
-        result = calibrate_dirichlet_r(target, args.delta, q, steps, alpha=kwargs["alpha"], accountant=accountant)
+        result = calibrate_dirichlet_r(target, args.delta, q, steps, alpha=kwargs["alpha"], accountant=accountant,
+                                       num_classes=kwargs["num_classes"])
     else:
         result = calibrate_noise(accountant, target, args.delta, q, steps, clip=kwargs["clip"], params=kwargs["params"])
     spec = ACCOUNTANTS[accountant]
@@ -39,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
     noise = mechanism_spec.noise.printed(result.noise)  # rounded toward privacy (the JSON keeps every digit)
     if mechanism_spec.uses_alpha:
         payload["r"] = result.noise
-        lines = [f"{mechanism} (alpha = {result.alpha:g}): r* = {noise}, epsilon = {decimals(result.epsilon, 4, 'up')}"]
+        classes = "" if result.num_classes is None else f", {result.num_classes} classes"
+        lines = [f"{mechanism} (alpha = {result.alpha:g}{classes}): r* = {noise}, "
+                 f"epsilon = {decimals(result.epsilon, 4, 'up')}"]
     else:
         lines = [f"{accountant}: {result.noise_keyword} = {noise} ({mechanism_spec.noise.unit}) "
                  f"with clip C = {significant_digits(result.clip, 6, 'down')}, "

@@ -40,7 +40,7 @@ def accountant_names() -> list[str]:
 
 
 def add_setting_options(p: argparse.ArgumentParser) -> None:
-    """--mechanism, sampling, steps, delta, clip, params, alpha, json."""
+    """--mechanism, sampling, steps, delta, clip, params, alpha, classes, json."""
     p.add_argument("--mechanism", required=True, choices=MECHANISM_CHOICES, metavar="MECHANISM",
                    help=f"{mechanism_help()}. An accountant name (e.g. lap2-paper) stands for its "
                    "mechanism with --accountant NAME")
@@ -61,6 +61,10 @@ def add_setting_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--params", type=float,
                    help="number of trained parameters n (lap2 and lap2-paper only, required there; up to 1e12)")
     p.add_argument("--alpha", type=float, help="Dirichlet offset alpha > 0 (dirichlet only; default 1)")
+    p.add_argument("--classes", type=int, metavar="D",
+                   help="number of classes d >= 2 of the model's softmax output (dirichlet only; default: not "
+                   "given, any d). With --classes 2 the default accountant also has the exact two-class PLD "
+                   "route (dirichlet-pld); give it only if the model has exactly that many outputs")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -91,7 +95,8 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
     else:
         steps = checks.finite_steps("--epochs", check_positive("--epochs", args.epochs), q)
     spec = get_mechanism_spec(mechanism)
-    for flag, value, uses in (("--params", args.params, "needs_params"), ("--alpha", args.alpha, "uses_alpha")):
+    for flag, value, uses in (("--params", args.params, "needs_params"), ("--alpha", args.alpha, "uses_alpha"),
+                              ("--classes", args.classes, "uses_num_classes")):
         if value is not None and not getattr(spec, uses):  # refused rather than silently ignored
             users = ", ".join(name for name, other in MECHANISMS.items() if getattr(other, uses))
             raise InvalidParameterError(f"{flag} does not apply to --mechanism {mechanism} (only to {users})")
@@ -103,6 +108,8 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
     kwargs: dict[str, Any] = {"clip": check_positive("--clip", args.clip), "params": params}
     if spec.uses_alpha:
         kwargs["alpha"] = check_positive("--alpha", 1.0 if args.alpha is None else args.alpha)
+    if spec.uses_num_classes:
+        kwargs["num_classes"] = None if args.classes is None else check_count("--classes", args.classes, 2)
     return mechanism, accountant, q, steps, kwargs
 
 

@@ -20,7 +20,7 @@ bound on its floating-point error: the result's epsilon(delta) is never below th
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from scipy.special import betainc, expit
@@ -35,6 +35,18 @@ _BETAINC_ERROR = 2048 * 2.0**-53
 _WINDOW_TAIL_MASS = 1e-30
 #: The window's half-width in logit(X): expit(-700) is still a normal double.
 _MAX_LOGIT = 700.0
+#: The (r, alpha) ranges over which ``_BETAINC_ERROR`` was checked; the PLD is offered only there.
+CHECKED_R = (1e-4, 5.0)
+CHECKED_ALPHA = (0.01, 100.0)
+
+
+def two_class_domain_problem(r: float, alpha: float) -> Optional[str]:
+    """Why the two-class PLD is not offered at (r, alpha): outside the ranges where its error bound on
+    the incomplete Beta function was checked (None inside them)."""
+    if not CHECKED_R[0] <= r <= CHECKED_R[1] or not CHECKED_ALPHA[0] <= alpha <= CHECKED_ALPHA[1]:
+        return (f"r={r:g}, alpha={alpha:g} outside the range of the two-class PLD's error bound "
+                f"(r in [{CHECKED_R[0]:g}, {CHECKED_R[1]:g}], alpha in [{CHECKED_ALPHA[0]:g}, {CHECKED_ALPHA[1]:g}])")
+    return None
 
 
 def two_class_logit_window(r: float, alpha: float) -> tuple[float, float]:

@@ -18,7 +18,13 @@ the route answers +inf and the default accountants use their RDP route.
 * Lap2: no PLD of its own; one step is M_n-GDP (:func:`~dpnoise.accounting.pld.gdp.lap2_gdp_mu`),
   GDP dominating pairs survive Poisson subsampling and composition (Zhu, Dong & Wang, "Optimal
   accounting of differential privacy via characteristic function", arXiv 2106.08567), so the PLD
-  of the Poisson-sampled Gaussian with noise multiplier 1/M_n bounds it.
+  of the Poisson-sampled Gaussian with noise multiplier 1/M_n bounds it;
+* Dirichlet with two classes (an event recording ``num_classes == 2``): replace-one adjacency
+  with the changed example's inclusion visible, one step being the vertex pair
+  (1 - q) bot + q P_1 vs (1 - q) bot + q P_0, whose loss is 0 with probability 1 - q
+  (:func:`~dpnoise.accounting.pld.dirichlet.two_class_vertex_pld`; docs/theory/dirichlet.md
+  Sec. 1.3 and 2.4).  Not dp_accounting's add/remove subsampling.  For more classes, or where
+  the number of classes is not recorded, there is no PLD.
 
 The PLD route is only attempted where its grid stays small (:func:`pld_feasibility`); elsewhere,
 or where a PLD fails its checks (NaN, lost mass, masses outside their round-off bounds), it
@@ -36,12 +42,14 @@ import numpy as np
 from scipy.signal import lfilter
 
 from dpnoise.accounting.events import (
+    DirichletEvent,
     DpEvent,
     GaussianEvent,
     Lap2Event,
     LaplaceEvent,
     PoissonSampledEvent,
 )
+from dpnoise.accounting.pld.dirichlet import two_class_domain_problem, two_class_loss_range, two_class_vertex_pld
 from dpnoise.accounting.pld.gdp import lap2_gdp_mu
 from dpnoise.accounting.pld.roundoff import (
     composition_relative_error,
@@ -99,16 +107,26 @@ def pld_feasibility(event: DpEvent, count: int, discretization: float) -> Option
         if not 1e-100 < sigma < 1e100:  # dp_accounting squares sigma
             return f"noise multiplier {sigma:g} out of the PLD route's range"
         # dp_accounting truncates the Gaussian at |x| <= 10 sigma: loss up to 10/sigma + 1/(2 sigma^2).
-        max_loss = _GAUSSIAN_TAIL / sigma + 0.5 / sigma / sigma
+        width = _sampled_loss_range(event.sampling_probability, _GAUSSIAN_TAIL / sigma + 0.5 / sigma / sigma)
     elif isinstance(mechanism, LaplaceEvent):
         max_loss = 1.0 / mechanism.noise_multiplier
         if max_loss > _MAX_LAPLACE_LOSS:
             return f"Laplace loss 1/{mechanism.noise_multiplier:g} overflows dp_accounting"
+        width = _sampled_loss_range(event.sampling_probability, max_loss)
+    elif isinstance(mechanism, DirichletEvent):
+        if mechanism.num_classes != 2:
+            return f"no PLD for DirichletEvent with num_classes={mechanism.num_classes} (two classes only)"
+        problem = two_class_domain_problem(mechanism.r, mechanism.alpha)
+        if problem is not None:
+            return problem
+        # the changed example's inclusion is visible: sampling does not shrink its loss range
+        low, high = two_class_loss_range(mechanism.r, mechanism.alpha)
+        width = high - low
     else:
         return f"no PLD for {type(mechanism).__name__}"
     if count > MAX_COMPOSITIONS:
         return f"{count} steps > {MAX_COMPOSITIONS} (PLD composition too costly)"
-    points = _sampled_loss_range(event.sampling_probability, max_loss) / discretization
+    points = width / discretization
     if points > MAX_GRID_POINTS:
         return f"single-step PLD grid of ~{points:.3g} points > {MAX_GRID_POINTS}"
     return None
@@ -118,6 +136,8 @@ def _single_step_pld(event: PoissonSampledEvent, discretization: float) -> Any:
     from dp_accounting.pld import privacy_loss_distribution as pld_lib  # noqa: PLC0415 (slow import)
 
     q = event.sampling_probability
+    if isinstance(event.event, DirichletEvent):  # two classes (pld_feasibility): replace-one, inclusion visible
+        return two_class_vertex_pld(q, event.event.r, event.event.alpha, discretization)
     sigma = gaussian_noise_multiplier(event.event)
     if sigma is not None:
         return pld_lib.from_gaussian_mechanism(
@@ -302,6 +322,9 @@ def composed_pld(history: tuple[tuple[DpEvent, int], ...], discretization: float
             raise PldTooCostly(f"{count} steps need a PLD grid of ~{points:.3g} points > {MAX_COMPOSED_POINTS}")
         step_errors = {}
         for direction in _DIRECTIONS:
+            if direction == "_pmf_add" and step._pmf_add is step._pmf_remove:  # noqa: SLF001 (symmetric: one PMF)
+                step_errors[direction] = step_errors["_pmf_remove"]
+                continue
             probs = np.asarray(_dense(step, direction)._probs, dtype=float)  # noqa: SLF001
             length = self_convolution_length(probs, count, _TAIL_MASS_TRUNCATION)
             step_errors[direction] = self_convolution_entry_error(probs, count, length)
