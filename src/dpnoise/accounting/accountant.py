@@ -355,8 +355,10 @@ class MinimumAccountant(PrivacyAccountant):
         by_route = self.epsilon_by_route(delta)
         route = min(by_route, key=lambda name: by_route[name][0])
         epsilon, bound = by_route[route]
-        # A route that could not answer (e.g. a PLD whose round-off bound exceeds delta) is named with its reason.
-        skipped = [f"{name}: {why}" for name, (value, why) in by_route.items() if name != route and value == np.inf]
+        # A route listed before the one that answered but that could not answer (e.g. a PLD whose
+        # round-off bound exceeds delta) is named with its reason; later ones that do not apply are not.
+        earlier = self.spec.routes[:self.spec.routes.index(route)]
+        skipped = [f"{name}: {by_route[name][1]}" for name in earlier if by_route[name][0] == np.inf]
         return epsilon, f"{route}: {bound}" + (f" ({'; '.join(skipped)})" if skipped else "")
 
     def _delta(self, epsilon: float) -> float:
