@@ -14,6 +14,7 @@ from dpnoise.accounting.secure_noise import (
     MAX_GAUSSIAN_VARIANCE,
     MAX_LAPLACE_STEPS,
     SMOOTHING,
+    discrete_gaussian_budget,
     discrete_gaussian_epsilon,
     grid_rounding,
     plan_discrete_gaussian,
@@ -141,3 +142,15 @@ def test_corrected_epsilon_is_above_the_continuous_one_by_a_negligible_amount():
     discrete_gaussian_epsilon(lambda d: asked.append(d) or 0.0, 1e-5, 10, 10)
     assert asked[0] < 1e-5
     assert discrete_gaussian_epsilon(lambda d: 0.0, 1e-5, 10, 10) > 0.0
+
+
+@pytest.mark.parametrize("target, steps, n", [(1.0, 45, 1210), (8.0, 3157, 22_700_000), (1e-3, 10 ** 6, 10 ** 9),
+                                              (3.0, 0, 1)])
+def test_calibration_budget_is_the_largest_continuous_target_meeting_the_corrected_one(target, steps, n):
+    """An accountant answering at most epsilon' at delta' gives a corrected epsilon within the target;
+    one float more does not (epsilon' is the largest), and delta' is the delta the correction asks for."""
+    allowed, shrunk = discrete_gaussian_budget(target, 1e-5, steps, n)
+    asked = []
+    assert discrete_gaussian_epsilon(lambda d: asked.append(d) or allowed, 1e-5, steps, n) <= target
+    assert asked == [shrunk] and shrunk < 1e-5
+    assert discrete_gaussian_epsilon(lambda d: math.nextafter(allowed, math.inf), 1e-5, steps, n) > target

@@ -47,6 +47,7 @@ __all__ = [
     "plan_discrete_gaussian",
     "smoothing_log_ratio",
     "discrete_gaussian_epsilon",
+    "discrete_gaussian_budget",
 ]
 
 #: default bound on the sensitivity's relative growth from rounding onto the grid: C' <= C (1 + 2^-10)
@@ -288,5 +289,35 @@ def discrete_gaussian_epsilon(epsilon_at: Callable[[float], float], delta: float
     """
     delta = check_delta("delta", delta)
     log_ratio = smoothing_log_ratio(steps, coordinates)
-    shrunk = delta * math.exp(-log_ratio) * (1.0 - 2.0 ** -50)  # below delta e^{-L} despite rounding
-    return math.nextafter(epsilon_at(shrunk) + 2.0 * log_ratio, math.inf)
+    return _corrected(epsilon_at(_shrunk_delta(delta, log_ratio)), log_ratio)
+
+
+def _shrunk_delta(delta: float, log_ratio: float) -> float:
+    """delta e^{-L}, rounded down (the factor 1 - 2^-50 absorbs the rounding of the product)."""
+    return delta * math.exp(-log_ratio) * (1.0 - 2.0 ** -50)
+
+
+def _corrected(epsilon: float, log_ratio: float) -> float:
+    """epsilon + 2 L, rounded up."""
+    return math.nextafter(epsilon + 2.0 * log_ratio, math.inf)
+
+
+def discrete_gaussian_budget(target_epsilon: float, delta: float, steps: int, coordinates: int
+                             ) -> tuple[float, float]:
+    """(epsilon', delta') such that ``epsilon_at(delta') <= epsilon'`` implies
+    ``discrete_gaussian_epsilon(epsilon_at, delta, steps, coordinates) <= target_epsilon``: the
+    target a noise calibration for the continuous Gaussian must meet so that the secure run meets
+    ``target_epsilon`` (docs/theory/secure_noise.md §3.3).
+
+    delta' is the delta :func:`discrete_gaussian_epsilon` hands to the accountant (computed the
+    same way); epsilon' is the largest float whose corrected value is at most the target, found
+    by stepping down from target - 2 L (the correction is monotone in epsilon: float addition and
+    nextafter are).  epsilon' <= 0 when no continuous epsilon meets the target.
+    """
+    target_epsilon = check_positive("target_epsilon", target_epsilon)
+    delta = check_delta("delta", delta)
+    log_ratio = smoothing_log_ratio(steps, coordinates)
+    allowed = target_epsilon - 2.0 * log_ratio
+    while allowed > 0 and _corrected(allowed, log_ratio) > target_epsilon:
+        allowed = math.nextafter(allowed, -math.inf)
+    return allowed, _shrunk_delta(delta, log_ratio)

@@ -53,6 +53,7 @@ OPTIONS = {
     "optimizer.ema_decay": ("--ema-decay", "open_fraction"), "optimizer.lr_schedule": ("--lr-schedule",),
     "data.feature_statistics_noise": ("--feature-statistics-noise", "check_positive"),
     "trainable": ("--trainable",), "lora_rank": ("--lora-rank", "check_count", 1), "data.eval_split": ("--eval-split",),
+    "secure_mode": ("--secure-mode",),
 }
 EXAMPLES = """examples:
   # the demo: Lap2 on Fashion-MNIST, seed CNN, epsilon 1 (both Lap2 epsilons are printed)
@@ -157,6 +158,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the noise and the Poisson sampling are secret, seeded from the operating system's entropy")
     add("--noise-seed", type=int, help="seed the noise and the Poisson sampling too, for a reproducible run: anyone "
         "who knows it can regenerate the noise and remove it (warned); default: secret")
+    add("--secure-mode", action="store_true", help="floating-point-safe noise nobody can predict (gaussian, lap2, "
+        "laplace-l1): each step releases grid * (round(S / grid) + Z), S the clipped sum rounded onto a power-of-two "
+        "grid, Z exact integer noise (floored Laplace; the discrete Gaussian of Canonne, Kamath & Steinke) drawn with "
+        "integer arithmetic from the operating system's cryptographically secure generator, so that neither the "
+        "noise nor the low bits of the released gradients reveal the data (docs/theory/secure_noise.md). The noise is "
+        "raised by the rounding's factor C'/C (at most 1 + 2^-10, reported with the grid); Laplace epsilons are "
+        "unchanged, Gaussian ones carry the discrete Gaussian's correction (far below double precision, rounded up). "
+        "The noise is drawn on the CPU: it adds tens of milliseconds to a step of the tutorial CNN and 10 "
+        "to 25 s to one of MiniLM full fine-tuning (benchmarks/README.md). One process only; refused with --noise-seed "
+        "and --feature-statistics-noise")
     add("--threads", type=int, help="torch CPU threads (default: torch's choice; per process under torchrun)")
     add("--device", choices=DEVICE_CHOICES, help="auto (default): cuda when available, else cpu")
     add("--noise-shares", choices=NOISE_SHARES_CHOICES, help="under torchrun: split (default; every "

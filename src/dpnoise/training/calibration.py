@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from dpnoise.accounting import (
     ACCOUNTANTS,
@@ -17,6 +17,10 @@ from dpnoise.accounting.validation import InvalidParameterError
 
 #: Upper end of the step search in :func:`steps_within_budget` (a budget never reached).
 MAX_BUDGET_STEPS = 2**40
+
+#: The epsilon a run reports at (delta, T steps) from its accountant's epsilon(delta) for those steps
+#: (``PrivacyEngine._reported_epsilon``: secure mode's discrete Gaussian corrects it)
+EpsilonReport = Callable[[Callable[[float], float], float, int], float]
 
 
 def calibrate_training_noise(
@@ -47,16 +51,20 @@ def calibrate_training_noise(
 
 
 def steps_within_budget(accountant: str, step_arguments: dict[str, Any], target_epsilon: float, delta: float,
-                        releases: Sequence[DpEvent] = (), start: int = 1) -> int:
-    """Largest T with epsilon(``releases``, then T steps) <= target_epsilon (0 if one step already exceeds it).
+                        releases: Sequence[DpEvent] = (), start: int = 1,
+                        report: Optional[EpsilonReport] = None) -> int:
+    """Largest T with epsilon(``releases``, then T steps) <= target_epsilon (0 if one step already exceeds it),
+    epsilon as ``report`` states it (default: the accountant's).
 
     Epsilon is non-decreasing in T, so this gallops from ``start`` (a good guess: the planned steps
     the noise was calibrated for, where it usually takes two evaluations) by doubling strides up or
     down, and then bisects.
     """
     def fits(steps: int) -> bool:
-        return epsilon_after(accountant, steps=steps, delta=delta, releases=releases,
-                             **step_arguments) <= target_epsilon
+        def epsilon_at(at_delta: float) -> float:
+            return epsilon_after(accountant, steps=steps, delta=at_delta, releases=releases, **step_arguments)
+
+        return (epsilon_at(delta) if report is None else report(epsilon_at, delta, steps)) <= target_epsilon
 
     start = min(max(int(start), 1), MAX_BUDGET_STEPS)
     if fits(start):

@@ -37,6 +37,9 @@ NOISE_SHARES = ("split", "rank0")
 LR_SCHEDULES = ("constant", "cosine")
 #: the splits a run can be evaluated on ("dev" where the dataset has one: sst2)
 EVAL_SPLITS = ("test", "dev")
+#: the mechanisms secure mode serves (``secure_mode``: exact integer noise from the OS's CSPRNG,
+#: :mod:`dpnoise.mechanisms.secure_noise`): the gradient mechanisms whose noise is added to the clipped sum
+SECURE_MODE_MECHANISMS = ("gaussian", "lap2", "laplace-l1")
 
 #: renders a field's dotted path (``privacy.epsilon``) as a front end names it
 Naming = Callable[[str], str]
@@ -194,6 +197,10 @@ class TrainingConfig:
     #: reproducible run; None (default): secret, from the operating system's entropy
     #: (:mod:`dpnoise.training.randomness`)
     noise_seed: Optional[int] = None
+    #: secure mode: the noise drawn exactly, in integers on a power-of-two grid, from the
+    #: operating system's cryptographically secure generator (docs/theory/secure_noise.md); gradient
+    #: mechanisms of SECURE_MODE_MECHANISMS only, one process, without noise_seed
+    secure_mode: bool = False
     #: torch CPU threads (None: torch's choice)
     threads: Optional[int] = None
     #: where the model, batches, clipping, noise and sampler live: "auto" (CUDA when available), "cpu"
@@ -295,6 +302,7 @@ def check_config(config: TrainingConfig) -> None:
                                            f"got {opt.momentum!r} with {opt.name!r}")
     if config.lora_rank is not None and config.trainable != "lora":
         raise InvalidConfigError(lambda n: f"{n('lora_rank')} applies to {n('trainable')} lora only")
+    check_secure_mode(config)
     if privacy.calibrate_with is not None and mech.noise is not None:
         raise InvalidConfigError(lambda n: f"{n('privacy.calibrate_with')} applies only when the noise is "
                                            f"calibrated: give {n('privacy.epsilon')} without {n('mechanism.noise')}")
@@ -305,3 +313,24 @@ def check_config(config: TrainingConfig) -> None:
         if value not in choices:
             raise InvalidConfigError(lambda n, path=path, value=value, choices=choices:
                                      f"{n(path)} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def check_secure_mode(config: TrainingConfig) -> None:
+    """``secure_mode`` is True or False, and with True: a mechanism of SECURE_MODE_MECHANISMS, no
+    ``noise_seed`` (secure noise cannot be reproducible) and no feature statistics (released with
+    floating-point noise, which secure mode does not cover)."""
+    secure = config.secure_mode
+    if not isinstance(secure, bool):
+        raise InvalidConfigError(lambda n: f"{n('secure_mode')} must be True or False, got {secure!r}")
+    if not secure:
+        return
+    mechanism = config.mechanism.name
+    if mechanism not in SECURE_MODE_MECHANISMS:
+        raise InvalidConfigError(lambda n: f"{n('secure_mode')} serves {n('mechanism.name')} "
+                                           f"{', '.join(SECURE_MODE_MECHANISMS)}, got {mechanism!r}")
+    if config.noise_seed is not None:
+        raise InvalidConfigError(lambda n: f"{n('secure_mode')} draws noise nobody can reproduce; it cannot be "
+                                           f"combined with {n('noise_seed')}")
+    if config.data.feature_statistics_noise is not None:
+        raise InvalidConfigError(lambda n: f"{n('secure_mode')} does not cover {n('data.feature_statistics_noise')} "
+                                           "(its statistics are released with floating-point noise)")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import numpy as np
 import torch
@@ -41,12 +41,15 @@ from dpnoise.accounting import (
 )
 from dpnoise.accounting.events import (EVENT_TYPES, ComposedEvent, DpEvent, PoissonSampledEvent, SelfComposedEvent,
                                       event_to_dict)
+from dpnoise.accounting.secure_noise import (DiscreteGaussianPlan, discrete_gaussian_budget, discrete_gaussian_epsilon,
+                                             plan_discrete_gaussian, plan_discrete_laplace)
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_delta, check_positive, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
+from dpnoise.mechanisms.secure_noise import Plan
 from dpnoise.training.batches import check_batches_have_labels
 from dpnoise.training.bookkeeping import BookkeepingModule, broadcast_inputs_over_batch, unsupported_bookkeeping_layers
 from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
-from dpnoise.training.config import NOISE_SHARES
+from dpnoise.training.config import NOISE_SHARES, SECURE_MODE_MECHANISMS
 from dpnoise.training.devices import DeviceLike, module_device, module_float_dtype, resolve_device, seeded_generator
 from dpnoise.training.distributed import RankGroup, current_group, generator_seeds
 from dpnoise.training.randomness import (
@@ -94,6 +97,8 @@ class PrivacySetup:
     accountants: tuple[str, ...]
     #: releases of the training data composed before the first step (``event_to_dict`` of each)
     data_releases: tuple[dict[str, Any], ...] = ()
+    #: secure mode: exact integer noise on a grid (the Gaussian's epsilons carry its correction)
+    secure_mode: bool = False
 
 
 def count_trainable_parameters(module: nn.Module) -> int:
@@ -152,6 +157,8 @@ class PrivacyEngine:
         self.grad_sample_mode: Optional[str] = None
         #: which physical batch ends a logical (Poisson) batch (set by make_private)
         self.logical_batches: Optional[LogicalBatchTracker] = None
+        #: secure mode's grid and integer noise parameters (None outside secure mode)
+        self.secure_plan: Optional[Plan] = None
 
     # ----------------------------------------------------------------------------- wrapping
     def make_private(
@@ -178,6 +185,7 @@ class PrivacyEngine:
         noise_shares: str = "split",
         max_physical_batch_size: Optional[int] = None,
         data_releases: Sequence[DpEvent] = (),
+        secure_mode: bool = False,
     ) -> tuple[nn.Module, Optimizer, DataLoader]:
         """Return the private (module, optimizer, data loader).
 
@@ -244,6 +252,19 @@ class PrivacyEngine:
                 before the first step, the calibration and the budget cover them and the steps
                 together, and checkpoints record them.  Gradient mechanisms only (the output
                 mechanisms' epsilon has another scope and adjacency).
+            secure_mode: release each step's clipped sum as ``grid * (round(S / grid) + Z)``, Z exact
+                integer noise drawn from the operating system's cryptographically secure generator
+                (floored Laplace for ``lap2`` and ``laplace-l1``, the discrete Gaussian for
+                ``gaussian``; docs/theory/secure_noise.md), so that neither the noise nor the
+                floating-point bits of the released gradients reveal anything.  The noise is raised
+                by the factor C'/C of the sum's rounding (``secure_noise``: grid and factor, at most
+                1 + 2^-10 by default); Laplace epsilons are unchanged, the Gaussian's carry the
+                discrete Gaussian's correction (far below double precision, rounded up) in
+                ``get_epsilon``, ``get_quick_epsilon``, ``epsilon_by_accountant`` and the budget
+                (``engine.accountant`` itself reports the continuous mechanism).  The noise is
+                computed on the CPU (its cost: benchmarks/README.md).  Refused for other mechanisms,
+                with the engine's ``noise_seed``, in a process group of K > 1 ranks, without Poisson
+                sampling and for parameters whose dtype cannot hold the grid.
         """
         # Every argument is checked here, before any work (errors name the parameter).
         if self.setup is not None:
@@ -296,6 +317,7 @@ class PrivacyEngine:
         check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         primary, accountant_names = self._choose_accountants(mech, accountant, calibrate_with)
         releases = self._check_releases(data_releases, mech, accountant_names)
+        self._check_secure_mode(secure_mode, mech, group, poisson_sampling, module)
 
         module.to(device)
         self.device, self.group = device, group
@@ -308,10 +330,13 @@ class PrivacyEngine:
         if epochs is not None:
             self.planned_steps = steps_from_epochs(epochs, sample_rate)
         if noise is None:
+            calibration_target = (target_epsilon, delta)
+            if secure_mode and mech.name == "gaussian":  # the discrete Gaussian's correction must fit too
+                calibration_target = discrete_gaussian_budget(target_epsilon, delta, self.planned_steps, params)
             self.calibration = calibrate_training_noise(
                 calibrate_with or primary,
-                target_epsilon=target_epsilon,
-                delta=delta,
+                target_epsilon=calibration_target[0],
+                delta=calibration_target[1],
                 sample_rate=sample_rate,
                 steps=self.planned_steps,
                 clip=max_grad_norm,
@@ -333,7 +358,10 @@ class PrivacyEngine:
             accountant=primary,
             accountants=accountant_names,
             data_releases=tuple(event_to_dict(release) for release in releases),
+            secure_mode=secure_mode,
         )
+        if secure_mode:
+            self.secure_plan = self._secure_noise_plan(module)
         if group is not None:
             group.check_same_setup({**asdict(self.setup), "noise_shares": noise_shares, "seed": self.seed})
             group.broadcast_module(module)
@@ -342,7 +370,8 @@ class PrivacyEngine:
         self.budget_policy = on_budget_exhausted
         if target_epsilon is not None:
             self.max_steps = steps_within_budget(primary, self.accounting_step_arguments(), target_epsilon, delta,
-                                                 releases, start=self.planned_steps or 1)
+                                                 releases, start=self.planned_steps or 1,
+                                                 report=self._reported_epsilon)
             if self.max_steps == 0:
                 spent = f"; the data_releases alone cost {self.get_epsilon():.4g}" if releases else ""
                 raise PrivacyBudgetExceededError(
@@ -378,6 +407,73 @@ class PrivacyEngine:
                     raise InvalidTrainingOptionError(f"data_releases: accountant {name!r} cannot account "
                                                      f"{release!r}: {err}") from None
         return releases
+
+    def _check_secure_mode(self, secure_mode: bool, mech: Mechanism, group: Optional[RankGroup],
+                           poisson_sampling: bool, module: nn.Module) -> None:
+        """Refuse ``secure_mode`` where it does not hold (before any work)."""
+        if not isinstance(secure_mode, bool):
+            raise InvalidTrainingOptionError(f"secure_mode must be True or False, got {secure_mode!r}")
+        if not secure_mode:
+            return
+        if mech.name not in SECURE_MODE_MECHANISMS:
+            raise InvalidTrainingOptionError(
+                f"secure_mode serves the gradient mechanisms {', '.join(SECURE_MODE_MECHANISMS)}; {mech.name!r} is "
+                f"not covered (its noise is drawn in the model's forward pass, by torch's generator)")
+        if self.noise_seed is not None:
+            raise InvalidTrainingOptionError(
+                "secure_mode draws its noise from the operating system's cryptographically secure generator, which "
+                "nobody can reproduce; it cannot be combined with the engine's noise_seed")
+        if group is not None:
+            raise InvalidTrainingOptionError(
+                f"secure_mode is not supported in a process group of {group.world_size} ranks yet (the noise_shares "
+                f"modes add noise shares on every rank, not one grid release of the total); train in one process")
+        if not poisson_sampling:
+            raise InvalidTrainingOptionError("secure_mode needs poisson_sampling=True (the accountants' sampling)")
+        for name, parameter in module.named_parameters():
+            if parameter.requires_grad and not parameter.is_floating_point():
+                raise InvalidTrainingOptionError(
+                    f"secure_mode releases real floating-point gradients; parameter {name!r} is {parameter.dtype}")
+
+    def _secure_noise_plan(self, module: nn.Module) -> Plan:
+        """Secure mode's plan for the setup's noise, clip and n trainable coordinates (the rounding
+        bound covers all of them), after checking that every trainable dtype holds its grid."""
+        setup = self.setup
+        try:
+            if self.mechanism.name == "gaussian":
+                plan = plan_discrete_gaussian(setup.noise, setup.clip, setup.params)
+            else:
+                plan = plan_discrete_laplace(setup.noise, setup.clip, setup.params, self.mechanism.clip_norm_ord)
+        except InvalidParameterError as err:
+            raise InvalidTrainingOptionError(f"secure_mode: {err}") from None
+        grid = plan.rounding.grid
+        for name, parameter in module.named_parameters():
+            if not parameter.requires_grad:
+                continue
+            info = torch.finfo(parameter.dtype)
+            if grid < info.smallest_normal * info.eps:
+                raise InvalidTrainingOptionError(
+                    f"secure_mode releases multiples of the grid {grid:.6g}, which parameter {name!r} "
+                    f"({parameter.dtype}, smallest positive value {info.smallest_normal * info.eps:.6g}) cannot "
+                    f"hold; train in float32, or raise max_grad_norm (the grid is about 2^-10 C / sqrt(n))")
+        return plan
+
+    @property
+    def secure_noise(self) -> Optional[dict[str, Any]]:
+        """Secure mode's release for the records (None outside secure mode): the sampler, the grid,
+        the rounding-inflated clip C' and the factor C'/C the noise was raised by, and the noise in
+        use (Laplace: the absolute scale t * grid; Gaussian: the standard deviation grid sqrt(t w))."""
+        plan = self.secure_plan
+        if plan is None:
+            return None
+        gaussian = isinstance(plan, DiscreteGaussianPlan)
+        return {
+            "sampler": "discrete gaussian" if gaussian else "floored laplace",
+            "random_bytes": "os.urandom",
+            "grid": plan.rounding.grid,
+            "inflated_clip": plan.rounding.inflated_clip,
+            "inflation": plan.rounding.inflation,
+            "noise_in_use": plan.noise_std if gaussian else plan.noise_scale,
+        }
 
     @property
     def rank(self) -> int:
@@ -481,6 +577,7 @@ class PrivacyEngine:
                 logical_batches=self.logical_batches,
                 generator=self.noise_generator,
                 bookkeeping=private_module if grad_sample_mode == "bookkeeping" else None,
+                secure_plan=self.secure_plan,
             )
             if group is None:
                 return private_module, NoisyGradientOptimizer(optimizer, **options)
@@ -539,9 +636,18 @@ class PrivacyEngine:
         """The primary accountant (budget enforcement and :meth:`get_epsilon`)."""
         return self.accountants[self.setup.accountant]
 
+    def _reported_epsilon(self, epsilon_at: Callable[[float], float], delta: float, steps: int) -> float:
+        """The epsilon reported at ``delta`` after ``steps`` steps, from an accountant's epsilon(delta)
+        ``epsilon_at``: its value, or in secure mode with the Gaussian, the discrete Gaussian's bound
+        (docs/theory/secure_noise.md Theorem 3.3), which every reported epsilon and the budget use."""
+        if not isinstance(self.secure_plan, DiscreteGaussianPlan):
+            return float(epsilon_at(delta))
+        return discrete_gaussian_epsilon(epsilon_at, delta, steps, self.secure_plan.rounding.coordinates)
+
     def get_epsilon(self, delta: Optional[float] = None) -> float:
         """Epsilon so far under the primary accountant (at ``delta``, default the target delta)."""
-        return float(self.accountant.get_epsilon(self.setup.delta if delta is None else delta))
+        return self._reported_epsilon(self.accountant.get_epsilon, self.setup.delta if delta is None else delta,
+                                      self.steps)
 
     def get_quick_epsilon(self, delta: Optional[float] = None) -> float:
         """A sound upper bound on :meth:`get_epsilon`, cheap enough for every step (progress, logs).
@@ -549,7 +655,8 @@ class PrivacyEngine:
         Equal to it for RDP accountants; for the default minimum accountants it uses their RDP
         routes only (see ``PrivacyAccountant.get_quick_epsilon``).
         """
-        return float(self.accountant.get_quick_epsilon(self.setup.delta if delta is None else delta))
+        return self._reported_epsilon(self.accountant.get_quick_epsilon, self.setup.delta if delta is None else delta,
+                                      self.steps)
 
     def epsilon_by_accountant(self, delta: Optional[float] = None) -> dict[str, float]:
         """Epsilon so far under every applicable accountant, e.g. ``{"lap2": .., "lap2-paper": ..}``.
@@ -564,7 +671,7 @@ class PrivacyEngine:
             with warnings.catch_warnings():
                 if name != self.setup.accountant:
                     warnings.simplefilter("ignore", UnsoundAccountantWarning)
-                by_accountant[name] = float(acc.get_epsilon(delta))
+                by_accountant[name] = self._reported_epsilon(acc.get_epsilon, delta, self.steps)
         return by_accountant
 
     @property
@@ -664,7 +771,8 @@ class PrivacyEngine:
         saved_setup, current_setup = state["setup"], asdict(self.setup)
         if not isinstance(saved_setup, dict):
             raise inconsistent("setup", f"a {type(saved_setup).__name__}, not a dictionary")
-        saved_setup = {"data_releases": (), **saved_setup}  # written before releases existed: none
+        # written before data releases or secure mode existed: none, off
+        saved_setup = {"data_releases": (), "secure_mode": False, **saved_setup}
         for field in [*current_setup, *(key for key in saved_setup if key not in current_setup)]:
             saved, current = saved_setup.get(field, _MISSING), current_setup.get(field, _MISSING)
             if _normalized(saved) != _normalized(current):

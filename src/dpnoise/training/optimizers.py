@@ -8,6 +8,10 @@
 * :class:`OutputPrivateOptimizer` (output mechanisms) wraps a plain optimizer: the noise is in the
   model's forward pass, so the optimizer only gates and records the steps.
 
+Secure mode (``secure_plan``): the clipped sums are released by the exact integer samplers of
+:mod:`dpnoise.mechanisms.secure_noise` on the plan's grid, with bytes from the operating system's
+CSPRNG, instead of sum + float noise (one process only).
+
 Both ask the engine before a step (:meth:`StepGate.admit_step`: refuse past the budget) and report
 the step after noising and before the parameter update (:meth:`StepGate.record_step`).
 
@@ -38,6 +42,7 @@ from torch.optim import Optimizer
 from dpnoise.errors import DpnoiseError
 from dpnoise.mechanisms.clipping import clip_factors, clipped_sum, per_example_norms
 from dpnoise.mechanisms.registry import Mechanism
+from dpnoise.mechanisms.secure_noise import Plan, SystemRandomBits, secure_noisy_sums
 from dpnoise.training.bookkeeping import BookkeepingModule
 from dpnoise.training.distributed import DistributedError, RankGroup
 from dpnoise.training.sampling import LogicalBatchTracker
@@ -71,10 +76,13 @@ class NoisyGradientOptimizer(DPOptimizer):
         generator: Optional[torch.Generator],
         bookkeeping: Optional[BookkeepingModule] = None,
         logical_batches: Optional[LogicalBatchTracker] = None,
+        secure_plan: Optional[Plan] = None,
     ):
         """``bookkeeping``: the wrapped model when it is a ``BookkeepingModule``; None when it is
         Opacus's ``GradSampleModule`` (per-example gradients in ``p.grad_sample``).
-        ``logical_batches``: the loader's tracker of physical batches (None: every batch is a step)."""
+        ``logical_batches``: the loader's tracker of physical batches (None: every batch is a step).
+        ``secure_plan``: secure mode's grid and integer noise parameters for all the noised
+        coordinates (None: the mechanism's float sampler with ``generator``)."""
         super().__init__(
             optimizer,
             noise_multiplier=noise,  # unused by Opacus here: add_noise is the mechanism's
@@ -88,6 +96,9 @@ class NoisyGradientOptimizer(DPOptimizer):
         self.gate = gate
         self.bookkeeping = bookkeeping
         self.logical_batches = logical_batches or LogicalBatchTracker()
+        self.secure_plan = secure_plan
+        #: secure mode's random bytes: the OS's CSPRNG (nothing to seed or checkpoint)
+        self.random_bits = SystemRandomBits() if secure_plan is not None else None
         self.attach_step_hook(lambda _optimizer: gate.record_step())
 
     @property
@@ -147,7 +158,16 @@ class NoisyGradientOptimizer(DPOptimizer):
         return self.mechanism.sample_noise(reference, self.noise, self.max_grad_norm, self.generator, 1)
 
     def add_noise(self) -> None:
-        """``p.grad = sum of clipped gradients + mechanism noise`` (units: see the registry)."""
+        """``p.grad = sum of clipped gradients + mechanism noise`` (units: see the registry); in
+        secure mode the plan's release of all the sums at once, a multiple of its grid."""
+        if self.secure_plan is not None:
+            for p in self.params:
+                _check_processed_flag(p.summed_grad)
+            released = secure_noisy_sums([p.summed_grad for p in self.params], self.secure_plan, self.random_bits)
+            for p, value in zip(self.params, released):
+                p.grad = value.view_as(p)
+                _mark_as_processed(p.summed_grad)
+            return
         for p in self.params:
             _check_processed_flag(p.summed_grad)
             p.grad = (p.summed_grad + self.sample_noise(p.summed_grad)).view_as(p)

@@ -166,6 +166,7 @@ def make_private(
         accountant=privacy.accountant, calibrate_with=privacy.calibrate_with, on_budget_exhausted="stop",
         grad_sample_mode=mechanism.grad_sample_mode, device=device, noise_shares=mechanism.noise_shares,
         max_physical_batch_size=config.schedule.physical_batch_size, data_releases=releases,
+        secure_mode=config.secure_mode,
     )
 
 

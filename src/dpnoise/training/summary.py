@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -81,6 +82,9 @@ class TrainingResult:
     feature_statistics_noise: Optional[float] = None
     #: how the noise and the Poisson sampling were seeded: "secret" (OS entropy) or "noise_seed" (reproducible)
     private_randomness: str = "secret"
+    #: secure mode's release (``PrivacyEngine.secure_noise``: sampler, grid, inflated clip, inflation,
+    #: noise in use); None outside secure mode
+    secure_noise: Optional[dict[str, Any]] = None
     #: which of the model's parameters were trained (minilm), the LoRA rank, and the evaluated split
     trainable: Optional[str] = None
     lora_rank: Optional[int] = None
@@ -99,6 +103,9 @@ class TrainingResult:
             summary["kappa_at_0.9"] = self.kappa_at_0_9
         if self.calibrated_with is not None:
             summary["calibrated_with"] = self.calibrated_with
+        if self.secure_noise is not None:
+            summary["secure_mode"] = True
+            summary["secure_noise"] = self.secure_noise
         for name, default in {**OPTIONAL_FIELDS, **MODEL_FIELDS}.items():
             if getattr(self, name) != default:
                 summary[name] = getattr(self, name)
@@ -179,6 +186,7 @@ def summarize(
         physical_batch_size=config.schedule.physical_batch_size,
         feature_statistics_noise=config.data.feature_statistics_noise,
         private_randomness=engine.private_randomness,
+        secure_noise=engine.secure_noise,
         trainable=config.trainable,
         lora_rank=config.lora_rank,
         eval_split=config.data.eval_split,
@@ -211,8 +219,14 @@ def report_lines(summary: dict[str, Any]) -> list[str]:
         f"model: {summary['params']:,} trained parameters"
         + "".join(f", {name.replace('_', ' ')} {summary[name]}" for name in MODEL_FIELDS if name in summary)
         + (f"; per-example gradients by {summary['grad_sample_mode']}" if summary["grad_sample_mode"] else ""),
-        f"epsilon at delta={summary['delta']:g}:",
     ]
+    if summary.get("secure_mode"):
+        secure = summary["secure_noise"]
+        lines.append(f"secure mode: {secure['sampler']} noise from {secure['random_bytes']} on the grid "
+                     f"2^{math.log2(secure['grid']):.0f}; the clipped sum's rounding inflates the clip to "
+                     f"{significant_digits(secure['inflated_clip'], 6, 'up')}, the noise is raised by the factor "
+                     f"{significant_digits(secure['inflation'], 8, 'up')}")
+    lines.append(f"epsilon at delta={summary['delta']:g}:")
     for name, eps in summary["epsilon_by_accountant"].items():
         role = "primary" if name == summary["accountant"] else "side by side"
         validity = "proven upper bound" if summary["sound_by_accountant"][name] else "NOT a valid privacy bound"

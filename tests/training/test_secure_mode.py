@@ -1,0 +1,193 @@
+"""Secure mode (``make_private(secure_mode=True)``, ``--secure-mode``): the released gradients are
+multiples of the plan's grid and no float sampler draws; the Gaussian's reported epsilons and budget
+carry the discrete Gaussian's correction; refusals before any step; checkpoints bind the mode."""
+
+import json
+import re
+import warnings
+
+import pytest
+import torch
+
+from dpnoise.accounting import epsilon_after, noise_keywords
+from dpnoise.accounting.secure_noise import discrete_gaussian_epsilon
+from dpnoise.cli.main import main
+from dpnoise.training import (
+    CheckpointMismatchError,
+    InvalidConfigError,
+    endless_batches,
+    load_checkpoint,
+    make_private,
+    save_checkpoint,
+    train_steps,
+)
+from dpnoise.training.checkpoint import read_checkpoint
+from dpnoise.training.config import (DataConfig, MechanismConfig, PrivacyTarget, Schedule, TrainingConfig,
+                                     check_config)
+from dpnoise.training.errors import InvalidTrainingOptionError
+from dpnoise.training.randomness import ReproducibleNoiseWarning
+
+from training_helpers import digits_loader, mlp
+
+NOISE = {"gaussian": 1.0, "lap2": 1.0, "laplace-l1": 5.0}
+
+
+def build(dataset, mechanism="gaussian", secure_mode=True, model=None, **options):
+    model = mlp(hidden=16) if model is None else model
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    options = {"max_grad_norm": 1.0, "seed": 7, **options}
+    if mechanism in NOISE and "epochs" not in options:
+        options = {**noise_keywords(mechanism, NOISE[mechanism]), **options}
+    return make_private(model, optimizer, digits_loader(dataset, 64), mechanism=mechanism, delta=1e-5,
+                        secure_mode=secure_mode, **options)
+
+
+def released_gradients(optimizer) -> list[list[torch.Tensor]]:
+    """Records p.grad right after every noise step (before the scaling and the parameter update)."""
+    released, add_noise = [], optimizer.add_noise
+
+    def recording() -> None:
+        add_noise()
+        released.append([p.grad.detach().clone() for p in optimizer.params])
+
+    optimizer.add_noise = recording
+    return released
+
+
+@pytest.mark.parametrize("mechanism", sorted(NOISE))
+def test_secure_mode_trains_with_releases_on_the_grid(digits_train, mechanism):
+    module, optimizer, loader = build(digits_train, mechanism)
+    engine = optimizer.privacy_engine
+    released = released_gradients(optimizer)
+    noise_state = engine.noise_generator.get_state()
+    before = [p.detach().clone() for p in module.parameters()]
+    train_steps(module, optimizer, endless_batches(loader), engine, 3)
+    grid = engine.secure_plan.rounding.grid
+    assert len(released) == 3 and engine.steps == 3
+    for step in released:
+        for grad in step:
+            assert torch.equal(grad / grid, torch.round(grad / grid))  # integral multiples of the grid
+    # noisy (not the rounded sum alone) and no draw from torch's noise generator
+    assert any(not torch.equal(a, b) for a, b in zip(released[0], released[1]))
+    assert torch.equal(engine.noise_generator.get_state(), noise_state)
+    assert all(torch.isfinite(p).all() and not torch.equal(p, b) for p, b in zip(module.parameters(), before))
+    record = engine.secure_noise
+    assert record["grid"] == grid and 1.0 < record["inflation"] <= 1.0 + 2.0 ** -10
+    assert record["sampler"] == ("discrete gaussian" if mechanism == "gaussian" else "floored laplace")
+    assert record["noise_in_use"] >= NOISE[mechanism] * record["inflation"] * (1 - 1e-12)
+
+
+@pytest.mark.filterwarnings("ignore::dpnoise.accounting.UnsoundAccountantWarning")
+def test_gaussian_epsilons_carry_the_correction_and_laplace_ones_do_not(digits_train):
+    for mechanism in ("gaussian", "lap2"):
+        module, optimizer, loader = build(digits_train, mechanism)
+        engine = optimizer.privacy_engine
+        train_steps(module, optimizer, endless_batches(loader), engine, 2)
+        plain = {name: acc.get_epsilon(1e-5) for name, acc in engine.accountants.items()}
+        reported = engine.epsilon_by_accountant()
+        if mechanism == "gaussian":
+            assert all(reported[name] > plain[name] for name in plain)
+            assert engine.get_epsilon() > engine.accountant.get_epsilon(1e-5)
+            assert engine.get_quick_epsilon() >= engine.get_epsilon()
+        else:
+            assert reported == plain and engine.get_epsilon() == engine.accountant.get_epsilon(1e-5)
+
+
+def test_budget_and_calibration_meet_the_corrected_epsilon(digits_train):
+    """A calibrated secure Gaussian run plans its steps within the corrected budget, and the budget
+    stops at the last step whose corrected epsilon is within the target."""
+    target = 1.0
+    _, optimizer, _ = build(digits_train, target_epsilon=target, epochs=1, accountant="gaussian-rdp")
+    engine = optimizer.privacy_engine
+    assert engine.max_steps >= engine.planned_steps
+    arguments = engine.accounting_step_arguments()
+    n = engine.secure_plan.rounding.coordinates
+
+    def corrected(steps):
+        return discrete_gaussian_epsilon(
+            lambda d: epsilon_after("gaussian-rdp", steps=steps, delta=d, **arguments), 1e-5, steps, n)
+
+    assert corrected(engine.max_steps) <= target < corrected(engine.max_steps + 1)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"mechanism": "dirichlet", "concentration": 0.2}, "secure_mode serves the gradient mechanisms"),
+    ({"mechanism": "penultimate-gaussian", "noise_multiplier": 2.0}, "'penultimate-gaussian' is not covered"),
+    ({"noise_seed": 3}, "cannot be combined with the engine's noise_seed"),
+    ({"poisson_sampling": False}, "secure_mode needs poisson_sampling=True"),
+    ({"secure_mode": "yes"}, "secure_mode must be True or False"),
+    ({"model": mlp(hidden=16).half(), "max_grad_norm": 1e-3}, "which parameter '1.weight' (torch.float16"),
+])
+def test_unservable_setups_are_refused_before_any_step(digits_train, options, message):
+    options = {"mechanism": "gaussian", "secure_mode": True, **options}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReproducibleNoiseWarning)
+        with pytest.raises(InvalidTrainingOptionError, match=re.escape(message)):
+            build(digits_train, **options)
+
+
+def test_process_groups_are_refused(digits_train, monkeypatch):
+    class TwoRanks:
+        world_size, rank = 2, 0
+
+    monkeypatch.setattr("dpnoise.training.engine.current_group", lambda device: TwoRanks())
+    with pytest.raises(InvalidTrainingOptionError, match="secure_mode is not supported in a process group of 2 ranks"):
+        build(digits_train)
+
+
+def test_checkpoints_hold_no_generator_and_bind_the_mode(digits_train, tmp_path):
+    module, optimizer, loader = build(digits_train, "lap2")
+    train_steps(module, optimizer, endless_batches(loader), optimizer.privacy_engine, 2)
+    path = tmp_path / "secure.ckpt"
+    save_checkpoint(path, module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
+    engine_state = read_checkpoint(path)["engine"]
+    assert engine_state["setup"]["secure_mode"] is True and engine_state["generators"]["ranks"] == [{}]
+
+    module, optimizer, loader = build(digits_train, "lap2")
+    load_checkpoint(path, module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
+    train_steps(module, optimizer, endless_batches(loader), optimizer.privacy_engine, 1)
+    assert optimizer.privacy_engine.steps == 3
+
+    module, optimizer, _ = build(digits_train, "lap2", secure_mode=False)
+    mismatch = "differs from this run in secure_mode: True (checkpoint) vs False (this run)"
+    with pytest.raises(CheckpointMismatchError, match=re.escape(mismatch)):
+        load_checkpoint(path, module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
+    save_checkpoint(path, module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
+    module, optimizer, _ = build(digits_train, "lap2")
+    with pytest.raises(CheckpointMismatchError, match="secure_mode: False"):
+        load_checkpoint(path, module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
+
+
+# ----------------------------------------------------------------------------- configuration and command line
+def config(**top):
+    mechanism = top.pop("mechanism", "gaussian")
+    statistics = top.pop("feature_statistics_noise", None)
+    return TrainingConfig(data=DataConfig("digits", feature_statistics_noise=statistics),
+                          mechanism=MechanismConfig(mechanism, noise=1.0), privacy=PrivacyTarget(delta=1e-5),
+                          schedule=Schedule(epochs=1, batch_size=64), **{"secure_mode": True, **top})
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"mechanism": "dirichlet"}, "secure_mode serves mechanism.name gaussian, lap2, laplace-l1, got 'dirichlet'"),
+    ({"noise_seed": 1}, "it cannot be combined with noise_seed"),
+    ({"feature_statistics_noise": 8.0}, "secure_mode does not cover data.feature_statistics_noise"),
+    ({"secure_mode": 1}, "secure_mode must be True or False, got 1"),
+])
+def test_config_refusals_name_the_fields(fields, message):
+    with pytest.raises(InvalidConfigError, match=re.escape(message)):
+        check_config(config(**fields))
+
+
+def test_cli_secure_mode_reports_the_grid(capsys):
+    common = ["train", "--dataset", "digits", "--model", "cnn", "--mechanism", "gaussian", "--noise", "1",
+              "--delta", "1e-5", "--epochs", "1", "--max-steps", "2", "--batch-size", "64", "--threads", "1",
+              "--no-progress", "--secure-mode"]
+    assert main([*common, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["secure_mode"] is True and summary["steps"] == 2
+    assert set(summary["secure_noise"]) >= {"grid", "inflated_clip", "inflation"}
+    assert main(common) == 0
+    assert "secure mode: discrete gaussian noise from os.urandom on the grid 2^-" in capsys.readouterr().out
+    assert main([*common, "--noise-seed", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--secure-mode" in err[0] and "--noise-seed" in err[0]
