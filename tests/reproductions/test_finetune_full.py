@@ -51,17 +51,18 @@ def aggregated(column: plans.Column, accuracy: float, noise: float, eps: float) 
     mean, std = mean_std([accuracy])
     return dict(dataset="sst2", target_epsilon=eps, mechanism=column.mechanism, calibrated_with=column.calibrated_with,
                 status="ok", seeds=[0], accuracies=[accuracy], accuracy_mean=mean, accuracy_std=std, n_seeds=1,
-                noise=noise)
+                noise=noise, clip=0.1)
 
 
 def test_summary_sets_the_papers_table_iii_below_ours_and_pairs_lap2_with_gaussian():
     gaussian, lap2 = plans.FINETUNE_FULL_COLUMNS[:2]
-    rows = [aggregated(gaussian, 0.80, 1.0, 3.74), aggregated(lap2, 0.75, 1.1, 3.74),
+    rows = [aggregated(gaussian, 0.80, 1.0, 3.74), aggregated(lap2, 0.75, 0.11, 3.74),  # absolute b: b/C = 1.1
             aggregated(gaussian, 0.7, 2.0, 0.54)]
     lines = finetune_full_summary_markdown(rows).splitlines()
     assert "| SST-2 | ε = 3.74 | ε = 0.54 |" in lines
     ours = lines.index("| Gaussian | 80.00 (n=1), σ = 1 | 70.00 (n=1), σ = 2 |")
     assert lines[ours + 1] == "| *↳ paper* | 90.31 | 87.16 |"
+    assert "| Lap2 (b from sound lap2) | 75.00 (n=1), b/C = 1.1 | — |" in lines
     assert "| Lap2 − Gaussian | -5.00 (0/1 seeds ahead); noise +10.0% | — |" in lines
     assert not any(line.startswith("| Laplace-L1") for line in lines)  # not run: left out
 
