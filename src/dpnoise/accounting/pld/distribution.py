@@ -200,8 +200,9 @@ class BoundedPmf:
 
     ``probs[i]`` is the computed mass at loss ``losses[i]`` (ascending); the exact composition of
     the computed single-step PMFs is within ``entry_error`` of it entry by entry; the true masses
-    are at most ``1 + relative_error`` times that (single-step rounding); ``slack`` is mass that
-    truncation dropped without moving it to the infinity mass.
+    are at most ``1 + relative_error`` times that (single-step rounding); ``slack`` is mass of the
+    exact composition that the computed PMF may not hold (the round-off of the entries that
+    truncation moved at their computed value), counted as infinity mass.
     """
 
     losses: np.ndarray
@@ -213,7 +214,7 @@ class BoundedPmf:
 
     def _loss_budget(self, delta: float) -> float:
         """The largest sum_{l > eps} (1 - e^{eps - l}) p(l), as computed, that still certifies ``delta``."""
-        budget = (delta - self.slack) / (1.0 + self.relative_error) - self.infinity_mass
+        budget = delta / (1.0 + self.relative_error) - self.infinity_mass - self.slack
         return budget / (1.0 + summation_error_factor(4 * self.probs.size))
 
     def _computed_loss_sum(self, epsilon: float) -> float:
@@ -224,7 +225,7 @@ class BoundedPmf:
     def delta_upper_bound(self, epsilon: float) -> float:
         """A proven upper bound on the hockey-stick divergence at ``epsilon`` of the exact PLD."""
         loss_sum = self._computed_loss_sum(epsilon) * (1.0 + summation_error_factor(4 * self.probs.size))
-        return (1.0 + self.relative_error) * (self.infinity_mass + loss_sum) + self.slack
+        return (1.0 + self.relative_error) * (self.infinity_mass + self.slack + loss_sum)
 
     def epsilon_upper_bound(self, delta: float) -> float:
         """The smallest epsilon >= 0 (to rounding, never below) whose :meth:`delta_upper_bound` is <= ``delta``.
@@ -275,8 +276,9 @@ class ComposedPld:
 
 _DIRECTIONS = ("_pmf_remove", "_pmf_add")
 _CELL_SOLVE_MARGIN = 1e-9
-#: dp_accounting's default tail truncation of self_compose and compose (moved to the infinity
-#: mass by self_compose and, on the right, by compose; compose drops at most half of it on the left).
+#: dp_accounting's default tail truncation of self_compose and compose (self_compose moves it to the
+#: infinity mass; compose, pessimistic, moves its right tail there and its left tail to the lowest
+#: entry kept; half of it per composition is charged for the rounding of those sums).
 _TAIL_MASS_TRUNCATION = 1e-15
 
 
@@ -314,7 +316,7 @@ def composed_pld(history: tuple[tuple[DpEvent, int], ...], discretization: float
     :class:`InvalidPrivacyCurveError` when a PLD is invalid (NaN, lost mass, or masses outside
     their round-off bounds).
     """
-    total, errors, slack = None, {}, 0.0
+    total, errors, slack = None, {}, dict.fromkeys(_DIRECTIONS, 0.0)
     for event, count in history:
         step = checked_pld(_single_step_pld(event, discretization), f"PLD of {event}")
         points = composed_grid_points(step, count, discretization)
@@ -332,14 +334,24 @@ def composed_pld(history: tuple[tuple[DpEvent, int], ...], discretization: float
         if total is None:
             total, errors = composed, step_errors
             continue
+        full_sizes, later_masses = {}, {}
         for direction in _DIRECTIONS:
-            errors[direction] = convolution_entry_error(
-                errors[direction], np.asarray(_dense(total, direction)._probs, dtype=float),  # noqa: SLF001
-                step_errors[direction], np.asarray(_dense(composed, direction)._probs, dtype=float))  # noqa: SLF001
+            earlier = np.asarray(_dense(total, direction)._probs, dtype=float)  # noqa: SLF001
+            later = np.asarray(_dense(composed, direction)._probs, dtype=float)  # noqa: SLF001
+            errors[direction] = convolution_entry_error(errors[direction], earlier, step_errors[direction], later)
+            full_sizes[direction] = earlier.size + later.size - 1
+            later_masses[direction] = (float(np.abs(later).sum()) + step_errors[direction] * later.size
+                                       + float(_dense(composed, direction)._infinity_mass))  # noqa: SLF001
         total = total.compose(composed, tail_mass_truncation=_TAIL_MASS_TRUNCATION)
-        slack += _TAIL_MASS_TRUNCATION / 2
+        for direction in _DIRECTIONS:
+            # compose moves its truncated tails (to the infinity mass, and to the lowest entry kept) at
+            # their computed masses: each truncated entry may hide its round-off bound.  Earlier slack
+            # is extra mass of the earlier factor, scaled by the later factor's mass.
+            truncated = full_sizes[direction] - _dense(total, direction).size
+            slack[direction] = (slack[direction] * later_masses[direction] + errors[direction] * truncated
+                                + _TAIL_MASS_TRUNCATION / 2)
     steps = sum(count for _, count in history)
-    bounded = tuple(_bounded_pmf(total, direction, errors[direction], steps, slack, discretization)
+    bounded = tuple(_bounded_pmf(total, direction, errors[direction], steps, slack[direction], discretization)
                     for direction in _DIRECTIONS)
     for direction in bounded:
         _check_within_error(direction, f"PLD of {steps} composed step(s)")

@@ -29,9 +29,10 @@ from scipy import fft as scipy_fft
 UNIT_ROUNDOFF = 2.0**-53
 #: Componentwise error growth of one binary level of an FFT (see the module docstring).
 FFT_ERROR_PER_LEVEL = 32.0 * UNIT_ROUNDOFF
-#: Relative error allowed on each probability of a single-step PMF as dp_accounting computes it
-#: (differences of hockey-stick values at adjacent grid points, each accurate to ~1e-15 relative,
-#: over grids not finer than 1e-5: ~1e-10; taken 1000 times larger).
+#: Relative error allowed on each upper tail sum (sum_{i >= j} p_i + infinity mass) of a single-step
+#: PMF as dp_accounting computes it: first differences of hockey-stick values at adjacent grid
+#: points; within 2e-9 of 40-digit mpmath on grids down to 2e-5 (docs/theory/pld_roundoff.md; single
+#: masses, second differences, are far less accurate at negative losses and need not be).
 SINGLE_STEP_RELATIVE_ERROR = 1e-7
 #: Relative error of complex ``z ** T`` (glibc's cpow is exp(T log z); numpy's binary powering
 #: below T = 100): at most this many units per unit of |T log z| + T pi, plus a few ulps.
@@ -45,9 +46,11 @@ def fft_error_factor(length: int) -> float:
 
 
 def summation_error_factor(count: int) -> float:
-    """Relative error bound of NumPy's pairwise sum of ``count`` nonnegative float64 terms, with
-    the rounding of each term's weight (a few ulps) included."""
-    return (math.log2(max(count, 2)) + 4.0) * UNIT_ROUNDOFF
+    """Relative error bound of a sum of ``count`` nonnegative float64 terms in any order (a BLAS dot
+    product is blocked, not pairwise): gamma_n = n u / (1 - n u) (Higham, Sec. 3.1), with the
+    rounding of each term's weight (a few ulps) included."""
+    terms = max(count, 2) * UNIT_ROUNDOFF
+    return terms / (1.0 - terms) + 4.0 * UNIT_ROUNDOFF
 
 
 def self_convolution_length(probs: np.ndarray, count: int, tail_mass_truncation: float) -> int:
@@ -101,6 +104,7 @@ def convolution_entry_error(error_a: float, probs_a: np.ndarray, error_b: float,
 
 
 def composition_relative_error(compositions: int) -> float:
-    """R with true <= (1 + R) x computed for every composed mass, from the single-step PMFs'
-    relative error rho: a T-fold convolution of nonnegative terms has relative error (1 - rho)^-T - 1."""
+    """R with true delta(eps) <= (1 + R) x that of the computed single-step PMFs' exact composition:
+    their upper tail sums are >= (1 - rho) x the exact ones, an order convolution keeps, so the
+    T-fold composition dominates (1 - rho)^T x the exact one: R = (1 - rho)^-T - 1."""
     return math.expm1(-compositions * math.log1p(-SINGLE_STEP_RELATIVE_ERROR))
