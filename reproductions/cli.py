@@ -31,6 +31,8 @@ DEFAULT_SEEDS = (0, 1, 2)
 #: reproductions.plans.EXPERIMENTS and reproductions.runner.DEFAULT_THREADS.
 EXPERIMENT_CHOICES = ("table2", "finetune", "finetune-full", "dirichlet", "scatternet", "figures")
 DEFAULT_THREADS = 1
+#: dpnoise.models.TRAINABLE_PARTS (a test checks them)
+TRAINABLE_CHOICES = ("last-block", "all", "no-embeddings", "lora", "head")
 EXAMPLES = """examples:
   # Lap2 paper's Table II on Fashion-MNIST, one seed, two epsilons (T = 5860 steps per run)
   python -m reproductions --experiment table2 --dataset fashion-mnist --quick
@@ -83,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scatternet models: standardise the features with per-channel statistics released with "
                    "Gaussian noise of multiplier SIGMA, in every run (a variant: records named ..._fstat<SIGMA>_...; "
                    "the release is in every epsilon; default: GroupNorm)")
+    p.add_argument("--trainable", choices=TRAINABLE_CHOICES,
+                   help="finetune-full only: fine-tune these parameters of MiniLM-L6 instead of all of them, in every "
+                   "run (a variant at the same settings: records named ..._train-<part>_...; e.g. head: the pooler and "
+                   "the classifier, 148,610 parameters)")
     p.add_argument("--study", choices=("comparison", "alpha-grid", "both"), default="both",
                    help="dirichlet only: the mechanism comparison, the alpha x effective-lr grid, or both")
     p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR,
@@ -145,6 +151,8 @@ def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
                                      args.steps, quick)
     if args.ema_decay is not None:
         specs = [replace(spec, ema_decay=args.ema_decay) for spec in specs]
+    if args.trainable is not None:
+        specs = [replace(spec, trainable=args.trainable) for spec in specs]
     if args.feature_statistics_noise is not None:
         specs = [replace(spec, feature_statistics_noise=args.feature_statistics_noise) for spec in specs]
     specs = only(specs, "calibrated_with", args.columns, "--columns", f"a column of {args.experiment}")
@@ -169,6 +177,8 @@ def check_options(args: argparse.Namespace) -> None:
     checks.each(checks.check_positive, "--epsilons", args.epsilons)
     checks.optional(checks.check_count, "--steps", args.steps, 1)
     checks.optional(checks.open_fraction, "--ema-decay", args.ema_decay)
+    if args.trainable is not None and args.experiment != "finetune-full":
+        raise checks.InvalidParameterError(f"--trainable applies to --experiment finetune-full only, not {args.experiment}")
     checks.optional(checks.check_positive, "--feature-statistics-noise", args.feature_statistics_noise)
     checks.check_count("--threads", args.threads, 1)
     checks.optional(checks.check_count, "--jobs", args.jobs, 1)

@@ -461,15 +461,30 @@ def finetune_full_epsilons(rows: Sequence[Row]) -> list[float]:
     return sorted({r["target_epsilon"] for r in rows}, reverse=True)
 
 
+def by_trainable(rows: Sequence[Row]) -> list[tuple[str, list[Row]]]:
+    """The rows of each set of trained parameters (every parameter first), with a caption naming it and its size."""
+    parts = sorted({r.get("trainable") for r in rows}, key=lambda part: (part != "all", str(part)))
+    groups = []
+    for part in parts:
+        members = [r for r in rows if r.get("trainable") == part]
+        sizes = sorted({r["params"] for r in members if r.get("params")})
+        size = f" ({', '.join(f'{n:,}' for n in sizes)} parameters trained)" if sizes else ""
+        groups.append((("every parameter" if part == "all" else f"--trainable {part}") + size, members))
+    return groups
+
+
 def finetune_full_markdown(rows: Sequence[Row]) -> str:
-    """Full fine-tuning of MiniLM-L6 on SST-2, one line per run configuration, next to the paper's RoBERTa-base."""
-    return long_table(rows, "sst2", finetune_full_epsilons(rows), FINETUNE_FULL_COLUMNS, FINETUNE_FULL_PUBLISHED)
+    """Fine-tuning of MiniLM-L6 on SST-2, one line per run configuration, next to the paper's RoBERTa-base; one table
+    per set of trained parameters."""
+    return "\n\n".join(f"### {caption}\n\n" + long_table(members, "sst2", finetune_full_epsilons(members),
+                                                         FINETUNE_FULL_COLUMNS, FINETUNE_FULL_PUBLISHED)
+                        for caption, members in by_trainable(rows))
 
 
 FINETUNE_FULL_SUMMARY_NOTE = (
     "SST-2 dev accuracy in % (872 sentences), mean ± std over seeds (n seeds), and the calibrated noise relative to "
     "the clipping norm C (σ: the Gaussian noise multiplier; b/C: the Laplace scale per coordinate over C, as σ is; "
-    "the records hold the absolute b), MiniLM-L6 with all 22.7M parameters trained "
+    "the records hold the absolute b), MiniLM-L6 (the parameters trained above each table) "
     f"for T = {FINETUNE_FULL_SETTINGS['steps']} steps at batch {FINETUNE_FULL_SETTINGS['batch_size']}, sentences "
     f"cut to {FINETUNE_FULL_SETTINGS['max_length']} tokens, clipping norm {FINETUNE_FULL_SETTINGS['clip']:g}, Adam "
     f"lr {FINETUNE_FULL_SETTINGS['lr']:g}. *{PAPER_LINE}*: the Lap2 paper's Table III (RoBERTa-base, 125M parameters, "
@@ -483,13 +498,17 @@ def finetune_full_summary_markdown(rows: Sequence[Row]) -> str:
     # the Laplace scales relative to C, so that they read (and the gain line compares them) as the multiplier σ
     relative = [dict(r, noise=r["noise"] / r["clip"]) if r["status"] == "ok" and r["mechanism"] != "gaussian" else r
                 for r in rows]
-    grid = SummaryGrid(relative, "sst2", finetune_full_epsilons(rows), FINETUNE_FULL_COLUMNS, FINETUNE_FULL_PUBLISHED)
-    return join_summary(FINETUNE_FULL_SUMMARY_NOTE, [grid.markdown([
-        grid.ours("gaussian", "σ"), grid.paper("gaussian"),
-        grid.ours("lap2", "b/C"), grid.gain("Lap2 − Gaussian", "lap2", "gaussian"),
-        grid.ours("lap2-paper", "b/C"), grid.paper("lap2-paper"), grid.true_epsilon("lap2-paper"),
-        grid.ours("laplace-l1", "b/C"), grid.paper("laplace-l1"),
-    ])])
+    tables = []
+    for caption, members in by_trainable(relative):
+        grid = SummaryGrid(members, "sst2", finetune_full_epsilons(members), FINETUNE_FULL_COLUMNS,
+                           FINETUNE_FULL_PUBLISHED)
+        tables.append(f"**{caption}**\n\n" + grid.markdown([
+            grid.ours("gaussian", "σ"), grid.paper("gaussian"),
+            grid.ours("lap2", "b/C"), grid.gain("Lap2 − Gaussian", "lap2", "gaussian"),
+            grid.ours("lap2-paper", "b/C"), grid.paper("lap2-paper"), grid.true_epsilon("lap2-paper"),
+            grid.ours("laplace-l1", "b/C"), grid.paper("laplace-l1"),
+        ]))
+    return join_summary(FINETUNE_FULL_SUMMARY_NOTE, tables)
 
 
 def alpha_grid_summary_markdown(rows: Sequence[Row]) -> str:

@@ -47,11 +47,12 @@ def test_dry_run_lists_the_plan(capsys, tmp_path):
     assert len(lines) == 8 and all(line.startswith("todo  sst2_minilm_") for line in lines)
 
 
-def aggregated(column: plans.Column, accuracy: float, noise: float, eps: float) -> dict:
+def aggregated(column: plans.Column, accuracy: float, noise: float, eps: float, trainable: str = "all",
+               params: int = 22_713_986) -> dict:
     mean, std = mean_std([accuracy])
     return dict(dataset="sst2", target_epsilon=eps, mechanism=column.mechanism, calibrated_with=column.calibrated_with,
                 status="ok", seeds=[0], accuracies=[accuracy], accuracy_mean=mean, accuracy_std=std, n_seeds=1,
-                noise=noise, clip=0.1)
+                noise=noise, clip=0.1, trainable=trainable, params=params)
 
 
 def test_summary_sets_the_papers_table_iii_below_ours_and_pairs_lap2_with_gaussian():
@@ -75,3 +76,25 @@ def test_summary_without_records_says_so():
 def test_options_outside_the_plan_are_refused(capsys, argv):
     assert main(["--experiment", "finetune-full", "--dry-run", *argv]) == 2
     assert argv[0] in capsys.readouterr().err
+
+
+def test_each_set_of_trained_parameters_gets_its_own_table_every_parameter_first():
+    gaussian = plans.FINETUNE_FULL_COLUMNS[0]
+    rows = [aggregated(gaussian, 0.6, 1.0, 3.74, trainable="head", params=148_610), aggregated(gaussian, 0.5, 1.0, 3.74)]
+    text = finetune_full_summary_markdown(rows)
+    full, head = text.index("**every parameter (22,713,986 parameters trained)**"), text.index(
+        "**--trainable head (148,610 parameters trained)**")
+    assert full < head
+    assert "60.00 (n=1)" in text[head:] and "60.00" not in text[:head]
+
+
+def test_trainable_variant_names_its_records_and_is_refused_for_other_experiments(capsys, tmp_path):
+    from dpnoise.models import TRAINABLE_PARTS
+    from reproductions import cli
+
+    assert cli.TRAINABLE_CHOICES == TRAINABLE_PARTS
+    assert main(["--experiment", "finetune-full", "--seeds", "0", "--epsilons", "3.74", "--trainable", "head",
+                 "--dry-run", "--results-dir", str(tmp_path)]) == 0
+    assert all("_train-head_" in line for line in capsys.readouterr().out.splitlines())
+    assert main(["--experiment", "table2", "--dry-run", "--trainable", "head"]) == 2
+    assert "--trainable" in capsys.readouterr().err
