@@ -86,6 +86,7 @@ FINETUNE = ["train", "--dataset", "sst2", "--model", "minilm", "--mechanism", "g
     (["--eval-split", "dev", "--model", "cnn", "--dataset", "digits"], "--eval-split dev does not exist for digits"),
     (["--max-length", "1"], "--max-length"),
     (["--test-limit", "900", "--eval-split", "dev"], "--test-limit must be <= 872"),
+    (["--mechanism", "dirichlet"], "--model minilm trains on dict batches, with the gradient mechanisms only"),
 ])
 def test_finetuning_options_are_checked_before_any_work(capsys, extra, message):
     assert main([*FINETUNE, *extra]) == 2

@@ -120,6 +120,15 @@ def test_dict_batches_without_labels_are_refused_before_any_step():
         private(tiny_bert(), data)
 
 
+@pytest.mark.parametrize("mechanism,noise", [("dirichlet", {"noise_multiplier": None, "concentration": 0.5}),
+                                             ("penultimate-gaussian", {})])
+def test_output_mechanisms_refuse_dict_batches(mechanism, noise):
+    """They perturb the logits a model returns: a Hugging Face model given the labels computes its loss
+    from the unperturbed ones."""
+    with pytest.raises(InvalidTrainingOptionError, match="gradient mechanisms only"):
+        private(tiny_bert(), mechanism=mechanism, **noise)
+
+
 def test_lora_adapters_train_privately_and_lap2_counts_only_them():
     peft = pytest.importorskip("peft")
     config = peft.LoraConfig(task_type=peft.TaskType.SEQ_CLS, r=2, lora_alpha=4, target_modules=["query", "value"])

@@ -37,12 +37,20 @@ def batch_labels(batch: Any) -> torch.Tensor:
     return batch[LABELS]
 
 
-def check_batches_have_labels(data_loader: DataLoader) -> None:
-    """Refuse, before any step, a data loader whose examples collate into a dict batch without labels."""
-    example = data_loader.dataset[0]
-    if is_keyword_batch(example):
-        collate: Callable[[list], Any] = data_loader.collate_fn or default_collate
-        batch_labels(collate([example]))
+def check_batch_format(data_loader: DataLoader, *, perturbs_gradients: bool) -> None:
+    """Refuse, before any step, a data loader whose examples collate into a dict batch without labels,
+    or into any dict batch for a mechanism that perturbs the model's outputs (``perturbs_gradients``
+    False): those mechanisms replace the logits a model returns, and a Hugging Face model given the
+    labels would compute its own loss from the unperturbed ones."""
+    collate: Callable[[list], Any] = data_loader.collate_fn or default_collate
+    batch = collate([data_loader.dataset[0]])
+    if not is_keyword_batch(batch):
+        return
+    if not perturbs_gradients:
+        raise InvalidTrainingOptionError(
+            "dict batches (Hugging Face models) train with the gradient mechanisms only; the output mechanisms "
+            "perturb the logits of a model called on the inputs of (inputs, targets) batches")
+    batch_labels(batch)
 
 
 def model_logits(outputs: Any) -> torch.Tensor:

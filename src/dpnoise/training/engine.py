@@ -46,7 +46,7 @@ from dpnoise.accounting.secure_noise import (DiscreteGaussianPlan, discrete_gaus
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_delta, check_positive, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.secure_noise import Plan
-from dpnoise.training.batches import check_batches_have_labels
+from dpnoise.training.batches import check_batch_format
 from dpnoise.training.bookkeeping import BookkeepingModule, broadcast_inputs_over_batch, unsupported_bookkeeping_layers
 from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
 from dpnoise.training.config import NOISE_SHARES, SECURE_MODE_MECHANISMS
@@ -312,7 +312,7 @@ class PrivacyEngine:
         rate = check_sample_rate("data_loader.batch_size / len(dataset)", data_loader.batch_size / len(data_loader.dataset))
         if epochs is not None and not np.isfinite(epochs / rate):
             raise InvalidTrainingOptionError(f"epochs={epochs:g} at sample rate {rate:g} is an unbounded number of steps")
-        check_batches_have_labels(data_loader)
+        check_batch_format(data_loader, perturbs_gradients=mech.needs_per_sample_gradients)
         check_training_mode(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         primary, accountant_names = self._choose_accountants(mech, accountant, calibrate_with)

@@ -53,6 +53,10 @@ def check_against_registries(config: TrainingConfig) -> None:
         raise InvalidConfigError(lambda n: f"{n('trainable')} applies to {n('model')} {', '.join(TRAINABLE_MODELS)} "
                                            f"and is one of {', '.join(TRAINABLE_PARTS)}; got {config.trainable!r} "
                                            f"with {config.model}")
+    if config.model in TRAINABLE_MODELS and MECHANISMS[mechanism.name].spec.scope is not None:
+        raise InvalidConfigError(lambda n: f"{n('model')} {config.model} trains on dict batches, with the gradient "
+                                           f"mechanisms only; {n('mechanism.name')} {mechanism.name} perturbs the "
+                                           f"outputs (for it, use minilm-features)")
     if data.eval_split not in info.splits:
         raise InvalidConfigError(lambda n: f"{n('data.eval_split')} {data.eval_split} does not exist for {data.name} "
                                            f"(its splits: {', '.join(info.splits)})")
