@@ -98,3 +98,15 @@ def test_trainable_variant_names_its_records_and_is_refused_for_other_experiment
     assert all("_train-head_" in line for line in capsys.readouterr().out.splitlines())
     assert main(["--experiment", "table2", "--dry-run", "--trainable", "head"]) == 2
     assert "--trainable" in capsys.readouterr().err
+
+
+def test_figure_reference_line_is_the_not_private_runs_accuracy_when_it_was_run(tmp_path):
+    import json
+
+    from reproductions.reports import FINETUNE_FULL_REFERENCE, finetune_full_reference
+
+    assert finetune_full_reference(tmp_path) == {}
+    path = tmp_path / FINETUNE_FULL_REFERENCE
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"summary": {"noise": 0.001, "steps": 30, "test_accuracy": 0.75}}))
+    assert finetune_full_reference(tmp_path) == {"sst2": ("not private (σ 0.001), same 30 steps", 75.0)}
