@@ -737,7 +737,7 @@ class PrivacyEngine:
         self.budget_exhausted = state["budget_exhausted"]
         for name, acc_state in state["accountants"].items():
             self.accountants[name].load_state_dict(acc_state)
-        generators = _saved_generators(state)
+        generators = state["generators"]
         if self.noise_seed is None:
             self._create_generators(resumed_at=self.steps)
             return
@@ -812,7 +812,7 @@ class PrivacyEngine:
                                                               f"but the step counter says {steps}")
                 raise inconsistent(f"accountant {name!r}", f"its ledger is not {steps} steps of this run's "
                                                           f"privacy setup ({_describe_arguments(arguments)})")
-        generators = _saved_generators(state)
+        generators = state["generators"]
         if not isinstance(generators, dict) or generators.get("device") not in ("cpu", "cuda") \
                 or not isinstance(generators.get("ranks"), list):
             raise inconsistent("generators", "not a device and a list of ranks' generator states")
@@ -863,11 +863,6 @@ def _holds_sampling(event: DpEvent) -> bool:
 
 # --------------------------------------------------------------------------------- state checks
 _MISSING = type("Missing", (), {"__repr__": lambda self: "missing"})()
-
-
-def _saved_generators(state: dict[str, Any]) -> Any:
-    """The ``generators`` entry of an engine state."""
-    return state["generators"]
 
 
 def _generator_state_problem(saved: Any, saved_device: str, device: torch.device) -> Optional[str]:
