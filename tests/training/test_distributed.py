@@ -86,7 +86,7 @@ def finish(processes: list[subprocess.Popen], timeout: float = 120) -> list[tupl
 
 #: ``dpnoise train`` for the interrupted (2 ranks) and resumed runs (2 ranks under torchrun, and 1 rank)
 TRAIN_ARGV = ["--dataset", "digits", "--mechanism", "gaussian", "--noise", "1", "--delta", "1e-5", "--epochs", "5",
-              "--batch-size", "64", "--lr", "1e-2", "--threads", "1", "--no-progress", "--json"]
+              "--batch-size", "64", "--lr", "1e-2", "--noise-seed", "0", "--threads", "1", "--no-progress", "--json"]
 #: the resumed runs stop here (the interrupted one is killed after its first epoch, 23 steps)
 MAX_STEPS = 60
 
@@ -210,7 +210,7 @@ def test_the_run_resumes_under_torchrun_with_the_epsilon_and_accuracy_of_one_pro
     one_rank = train_private(TrainingConfig(
         data=DataConfig("digits"), mechanism=MechanismConfig("gaussian", noise=1.0), privacy=PrivacyTarget(1e-5),
         schedule=Schedule(epochs=5, batch_size=64, max_steps=MAX_STEPS), optimizer=OptimizerConfig(lr=1e-2),
-        output=OutputConfig(progress=False), threads=1)).summary()
+        output=OutputConfig(progress=False), noise_seed=0, threads=1)).summary()
     assert two_ranks["processes"] == 2 and one_rank["processes"] == 1
     for key in ("steps", "sample_rate", "noise", "epsilon_by_accountant"):
         assert two_ranks[key] == one_rank[key], key
