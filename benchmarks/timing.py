@@ -32,6 +32,15 @@ Call = Callable[[], object]
 Candidate = Callable[[int], Call]
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What a call returns when it times itself (e.g. steps timed inside a child process, without the
+    process's start-up): its seconds are the figure, its value is kept as the call's value."""
+
+    seconds: float
+    value: object = None
+
+
 def same(call: Call) -> Candidate:
     """A candidate that times the same ``call`` every time."""
     return lambda i: call
@@ -73,7 +82,7 @@ def interleaved(
     and a round's figure for a candidate is its mean seconds per call over the round's passes.
     ``warmup`` untimed passes run first (first-call costs: imports, constant tables, allocator).
     ``before`` runs, untimed, before every call (e.g. to clear caches so that nothing computed for
-    an earlier call is reused).
+    an earlier call is reused).  A call that returns :class:`Measured` is timed by its own figure.
     """
     if rounds < 1 or calls < 1:
         raise ValueError(f"rounds and calls must be positive, got {rounds} and {calls}")
@@ -89,8 +98,11 @@ def interleaved(
             if before is not None:
                 before()
             started = time.perf_counter()
-            values[name] = call()
+            value = call()
             taken[name] = time.perf_counter() - started
+            if isinstance(value, Measured):
+                taken[name], value = value.seconds, value.value
+            values[name] = value
         return taken
 
     for i in range(-warmup, 0):

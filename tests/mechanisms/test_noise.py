@@ -8,7 +8,7 @@ import torch
 from scipy import stats
 
 from dpnoise.mechanisms import gaussian_noise, laplace_noise
-from dpnoise.mechanisms.noise import standard_exponential
+from dpnoise.mechanisms.noise import NUMPY_MIN_ENTRIES, standard_exponential
 
 
 def test_laplace_scale_is_absolute():
@@ -73,10 +73,29 @@ def test_one_laplace_share_is_a_difference_of_two_gamma_variables(shares):
         assert abs(np.sum(np.abs(share) > t * 0.7) - expected) < 5 * math.sqrt(expected) + 1, t
 
 
-def test_exponential_variables_cover_the_float64_support():
-    """-log(1 - U) with 53-bit uniforms: non-negative, finite, at most 53 log 2, and Exp(1) in the far tail."""
-    sample = standard_exponential(torch.zeros(2_000_000), torch.Generator().manual_seed(7)).numpy()
-    assert sample.dtype == np.float64 and sample.min() >= 0 and sample.max() <= 53 * math.log(2)
-    expected = len(sample) * math.exp(-10.0)  # P(E > 10)
-    assert abs(np.sum(sample > 10.0) - expected) < 5 * math.sqrt(expected) + 1
+@pytest.mark.parametrize(("entries", "support"), [(60_000, 53 * math.log(2)), (2_000_000, 44.4)])
+def test_exponential_variables_cover_the_float64_support(entries, support):
+    """-log(1 - U) with 53-bit uniforms (torch, below NUMPY_MIN_ENTRIES) or the ziggurat (NumPy, above):
+    non-negative, finite, within the source's support, and Exp(1) in the far tail."""
+    sample = standard_exponential(torch.zeros(entries), torch.Generator().manual_seed(7)).numpy()
+    assert sample.dtype == np.float64 and sample.min() >= 0 and sample.max() <= support
+    for t in (5.0, 10.0):
+        expected = len(sample) * math.exp(-t)  # P(E > t)
+        assert abs(np.sum(sample > t) - expected) < 5 * math.sqrt(expected) + 1
     assert stats.kstest(sample[:100_000], stats.expon.cdf).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("sampler", [gaussian_noise, laplace_noise])
+def test_both_float64_sources_are_keyed_by_the_torch_generator(sampler):
+    """Below and above NUMPY_MIN_ENTRIES: the same seed gives the same draws, the generator advances (two
+    calls differ), and the law is the documented one, in the tails too."""
+    law = stats.norm(scale=1.3 * 0.5) if sampler is gaussian_noise else stats.laplace(scale=1.3)
+    for entries in (NUMPY_MIN_ENTRIES - 1, NUMPY_MIN_ENTRIES, 4 * NUMPY_MIN_ENTRIES):
+        generator = torch.Generator().manual_seed(8)
+        first, second = (sampler(torch.zeros(entries), 1.3, 0.5, generator) for _ in range(2))
+        assert torch.equal(first, sampler(torch.zeros(entries), 1.3, 0.5, torch.Generator().manual_seed(8)))
+        assert not torch.equal(first, second)
+        sample = torch.cat([first, second]).double().numpy()
+        assert stats.kstest(sample, law.cdf).pvalue > 1e-3, entries
+        expected = len(sample) * 2 * law.sf(4 * law.std())
+        assert abs(np.sum(np.abs(sample) > 4 * law.std()) - expected) < 5 * math.sqrt(expected) + 1, entries
