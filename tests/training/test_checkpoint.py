@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpnoise.accounting import ACCOUNTANTS, UnsoundAccountantWarning, get_accountant, noise_keywords
+from dpnoise.accounting import UnsoundAccountantWarning, get_accountant, noise_keywords
 from dpnoise.errors import DpnoiseError
 from dpnoise.training import (
     CheckpointMismatchError,
@@ -27,7 +27,6 @@ from dpnoise.training.checkpoint import (
     read_checkpoint,
     write_checkpoint_state,
 )
-from dpnoise.training.engine import _same_state
 from dpnoise.training.errors import CheckpointError, CheckpointKeyError
 from dpnoise.training.randomness import ReproducibleNoiseWarning
 
@@ -196,14 +195,14 @@ def test_step_counter_changed_is_refused(digits_train, saved, tmp_path, steps):
 
 def test_step_counter_outside_the_budget_is_refused(digits_train, saved, tmp_path):
     engine = fresh_engine(digits_train)[2]
-    max_steps, arguments = engine.max_steps, engine.accounting_step_arguments()
+    max_steps, step_event = engine.max_steps, engine.step_event
     assert max_steps > INTERRUPT_AT
 
     def past_budget(state):  # counter and ledgers agree, but on more steps than the budget allows
         engine_state = state["engine"]
         engine_state["steps"] = max_steps + 1
         for name in engine_state["accountants"]:
-            engine_state["accountants"][name] = get_accountant(name).step(**arguments, steps=max_steps + 1).state_dict()
+            engine_state["accountants"][name] = get_accountant(name).compose(step_event, max_steps + 1).state_dict()
     refused(digits_train, tampered(saved, tmp_path, past_budget),
             f"checkpoint is inconsistent in steps: {max_steps + 1} steps taken, but the budget epsilon={BUDGET} "
             f"(delta=1e-05) allows at most {max_steps}")
@@ -279,20 +278,6 @@ def test_other_formats_are_refused(digits_train, saved, tmp_path):
     refused(digits_train, newer, f"{newer}: checkpoint format 3 is not supported", error=CheckpointError)
 
 
-@pytest.mark.parametrize("name", sorted(ACCOUNTANTS))
-def test_single_steps_equal_one_multi_step(name):
-    """The ledger check's assumption, for every registered accountant: k steps one by one leave
-    the same state as ``step(steps=k)``."""
-    mechanism = ACCOUNTANTS[name].mechanism
-    arguments = dict(sample_rate=0.05, clip=1.0, params=100, alpha=1.0 if mechanism == "dirichlet" else None,
-                     **noise_keywords(mechanism, 1.0))
-    one_by_one, at_once = get_accountant(name), get_accountant(name)
-    for _ in range(3):
-        one_by_one.step(**arguments)
-    at_once.step(**arguments, steps=3)
-    assert _same_state(one_by_one.state_dict(), at_once.state_dict())
-
-
 # ----------------------------------------------------------------------------- private randomness
 def test_secret_randomness_differs_between_runs_and_resumes_fresh(digits_train, tmp_path):
     """Without noise_seed two runs of the same seed draw other noise and batches; the checkpoint holds no
@@ -360,12 +345,12 @@ def test_keyed_checkpoint_resumes_with_its_key(digits_train, keyed, monkeypatch)
 def test_consistent_edit_of_a_keyed_checkpoint_is_refused(digits_train, keyed, tmp_path):
     """Step counter and ledgers edited together and the hash recomputed (what passes without a key)."""
     engine = fresh_engine(digits_train)[2]
-    arguments = engine.accounting_step_arguments()
+    step_event = engine.step_event
 
     def fewer_steps(state):
         state["engine"]["steps"] = 1
         for name in state["engine"]["accountants"]:
-            state["engine"]["accountants"][name] = get_accountant(name).step(**arguments, steps=1).state_dict()
+            state["engine"]["accountants"][name] = get_accountant(name).compose(step_event, 1).state_dict()
     path = tampered(keyed, tmp_path, fewer_steps, key=KEY)
     assert resume(digits_train, path).steps == 1  # without a key the consistent edit is not detected
     with pytest.raises(CheckpointError, match="carries no HMAC"):

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from dpnoise.accounting import UnreachableTargetError, calibrate_noise, epsilon_after, noise_keywords
+from dpnoise.accounting import UnreachableTargetError, calibrate_noise, epsilon_after, epsilon_of_events, noise_keywords
 from dpnoise.accounting.events import (ComposedEvent, DirichletEvent, GaussianEvent, PoissonSampledEvent,
                                       SelfComposedEvent)
 from dpnoise.cli.main import main
@@ -36,16 +36,15 @@ def test_every_accountant_holds_the_release_before_the_first_step(digits_train, 
     engine = optimizer.privacy_engine
     for name, acc in engine.accountants.items():
         assert acc.steps == 0
-        assert acc.get_epsilon(1e-5) == pytest.approx(epsilon_after(name, steps=0, delta=1e-5, releases=(RELEASE,),
-                                                                    **engine.accounting_step_arguments()))
+        assert acc.get_epsilon(1e-5) == pytest.approx(epsilon_of_events(name, engine.step_event, steps=0, delta=1e-5,
+                                                                        releases=(RELEASE,)))
         assert acc.get_epsilon(1e-5) > 0
     train_steps(module, optimizer, endless_batches(loader), optimizer.privacy_engine, 3)
-    arguments = engine.accounting_step_arguments()
     for name, acc in engine.accountants.items():
         assert acc.steps == 3
-        with_release = epsilon_after(name, steps=3, delta=1e-5, releases=(RELEASE,), **arguments)
+        with_release = epsilon_of_events(name, engine.step_event, steps=3, delta=1e-5, releases=(RELEASE,))
         assert acc.get_epsilon(1e-5) == pytest.approx(with_release)
-        assert with_release > epsilon_after(name, steps=3, delta=1e-5, **arguments)
+        assert with_release > epsilon_of_events(name, engine.step_event, steps=3, delta=1e-5)
 
 
 def test_calibration_and_budget_cover_the_release(digits_train):
@@ -54,10 +53,10 @@ def test_calibration_and_budget_cover_the_release(digits_train):
     _, plain_optimizer, _ = build(digits_train, releases=(), target_epsilon=2.0, epochs=3)
     plain = plain_optimizer.privacy_engine
     assert engine.setup.noise > plain.setup.noise  # the release takes part of the budget
-    arguments = engine.accounting_step_arguments()
     planned = engine.planned_steps
-    assert epsilon_after("gaussian", steps=planned, delta=1e-5, releases=(RELEASE,), **arguments) <= 2.0
-    assert epsilon_after("gaussian", steps=engine.max_steps + 1, delta=1e-5, releases=(RELEASE,), **arguments) > 2.0
+    assert epsilon_of_events("gaussian", engine.step_event, steps=planned, delta=1e-5, releases=(RELEASE,)) <= 2.0
+    assert epsilon_of_events("gaussian", engine.step_event, steps=engine.max_steps + 1, delta=1e-5,
+                             releases=(RELEASE,)) > 2.0
 
 
 def test_calibrated_noise_meets_the_target_in_dp_accounting():

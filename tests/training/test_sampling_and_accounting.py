@@ -62,7 +62,7 @@ def test_budget_enforcement_raises_at_the_target(digits_train):
         train_steps(module, optimizer, endless_batches(loader), engine, engine.max_steps + 5)
     assert engine.steps == engine.max_steps and engine.budget_exhausted
     assert engine.get_epsilon() <= 4.0
-    engine.accountant.step(**engine.accounting_step_arguments())
+    engine.accountant.compose(engine.step_event)
     assert engine.get_epsilon() > 4.0  # one more step would have been too many
 
 

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from dpnoise.accounting import epsilon_after, noise_keywords
+from dpnoise.accounting import epsilon_of_events, noise_keywords
 from dpnoise.accounting.secure_noise import discrete_gaussian_epsilon
 from dpnoise.cli.main import main
 from dpnoise.training import (
@@ -100,12 +100,11 @@ def test_budget_and_calibration_meet_the_corrected_epsilon(digits_train):
     _, optimizer, _ = build(digits_train, target_epsilon=target, epochs=1, accountant="gaussian-rdp")
     engine = optimizer.privacy_engine
     assert engine.max_steps >= engine.planned_steps
-    arguments = engine.accounting_step_arguments()
     n = engine.secure_plan.rounding.coordinates
 
     def corrected(steps):
         return discrete_gaussian_epsilon(
-            lambda d: epsilon_after("gaussian-rdp", steps=steps, delta=d, **arguments), 1e-5, steps, n)
+            lambda d: epsilon_of_events("gaussian-rdp", engine.step_event, steps=steps, delta=d), 1e-5, steps, n)
 
     assert corrected(engine.max_steps) <= target < corrected(engine.max_steps + 1)
 

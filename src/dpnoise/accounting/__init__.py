@@ -20,7 +20,9 @@ from dpnoise.accounting.accountant import (
     UnsoundAccountantWarning,
     accountant_holding,
     epsilon_after,
+    epsilon_of_events,
     get_accountant,
+    training_step_event,
 )
 from dpnoise.accounting.calibration import (
     CalibrationResult,
@@ -68,7 +70,9 @@ __all__ = [
     "clip_from_gradient_norms",
     "accountant_holding",
     "epsilon_after",
+    "epsilon_of_events",
     "get_accountant",
+    "training_step_event",
     "get_mechanism_spec",
     "noise_from_keywords",
     "noise_keywords",

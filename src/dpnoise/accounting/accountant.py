@@ -28,7 +28,7 @@ from dpnoise.accounting.events import (
     event_from_dict,
     event_to_dict,
 )
-from dpnoise.accounting.pld.distribution import pld_delta, pld_epsilon, pld_feasibility
+from dpnoise.accounting.pld.distribution import pld_delta, pld_epsilon, pld_unavailable
 from dpnoise.accounting.rdp.conversion import delta_from_rdp, epsilon_from_rdp
 from dpnoise.accounting.rdp.curve import checked_rdp_curve
 from dpnoise.accounting.rdp.orders import DEFAULT_ORDERS
@@ -118,12 +118,11 @@ class PrivacyAccountant:
         where known; with 2 the default ``dirichlet`` accountant also has its exact two-class PLD
         route (docs/theory/dirichlet.md Sec. 1.3). Give it only if every release has that many classes.
         """
-        spec = get_mechanism_spec(mechanism or self.spec.mechanism)
-        noise = noise_from_keywords(spec.name, noise_multiplier=noise_multiplier, laplace_scale=laplace_scale,
-                                    concentration=concentration)
-        event = spec.build_event(noise, clip, params, alpha, num_classes)
-        q = check_sample_rate("sample_rate", sample_rate)
-        return self.compose(PoissonSampledEvent(q, event), steps)
+        event = training_step_event(mechanism or self.spec.mechanism, sample_rate=sample_rate,
+                                    noise_multiplier=noise_multiplier, laplace_scale=laplace_scale,
+                                    concentration=concentration, clip=clip, params=params, alpha=alpha,
+                                    num_classes=num_classes)
+        return self.compose(event, steps)
 
     # -- how it is accounted ---------------------------------------------------------------
     def _warn(self) -> None:
@@ -304,9 +303,9 @@ class PldAccountant(PrivacyAccountant):
         is a PLD for two classes only, and the route answers +inf with the reason for the others (so
         that the minimum it is a route of answers by its other routes)."""
         for sampled, _ in flat_ledger([(event, 1)]):
-            reason = pld_feasibility(sampled, 1, 1.0)
+            reason = pld_unavailable(sampled.event)
             answered = isinstance(sampled.event, DirichletEvent) and self.spec.mechanism == "dirichlet"
-            if reason is not None and reason.startswith("no PLD") and not answered:
+            if reason is not None and not answered:
                 raise InvalidParameterError(f"accountant {self.name!r}: {reason}")
 
     def _epsilon_and_bound(self, delta: float) -> tuple[float, str]:
@@ -369,6 +368,18 @@ class MinimumAccountant(PrivacyAccountant):
         return min(acc.get_epsilon(delta) for acc in rdp_routes) if rdp_routes else self.get_epsilon(delta)
 
 
+def training_step_event(mechanism: str, *, sample_rate: float, clip: float = 1.0, params: Optional[int] = None,
+                        alpha: Optional[float] = None, num_classes: Optional[int] = None,
+                        **noise: Optional[float]) -> PoissonSampledEvent:
+    """The DP event of one training step of ``mechanism``: its mechanism event (noise under the keyword
+    of its unit, :func:`~dpnoise.accounting.mechanisms.noise_from_keywords`) on a Poisson subsample at
+    rate ``sample_rate``.  What :meth:`PrivacyAccountant.step` composes, and what a training run
+    builds once and composes at every step."""
+    spec = get_mechanism_spec(mechanism)
+    event = spec.build_event(noise_from_keywords(spec.name, **noise), clip, params, alpha, num_classes)
+    return PoissonSampledEvent(check_sample_rate("sample_rate", sample_rate), event)
+
+
 def epsilon_after(accountant: str, *, steps: int, delta: float, releases: Sequence[DpEvent] = (),
                   **step_arguments: Any) -> float:
     """Epsilon at ``delta`` of a fresh ``accountant`` after ``releases`` and then ``steps`` identical steps.
@@ -378,7 +389,16 @@ def epsilon_after(accountant: str, *, steps: int, delta: float, releases: Sequen
     statistics of the training data).  The unsound-accountant warning is not raised: this is for
     callers that report each accountant's soundness themselves (tables, audits, calibration).
     """
-    acc = accountant_holding(accountant, releases).step(steps=steps, **step_arguments)
+    mechanism = step_arguments.pop("mechanism", None) or get_spec(accountant).mechanism
+    return epsilon_of_events(accountant, training_step_event(mechanism, **step_arguments), steps=steps,
+                             delta=delta, releases=releases)
+
+
+def epsilon_of_events(accountant: str, event: DpEvent, *, steps: int, delta: float,
+                      releases: Sequence[DpEvent] = ()) -> float:
+    """Epsilon at ``delta`` of a fresh ``accountant`` after ``releases`` and then ``steps`` x ``event``
+    (no unsound-accountant warning, as :func:`epsilon_after`)."""
+    acc = accountant_holding(accountant, releases).compose(event, steps)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsoundAccountantWarning)
         return acc.get_epsilon(delta)
@@ -417,6 +437,8 @@ __all__ = [
     "UnsoundAccountantWarning",
     "accountant_holding",
     "epsilon_after",
+    "epsilon_of_events",
     "flat_ledger",
     "get_accountant",
+    "training_step_event",
 ]

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from dpnoise.accounting import (
     ACCOUNTANTS,
     CalibrationResult,
     calibrate_dirichlet_r,
     calibrate_noise,
-    epsilon_after,
+    epsilon_of_events,
     get_mechanism_spec,
 )
 from dpnoise.accounting.events import DpEvent
@@ -50,11 +50,11 @@ def calibrate_training_noise(
                            releases=releases)
 
 
-def steps_within_budget(accountant: str, step_arguments: dict[str, Any], target_epsilon: float, delta: float,
+def steps_within_budget(accountant: str, step_event: DpEvent, target_epsilon: float, delta: float,
                         releases: Sequence[DpEvent] = (), start: int = 1,
                         report: Optional[EpsilonReport] = None) -> int:
-    """Largest T with epsilon(``releases``, then T steps) <= target_epsilon (0 if one step already exceeds it),
-    epsilon as ``report`` states it (default: the accountant's).
+    """Largest T with epsilon(``releases``, then T x ``step_event``) <= target_epsilon (0 if one step
+    already exceeds it), epsilon as ``report`` states it (default: the accountant's).
 
     Epsilon is non-decreasing in T, so this gallops from ``start`` (a good guess: the planned steps
     the noise was calibrated for, where it usually takes two evaluations) by doubling strides up or
@@ -62,7 +62,7 @@ def steps_within_budget(accountant: str, step_arguments: dict[str, Any], target_
     """
     def fits(steps: int) -> bool:
         def epsilon_at(at_delta: float) -> float:
-            return epsilon_after(accountant, steps=steps, delta=at_delta, releases=releases, **step_arguments)
+            return epsilon_of_events(accountant, step_event, steps=steps, delta=at_delta, releases=releases)
 
         return (epsilon_at(delta) if report is None else report(epsilon_at, delta, steps)) <= target_epsilon
 

@@ -38,6 +38,7 @@ from dpnoise.accounting import (
     noise_from_keywords,
     noise_keywords,
     steps_from_epochs,
+    training_step_event,
 )
 from dpnoise.accounting.events import (EVENT_TYPES, ComposedEvent, DpEvent, PoissonSampledEvent, SelfComposedEvent,
                                       event_to_dict)
@@ -72,18 +73,19 @@ from dpnoise.training.optimizers import (
     OutputPrivateOptimizer,
 )
 from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
+from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
 from dpnoise.training.validation import check_optimizer_trains, check_supported_layers, check_training_mode
 
 logger = logging.getLogger(__name__)
 
-BudgetPolicy = Literal["raise", "stop"]
 GradSampleMode = Literal["auto", "bookkeeping", "hooks"]
 GRAD_SAMPLE_MODES: tuple[str, ...] = ("auto", "bookkeeping", "hooks")
 
 
 @dataclass(frozen=True)
 class PrivacySetup:
-    """Everything the accountants are told at each step, fixed at ``make_private``."""
+    """The privacy options of a run, fixed at ``make_private`` (what a checkpoint must match); the
+    accountants are told :attr:`PrivacyEngine.step_event`, built from them once."""
 
     mechanism: str
     noise: float
@@ -145,13 +147,11 @@ class PrivacyEngine:
         self.setup: Optional[PrivacySetup] = None
         self.mechanism: Optional[Mechanism] = None
         self.accountants: dict[str, PrivacyAccountant] = {}
+        #: the run's step accounting (step event, counter, budget), which the optimizers are given
+        self.ledger: Optional[StepLedger] = None
         #: releases of the training data composed into every accountant before the first step
         self.data_releases: tuple[DpEvent, ...] = ()
-        self.steps = 0
-        self.max_steps: Optional[int] = None
         self.planned_steps: Optional[int] = None
-        self.budget_policy: BudgetPolicy = "raise"
-        self.budget_exhausted = False
         self.calibration: Optional[CalibrationResult] = None
         #: per-example gradient source in use ("bookkeeping" or "hooks"; None for output mechanisms)
         self.grad_sample_mode: Optional[str] = None
@@ -366,18 +366,21 @@ class PrivacyEngine:
             group.check_same_setup({**asdict(self.setup), "noise_shares": noise_shares, "seed": self.seed})
             group.broadcast_module(module)
         self.data_releases = releases
+        step_event = training_step_event(mech.name, sample_rate=sample_rate, clip=max_grad_norm, params=params,
+                                         alpha=alpha, **noise_keywords(mech.name, noise))
         self.accountants = {name: accountant_holding(name, releases) for name in accountant_names}
-        self.budget_policy = on_budget_exhausted
+        max_steps = None
         if target_epsilon is not None:
-            self.max_steps = steps_within_budget(primary, self.accounting_step_arguments(), target_epsilon, delta,
-                                                 releases, start=self.planned_steps or 1,
-                                                 report=self._reported_epsilon)
-            if self.max_steps == 0:
+            max_steps = steps_within_budget(primary, step_event, target_epsilon, delta, releases,
+                                            start=self.planned_steps or 1, report=self._reported_epsilon)
+            if max_steps == 0:
                 spent = f"; the data_releases alone cost {self.get_epsilon():.4g}" if releases else ""
                 raise PrivacyBudgetExceededError(
                     f"epsilon {target_epsilon} is below what even one step costs with noise {noise} "
                     f"(accountant {primary}, delta {delta}{spent}); increase the budget or the noise"
                 )
+        self.ledger = StepLedger(step_event, self.accountants, max_steps, on_budget_exhausted,
+                                 budget=f"epsilon={target_epsilon} (delta={delta}, accountant {primary})")
         private_module, private_optimizer = self._wrap(
             module, optimizer, expected_batch_size=sample_rate * len(data_loader.dataset),
             grad_sample_mode=grad_sample_mode, noise_shares=noise_shares,
@@ -573,7 +576,7 @@ class PrivacyEngine:
                 noise=setup.noise,
                 max_grad_norm=setup.clip,
                 expected_batch_size=expected_batch_size,
-                gate=self,
+                gate=self.ledger,
                 logical_batches=self.logical_batches,
                 generator=self.noise_generator,
                 bookkeeping=private_module if grad_sample_mode == "bookkeeping" else None,
@@ -586,50 +589,54 @@ class PrivacyEngine:
         private_module = mech.wrap_module(
             module, noise=setup.noise, clip=setup.clip, alpha=setup.alpha, generator=self.noise_generator
         )
-        options = dict(gate=self, logical_batches=self.logical_batches, module=private_module)
+        options = dict(gate=self.ledger, logical_batches=self.logical_batches, module=private_module)
         if group is None:
             return private_module, OutputPrivateOptimizer(optimizer, **options)
         return private_module, DistributedOutputPrivateOptimizer(optimizer, group=group, **options)
 
     # ----------------------------------------------------------------------------- accounting
-    def accounting_step_arguments(self) -> dict[str, Any]:
-        """Keyword arguments of ``acc.step`` for one training step."""
-        setup = self.setup
-        arguments = dict(
-            mechanism=self.mechanism.name,
-            sample_rate=setup.sample_rate,
-            clip=setup.clip,
-            params=setup.params,
-            **noise_keywords(self.mechanism.name, setup.noise),
-        )
-        if setup.alpha is not None:
-            arguments["alpha"] = setup.alpha
-        return arguments
+    @property
+    def step_event(self) -> Optional[DpEvent]:
+        """The DP event of one training step, built once by ``make_private`` (None before): every
+        accountant composes it at every step; the budget and the checkpoint checks are computed from it."""
+        return None if self.ledger is None else self.ledger.step_event
 
-    def admit_step(self) -> bool:
-        """True if one more step fits the target budget; otherwise stop (False) or raise.
+    @property
+    def steps(self) -> int:
+        """Steps recorded so far."""
+        return 0 if self.ledger is None else self.ledger.steps
 
-        In a process group, the step's all-reduce checks that all ranks are at the same step (the
-        distributed optimizers pass :attr:`steps` to :meth:`RankGroup.all_reduce_sum`), so that their
-        accountants hold the same ledger and the budget, the same on every rank, stops them all at
-        the same step.
-        """
-        if self.max_steps is None or self.steps < self.max_steps:
-            return True
-        self.budget_exhausted = True
-        if self.budget_policy == "stop":
-            return False
-        raise PrivacyBudgetExceededError(
-            f"step {self.steps + 1} would exceed the privacy budget epsilon={self.setup.target_epsilon} "
-            f"(delta={self.setup.delta}, accountant {self.setup.accountant}): at most {self.max_steps} steps"
-        )
+    @steps.setter
+    def steps(self, steps: int) -> None:
+        self._set_up_ledger().steps = steps
+
+    @property
+    def max_steps(self) -> Optional[int]:
+        """The most steps within the target budget (None: no budget)."""
+        return None if self.ledger is None else self.ledger.max_steps
+
+    @property
+    def budget_exhausted(self) -> bool:
+        """Whether a step was refused (or skipped) for the budget."""
+        return self.ledger is not None and self.ledger.budget_exhausted
+
+    @budget_exhausted.setter
+    def budget_exhausted(self, exhausted: bool) -> None:
+        self._set_up_ledger().budget_exhausted = exhausted
+
+    @property
+    def budget_policy(self) -> BudgetPolicy:
+        """What a step past the budget does: "raise" or "stop"."""
+        return "raise" if self.ledger is None else self.ledger.policy
 
     def record_step(self) -> None:
-        """Compose one optimizer step into every applicable accountant."""
-        arguments = self.accounting_step_arguments()
-        for acc in self.accountants.values():
-            acc.step(**arguments)
-        self.steps += 1
+        """Compose one step (:attr:`step_event`) into every accountant (what the optimizers do per step)."""
+        self._set_up_ledger().record_step()
+
+    def _set_up_ledger(self) -> StepLedger:
+        if self.ledger is None:
+            raise EngineStateError("the engine has no steps before make_private")
+        return self.ledger
 
     @property
     def accountant(self) -> PrivacyAccountant:
@@ -711,7 +718,7 @@ class PrivacyEngine:
           and ``budget_exhausted`` is set only once k reached ``max_steps``;
         * it holds exactly this engine's accountants, and the state of each one equals the state
           of a fresh accountant of that name holding the run's data releases (``accountant_holding``,
-          as in ``make_private``) after ``step(**accounting_step_arguments(), steps=k)``: a ledger
+          as in ``make_private``) after ``compose(step_event, k)``: a ledger
           cannot be shortened, emptied
           or recorded with other noise without contradicting the step counter or the setup;
         * it holds the generators of as many ranks as this run has (resume with the same K);
@@ -727,8 +734,8 @@ class PrivacyEngine:
         hold one CPU rank's ``noise_generator`` and ``sampling_generator``.
 
         The ledger check assumes that k single steps leave an accountant in the same state as one
-        ``step(steps=k)`` (true of every registered accountant; ``tests/training/test_checkpoint.py``
-        checks it for each).
+        ``compose(step_event, k)`` (true of every registered accountant: consecutive equal events
+        are merged; the accountant contract test checks it for each).
         """
         if self.setup is None:
             raise EngineStateError("load_state_dict needs an engine set up by make_private (same setup as the checkpoint)")
@@ -800,18 +807,15 @@ class PrivacyEngine:
             raise inconsistent("accountants", f"a {type(saved_accountants).__name__}, not a dictionary")
         if set(saved_accountants) != set(self.accountants):
             raise differs("accountants", tuple(saved_accountants), tuple(self.accountants))
-        arguments = self.accounting_step_arguments()
         for name in self.accountants:
-            expected = accountant_holding(name, self.data_releases)
-            if steps:
-                expected.step(**arguments, steps=steps)
+            expected = accountant_holding(name, self.data_releases).compose(self.step_event, steps)
             if not _same_state(saved_accountants[name], expected.state_dict()):
                 recorded = _ledger_steps(name, saved_accountants[name])
                 if recorded is not None and recorded != steps:
                     raise inconsistent(f"accountant {name!r}", f"its ledger records {recorded} steps, "
                                                               f"but the step counter says {steps}")
                 raise inconsistent(f"accountant {name!r}", f"its ledger is not {steps} steps of this run's "
-                                                          f"privacy setup ({_describe_arguments(arguments)})")
+                                                          f"privacy setup ({_describe_event(self.step_event)})")
         generators = state["generators"]
         if not isinstance(generators, dict) or generators.get("device") not in ("cpu", "cuda") \
                 or not isinstance(generators.get("ranks"), list):
@@ -902,8 +906,12 @@ def _describe(value: Any) -> str:
     return repr(value)
 
 
-def _describe_arguments(arguments: dict[str, Any]) -> str:
-    return ", ".join(f"{key} {value}" for key, value in arguments.items())
+def _describe_event(event: DpEvent) -> str:
+    """A DP event on one line, e.g. ``GaussianEvent noise_multiplier 1.1 sampled at 0.01``."""
+    if isinstance(event, PoissonSampledEvent):
+        return f"{_describe_event(event.event)} sampled at {event.sampling_probability:g}"
+    described = event_to_dict(event)
+    return " ".join([described.pop("type"), *(f"{key} {value}" for key, value in described.items())])
 
 
 def _same_state(a: Any, b: Any) -> bool:

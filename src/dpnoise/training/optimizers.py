@@ -12,8 +12,8 @@ Secure mode (``secure_plan``): the clipped sums are released by the exact intege
 :mod:`dpnoise.mechanisms.secure_noise` on the plan's grid, with bytes from the operating system's
 CSPRNG, instead of sum + float noise (one process only).
 
-Both ask the engine before a step (:meth:`StepGate.admit_step`: refuse past the budget) and report
-the step after noising and before the parameter update (:meth:`StepGate.record_step`).
+Both ask the engine's step ledger before a step (:meth:`StepGate.admit_step`: refuse past the budget)
+and report the step after noising and before the parameter update (:meth:`StepGate.record_step`).
 
 Logical batches: when the data loader splits a Poisson batch into physical batches
 (``make_private(max_physical_batch_size=...)``), ``step()`` after a physical batch that does not
@@ -49,7 +49,7 @@ from dpnoise.training.sampling import LogicalBatchTracker
 
 
 class StepGate(Protocol):
-    """What the optimizers need from the privacy engine."""
+    """What the optimizers need from the privacy engine (its :class:`~dpnoise.training.step_ledger.StepLedger`)."""
 
     #: steps recorded so far (the distributed optimizers check that every rank holds the same)
     steps: int

@@ -97,11 +97,26 @@ def _sampled_loss_range(q: float, max_loss: float) -> float:
     return 2.0 * float(np.logaddexp(np.log1p(-q), np.log(q) + max_loss)) if q < 1 else 2.0 * max_loss
 
 
+def pld_unavailable(mechanism: DpEvent) -> Optional[str]:
+    """Why ``mechanism`` (a mechanism event) has no PLD at all, whatever its parameters and step count
+    (None when it has one: Gaussian, Laplace, Lap2 through GDP, the two-class Dirichlet mechanism)."""
+    if isinstance(mechanism, DirichletEvent):
+        if mechanism.num_classes != 2:
+            return f"no PLD for DirichletEvent with num_classes={mechanism.num_classes} (two classes only)"
+        return None
+    if gaussian_noise_multiplier(mechanism) is None and not isinstance(mechanism, LaplaceEvent):
+        return f"no PLD for {type(mechanism).__name__}"
+    return None
+
+
 def pld_feasibility(event: DpEvent, count: int, discretization: float) -> Optional[str]:
     """Why the PLD route is not attempted for ``count`` x ``event`` (None when it is)."""
     if not isinstance(event, PoissonSampledEvent):
         return f"PLD route covers Poisson-sampled mechanisms only, not {type(event).__name__}"
     mechanism = event.event
+    unavailable = pld_unavailable(mechanism)
+    if unavailable is not None:
+        return unavailable
     sigma = gaussian_noise_multiplier(mechanism)
     if sigma is not None:
         if not 1e-100 < sigma < 1e100:  # dp_accounting squares sigma
@@ -113,17 +128,13 @@ def pld_feasibility(event: DpEvent, count: int, discretization: float) -> Option
         if max_loss > _MAX_LAPLACE_LOSS:
             return f"Laplace loss 1/{mechanism.noise_multiplier:g} overflows dp_accounting"
         width = _sampled_loss_range(event.sampling_probability, max_loss)
-    elif isinstance(mechanism, DirichletEvent):
-        if mechanism.num_classes != 2:
-            return f"no PLD for DirichletEvent with num_classes={mechanism.num_classes} (two classes only)"
+    else:  # the two-class Dirichlet mechanism (pld_unavailable)
         problem = two_class_domain_problem(mechanism.r, mechanism.alpha)
         if problem is not None:
             return problem
         # the changed example's inclusion is visible: sampling does not shrink its loss range
         low, high = two_class_loss_range(mechanism.r, mechanism.alpha)
         width = high - low
-    else:
-        return f"no PLD for {type(mechanism).__name__}"
     if count > MAX_COMPOSITIONS:
         return f"{count} steps > {MAX_COMPOSITIONS} (PLD composition too costly)"
     points = width / discretization

@@ -1,0 +1,38 @@
+"""The step ledger: the optimizers' whole view of the engine (admit a step against the budget, record it)."""
+
+import pytest
+
+from dpnoise.accounting import get_accountant, training_step_event
+from dpnoise.training.errors import PrivacyBudgetExceededError
+from dpnoise.training.step_ledger import StepLedger
+
+EVENT = training_step_event("gaussian", sample_rate=0.01, noise_multiplier=1.1)
+
+
+def ledger(**options) -> StepLedger:
+    return StepLedger(EVENT, {name: get_accountant(name) for name in ("gaussian-rdp", "gaussian-pld")}, **options)
+
+
+def test_each_recorded_step_composes_the_step_event_into_every_accountant():
+    steps = ledger()
+    for _ in range(3):
+        assert steps.admit_step()  # no budget: always admitted
+        steps.record_step()
+    assert steps.steps == 3 and not steps.budget_exhausted
+    for name, accountant in steps.accountants.items():
+        assert accountant.history == [(EVENT, 3)]
+        assert accountant.get_epsilon(1e-5) == get_accountant(name).compose(EVENT, 3).get_epsilon(1e-5)
+
+
+def test_a_step_past_the_budget_is_refused_or_skipped_by_the_policy():
+    raising = ledger(max_steps=2, budget="epsilon=1.0 (delta=1e-05, accountant gaussian-rdp)")
+    for _ in range(2):
+        assert raising.admit_step()
+        raising.record_step()
+    with pytest.raises(PrivacyBudgetExceededError, match=r"^step 3 would exceed the privacy budget epsilon=1.0 "
+                                                        r"\(delta=1e-05, accountant gaussian-rdp\): at most 2 steps$"):
+        raising.admit_step()
+    assert raising.budget_exhausted and raising.steps == 2
+    stopping = ledger(max_steps=0, policy="stop")
+    assert not stopping.admit_step() and stopping.budget_exhausted
+    assert all(not accountant.history for accountant in stopping.accountants.values())
