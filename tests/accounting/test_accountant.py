@@ -46,15 +46,6 @@ def test_gaussian_epsilon_matches_opacus_accountant():
     assert ours.get_epsilon(1e-5) == pytest.approx(theirs.get_epsilon(1e-5), rel=0.02)
 
 
-def test_steps_compose_additively_and_merge():
-    one = get_accountant("lap2-rdp")
-    for _ in range(10):
-        one.step(laplace_scale=1.0, sample_rate=0.01, params=1000)
-    many = get_accountant("lap2-rdp").step(laplace_scale=1.0, sample_rate=0.01, params=1000, steps=10)
-    assert one.steps == many.steps == 10 and len(one.history) == 1
-    np.testing.assert_allclose(one.get_rdp(), many.get_rdp())
-
-
 def test_mechanisms_mix_in_one_accountant():
     acc = get_accountant("gaussian-rdp").step(noise_multiplier=1.0, sample_rate=0.01, steps=5).step(
         laplace_scale=2.0, sample_rate=0.02, mechanism="lap2", params=100, steps=3)
@@ -70,20 +61,6 @@ def test_composed_event_equals_sum_of_parts():
     a = RdpAccountant("lap2-rdp").compose(ComposedEvent((SelfComposedEvent(e1, 4), e2)))
     b = RdpAccountant("lap2-rdp").compose(e1, 4).compose(e2)
     np.testing.assert_allclose(a.get_rdp(), b.get_rdp())
-
-
-def test_unsound_accountants_warn_and_sound_ones_do_not():
-    for name, spec in ACCOUNTANTS.items():
-        acc = get_accountant(name)
-        kwargs = {"params": 100} if spec.mechanism == "lap2" else {}
-        noise = 0.5 if spec.mechanism == "dirichlet" else 1.5
-        acc.step(sample_rate=0.01, steps=10, **kwargs, **noise_keywords(spec.mechanism, noise))
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            acc.get_epsilon(1e-5)
-        flagged = any(issubclass(w.category, UnsoundAccountantWarning) for w in caught)
-        assert flagged == (not spec.sound), name
-        assert spec.sound or spec.warning
 
 
 def test_reported_accountants_for_lap2_are_sound_then_paper():
@@ -115,21 +92,12 @@ def test_state_dict_round_trips(name, noise, q, steps):
     assert e1 == e2 or (math.isinf(e1) and math.isinf(e2))
 
 
-def test_state_dict_rejects_another_accountant():
-    with pytest.raises(ValueError, match="lap2-paper"):
-        get_accountant("lap2").load_state_dict(get_accountant("lap2-paper").state_dict())
-
-
 def test_event_serialisation_and_dp_accounting_interop():
     event = SelfComposedEvent(PoissonSampledEvent(0.1, GaussianEvent(2.0)), 5)
     assert event_from_dict(event_to_dict(event)) == event
     assert type(to_dp_accounting(event)).__name__ == "SelfComposedDpEvent"
     with pytest.raises(NotImplementedError):
         to_dp_accounting(Lap2Event(1.0, 10))
-
-
-def test_no_steps_means_zero_epsilon():
-    assert get_accountant("gaussian").get_epsilon(1e-5) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -173,13 +141,6 @@ def test_every_registered_mechanism_has_sound_default_and_implementation_free_sp
         assert accountants_for_mechanism(name)[0] == spec.default_accountant and ACCOUNTANTS[spec.default_accountant].sound
         assert all(ACCOUNTANTS[a].mechanism == name for a in spec.accountants)
         assert (spec.clip_norm_ord is not None) == spec.needs_per_sample_gradients
-
-
-@pytest.mark.parametrize("delta", [0.0, 1.0, 1.5, -1e-5, float("nan")])
-def test_bad_delta_names_the_parameter(delta):
-    acc = get_accountant("gaussian").step(noise_multiplier=1.0, sample_rate=0.1, steps=10)
-    with pytest.raises(InvalidParameterError, match="delta"):
-        acc.get_epsilon(delta)
 
 
 def test_unknown_names_list_the_choices():

@@ -8,7 +8,8 @@
   releases) and :class:`MinimumAccountant` (the smallest of several sound routes);
 * :data:`MECHANISMS` -- the mechanism registry (noise unit, event, accountants, audit pair);
 * :data:`ACCOUNTANTS` -- named accountants (``gaussian``, ``laplace-l1``, ``lap2``, ``lap2-paper``,
-  ``dirichlet``, ...); non-sound ones warn whenever they produce a number;
+  ``dirichlet``, ...), each added by :func:`register_accountant`; non-sound ones warn whenever
+  they produce a number;
 * calibrators for sigma, Lap2's (C, b) (Lap2 paper Algorithm 1) and the Dirichlet r*.
 """
 
@@ -43,7 +44,7 @@ from dpnoise.accounting.mechanisms import (
     noise_keywords,
     register_mechanism,
 )
-from dpnoise.accounting.registry import ACCOUNTANTS, AccountantSpec, accountants_for_mechanism
+from dpnoise.accounting.registry import ACCOUNTANTS, AccountantSpec, accountants_for_mechanism, register_accountant
 from dpnoise.accounting.release_count import ReleaseCountAccountant
 from dpnoise.accounting.validation import InvalidParameterError
 
@@ -76,6 +77,7 @@ __all__ = [
     "get_mechanism_spec",
     "noise_from_keywords",
     "noise_keywords",
+    "register_accountant",
     "register_mechanism",
     "steps_from_epochs",
 ]
