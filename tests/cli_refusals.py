@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 import pytest
 
@@ -44,3 +45,20 @@ def assert_one_line_refusal(capsys, main: Callable, argv: list[str], prefix: str
     assert flag in err[0], err[0]
     assert out == ""
     return err[0]
+
+
+def refused_value(check: tuple, tmp_path: Path) -> Any:
+    """A value that the declared check of a configuration field (``Option.check``: a
+    :mod:`dpnoise.checks` name and its extra arguments) refuses."""
+    name, *extra = check
+    if name in ("existing_folder", "output_folder", "checkpoint_file"):
+        not_a_checkpoint = tmp_path / "not-a-checkpoint.pt"
+        not_a_checkpoint.write_text("text")
+        return tmp_path / "missing" if name == "existing_folder" else not_a_checkpoint  # a file is no folder
+    if name == "check_count":
+        return extra[0] - 1  # below the minimum
+    if name == "count_in":
+        return extra[1] + 1  # above the maximum
+    refused = {"check_positive": 0.0, "check_delta": 1.0, "fraction": 1.0, "nonnegative": -1.0, "open_fraction": 0.0,
+               "seed": -1}
+    return refused[name]  # a KeyError: a new kind of check needs a refused value here

@@ -7,18 +7,30 @@ Each case runs the CLI in-process and expects exit status 2, exactly one stderr 
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from dpnoise import checks
 from dpnoise.cli import audit as audit_cli
-from dpnoise.cli import train as train_cli
 from dpnoise.cli import walls as walls_cli
-from dpnoise.cli.main import main, one_line
+from dpnoise.cli.main import build_parser, main, one_line
 from dpnoise.errors import DpnoiseError
+from dpnoise.training.config import (
+    OPTIONS,
+    TEXT_MODELS,
+    DataConfig,
+    MechanismConfig,
+    OutputConfig,
+    PrivacyTarget,
+    Schedule,
+    TrainingConfig,
+)
 
 from cli_refusals import (
     BAD_COUNT,
@@ -27,6 +39,7 @@ from cli_refusals import (
     BAD_RATE,
     assert_one_line_refusal,
     cases,
+    refused_value,
     run_main,
     with_option,
 )
@@ -85,6 +98,38 @@ def test_train_refuses_bad_numbers(capsys, tmp_path, no_training, flag, value):
     out = tmp_path / "run"
     assert_refused(capsys, with_option([*TRAIN, "--out", str(out)], flag, value), flag)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("path", [path for path, declared in OPTIONS.items() if declared.check])
+def test_train_refuses_each_declared_check_naming_the_flag(capsys, tmp_path, no_training, path):
+    """The generated parser runs each field's declared check on its flag before any work (dirichlet: every
+    option applies)."""
+    declared = OPTIONS[path]
+    bad = refused_value(declared.check, tmp_path)
+    with pytest.raises(DpnoiseError) as direct:
+        getattr(checks, declared.check[0])(declared.flag, bad, *declared.check[1:])
+    message = assert_refused(capsys, with_option(with_option(TRAIN, "--mechanism", "dirichlet"), declared.flag,
+                                                  str(bad)), declared.flag)
+    assert message == f"dpnoise train: error: {direct.value}"
+
+
+def test_train_help_explains_every_declared_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = "".join(capsys.readouterr().out.split())  # argparse wraps lines, at hyphens too
+    for declared in OPTIONS.values():
+        assert declared.flag in text
+        for piece in re.split(r"\{\w+\}", declared.help):  # around the registries' text
+            assert "".join(piece.split()) in text, declared.flag
+
+
+def test_train_options_not_given_keep_the_configuration_defaults():
+    from dpnoise.cli.train import configuration_fields
+
+    config = TrainingConfig.from_fields(configuration_fields(build_parser().parse_args(TRAIN)))
+    assert config == TrainingConfig(DataConfig("digits"), MechanismConfig("gaussian", noise=1.0),
+                                    PrivacyTarget(delta=1e-5), Schedule(epochs=1, batch_size=64), model="cnn",
+                                    output=OutputConfig(progress=False), threads=1)
 
 
 @pytest.mark.parametrize("value", BAD_POSITIVE)
@@ -396,8 +441,10 @@ def test_one_line_messages():
 
 
 # --------------------------------------------------------------------------------- lazy imports
-HEAVY = ("torch", "opacus", "matplotlib", "dpnoise.training", "dpnoise.data", "dpnoise.models",
-         "dpnoise.mechanisms")
+#: (the package dpnoise.training loads its names on first use, and its configuration and recipes import no torch:
+#: the train command's parser is built from the configuration's fields)
+HEAVY = ("torch", "opacus", "matplotlib", "dpnoise.training.engine", "dpnoise.training.pipeline", "dpnoise.data",
+         "dpnoise.models", "dpnoise.mechanisms")
 
 
 def heavy_modules_imported_by(code: str) -> str:
@@ -425,13 +472,15 @@ def test_light_choice_lists_match_the_registries():
     from dpnoise.mechanisms import MECHANISMS
     from dpnoise.models import MODELS, TRAINABLE_PARTS
     from dpnoise.training import GRAD_SAMPLE_MODES
-    from dpnoise.training.config import EVAL_SPLITS
 
-    assert train_cli.DATASET_CHOICES == tuple(sorted(DATASETS))
-    assert train_cli.MODEL_CHOICES == tuple(MODELS)
-    assert train_cli.MECHANISM_CHOICES == tuple(sorted(MECHANISMS))
-    assert train_cli.GRAD_SAMPLE_MODE_CHOICES == tuple(GRAD_SAMPLE_MODES)
-    assert set(train_cli.TEXT_MODELS) <= set(MODELS)
-    assert train_cli.TRAINABLE_CHOICES == TRAINABLE_PARTS
-    assert train_cli.EVAL_SPLIT_CHOICES == EVAL_SPLITS
+    assert OPTIONS["data.name"].choices == tuple(sorted(DATASETS))
+    assert OPTIONS["model"].choices == tuple(MODELS)
+    assert OPTIONS["mechanism.name"].choices == tuple(sorted(MECHANISMS))
+    assert OPTIONS["mechanism.grad_sample_mode"].choices == tuple(GRAD_SAMPLE_MODES)
+    assert OPTIONS["trainable"].choices == TRAINABLE_PARTS
+    for path, declared in OPTIONS.items():  # every registry a field names holds its choices
+        if declared.registry is not None:
+            module, _, name = declared.registry.rpartition(".")
+            assert set(declared.choices) == set(getattr(importlib.import_module(module), name)), path
+    assert set(TEXT_MODELS) <= set(MODELS)
     assert audit_cli.GRADIENT_MECHANISMS == [m for m in sorted(MECHANISMS) if MECHANISMS[m].needs_per_sample_gradients]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from dpnoise.cli import train as train_cli
 from dpnoise.cli.main import main
 from dpnoise.errors import DpnoiseError
 from dpnoise.training import (
@@ -26,7 +25,6 @@ from dpnoise.training import (
 )
 from dpnoise.training import config as config_module
 from dpnoise.training.summary import SUMMARY_FIELDS
-from dpnoise.training.recipes import RECIPES
 
 #: a few seconds of training: 512 digits, 8 steps of 64
 TINY = TrainingConfig(
@@ -143,7 +141,7 @@ def test_invalid_config_names_the_field_before_any_work(no_work, path, value, me
 def test_errors_can_name_the_fields_as_a_front_end_does(no_work):
     with pytest.raises(InvalidConfigError) as caught:
         train_private(with_field(TINY, "privacy.calibrate_with", "dirichlet"))
-    flags = caught.value.named(lambda path: train_cli.OPTIONS[path][0])
+    flags = caught.value.named(lambda path: config_module.OPTIONS[path].flag)
     assert flags.startswith("--calibrate-with 'dirichlet' does not apply to --mechanism lap2; choose from")
     neither = with_field(with_field(TINY, "privacy.epsilon", None), "mechanism.noise", None)
     with pytest.raises(InvalidConfigError, match=r"give privacy.epsilon \(calibrate the noise\) or mechanism.noise"):
@@ -181,20 +179,6 @@ def test_the_progress_log_and_the_report_print_each_epsilon_rounded_up(capsys):
     assert set(printed) == set(result.epsilon_by_accountant)
     for name, eps in result.epsilon_by_accountant.items():
         assert eps <= float(printed[name]) <= eps + 1e-4, (name, printed[name], eps)
-
-
-def test_the_command_line_maps_every_field_to_a_flag():
-    paths = set()
-    for section in dataclasses.fields(TrainingConfig):
-        kind = config_module.SECTIONS.get(section.name)
-        paths |= {f"{section.name}.{f.name}" for f in dataclasses.fields(kind)} if kind else {section.name}
-    assert set(train_cli.OPTIONS) == paths
-    assert train_cli.TEXT_MODELS == config_module.TEXT_MODELS
-    assert train_cli.OPTIMIZER_CHOICES == tuple(config_module.DEFAULT_LR)
-    assert train_cli.DEVICE_CHOICES == config_module.DEVICE_CHOICES
-    assert train_cli.NOISE_SHARES_CHOICES == config_module.NOISE_SHARES
-    assert train_cli.LR_SCHEDULE_CHOICES == config_module.LR_SCHEDULES
-    assert train_cli.RECIPE_CHOICES == tuple(RECIPES)
 
 
 def test_config_from_dotted_fields():

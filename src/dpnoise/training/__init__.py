@@ -10,61 +10,58 @@ and the whole pipeline of ``dpnoise train`` as one call, :func:`train_private` (
 Noise units: ``make_private`` takes the noise under the keyword of the mechanism's unit
 (``noise_multiplier`` sigma of C for Gaussian mechanisms, ``laplace_scale`` absolute b for Laplace
 ones, ``concentration`` r for Dirichlet); ``MechanismConfig.noise`` is in that same unit.
+
+The names of ``__all__`` are imported from their modules on first use (PEP 562), so that importing the package, or
+its torch-free modules (the configuration :mod:`dpnoise.training.config`, :mod:`dpnoise.training.recipes`),
+loads no torch: the command line builds its parser from the configuration's fields.
 """
 
-from dpnoise.training.bookkeeping import BookkeepingModule
-from dpnoise.training.checkpoint import load_checkpoint, save_checkpoint
-from dpnoise.training.config import (
-    DataConfig,
-    InvalidConfigError,
-    MechanismConfig,
-    OptimizerConfig,
-    OutputConfig,
-    PrivacyTarget,
-    Schedule,
-    TrainingConfig,
-)
-from dpnoise.training.engine import GRAD_SAMPLE_MODES, PrivacyEngine, PrivacySetup, make_private
-from dpnoise.training.errors import (
-    CheckpointMismatchError,
-    EngineStateError,
-    InvalidTrainingOptionError,
-    PrivacyBudgetExceededError,
-    UnsupportedLayerError,
-)
-from dpnoise.training.loop import StepMetrics, endless_batches, evaluate_accuracy, train_step, train_steps
-from dpnoise.training.optimizers import NoisyGradientOptimizer, OutputPrivateOptimizer
-from dpnoise.training.pipeline import train_private
-from dpnoise.training.summary import TrainingResult
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "BookkeepingModule",
-    "GRAD_SAMPLE_MODES",
-    "CheckpointMismatchError",
-    "DataConfig",
-    "EngineStateError",
-    "InvalidConfigError",
-    "InvalidTrainingOptionError",
-    "MechanismConfig",
-    "NoisyGradientOptimizer",
-    "OptimizerConfig",
-    "OutputConfig",
-    "OutputPrivateOptimizer",
-    "PrivacyBudgetExceededError",
-    "PrivacyEngine",
-    "PrivacySetup",
-    "PrivacyTarget",
-    "Schedule",
-    "StepMetrics",
-    "TrainingConfig",
-    "TrainingResult",
-    "UnsupportedLayerError",
-    "endless_batches",
-    "evaluate_accuracy",
-    "load_checkpoint",
-    "make_private",
-    "save_checkpoint",
-    "train_private",
-    "train_step",
-    "train_steps",
-]
+#: public name -> the module of this package that defines it
+_EXPORTED_FROM = {
+    "BookkeepingModule": "bookkeeping",
+    "load_checkpoint": "checkpoint",
+    "save_checkpoint": "checkpoint",
+    "DataConfig": "config",
+    "InvalidConfigError": "config",
+    "MechanismConfig": "config",
+    "OptimizerConfig": "config",
+    "OutputConfig": "config",
+    "PrivacyTarget": "config",
+    "Schedule": "config",
+    "TrainingConfig": "config",
+    "GRAD_SAMPLE_MODES": "engine",
+    "PrivacyEngine": "engine",
+    "PrivacySetup": "engine",
+    "make_private": "engine",
+    "CheckpointMismatchError": "errors",
+    "EngineStateError": "errors",
+    "InvalidTrainingOptionError": "errors",
+    "PrivacyBudgetExceededError": "errors",
+    "UnsupportedLayerError": "errors",
+    "StepMetrics": "loop",
+    "endless_batches": "loop",
+    "evaluate_accuracy": "loop",
+    "train_step": "loop",
+    "train_steps": "loop",
+    "NoisyGradientOptimizer": "optimizers",
+    "OutputPrivateOptimizer": "optimizers",
+    "train_private": "pipeline",
+    "TrainingResult": "summary",
+}
+
+__all__ = sorted(_EXPORTED_FROM)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTED_FROM:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_EXPORTED_FROM[name]}"), name)
+    globals()[name] = value  # the next use does not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
