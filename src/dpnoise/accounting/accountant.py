@@ -21,7 +21,6 @@ import numpy as np
 
 from dpnoise.accounting.events import (
     ComposedEvent,
-    DirichletEvent,
     DpEvent,
     PoissonSampledEvent,
     SelfComposedEvent,
@@ -86,7 +85,10 @@ class PrivacyAccountant:
     def compose(self, event: DpEvent, count: int = 1) -> "PrivacyAccountant":
         """Record ``count`` repetitions of ``event``; consecutive equal events are merged."""
         count = check_count("count", count, 0)
-        self._check_supported(event)
+        try:
+            self._check_supported(event)
+        except NotImplementedError as err:
+            raise InvalidParameterError(f"accountant {self.name!r} cannot account {event!r}: {err}") from None
         if self._history and self._history[-1][0] == event:
             self._history[-1] = (event, self._history[-1][1] + count)
         elif count:
@@ -118,7 +120,13 @@ class PrivacyAccountant:
         where known; with 2 the default ``dirichlet`` accountant also has its exact two-class PLD
         route (docs/theory/dirichlet.md Sec. 1.3). Give it only if every release has that many classes.
         """
-        event = training_step_event(mechanism or self.spec.mechanism, sample_rate=sample_rate,
+        own, given = self.spec.mechanism, mechanism or self.spec.mechanism
+        if given != own and "outputs" in (get_mechanism_spec(given).perturbs, get_mechanism_spec(own).perturbs):
+            # an output mechanism's release is accounted under replace-one adjacency, a noisy gradient sum under
+            # add/remove: their events (both Gaussian for penultimate-gaussian) cannot share one ledger
+            raise InvalidParameterError(f"accountant {self.name!r} accounts the {own} mechanism, not {given}: an "
+                                        f"output mechanism's steps are accounted by its own accountants only")
+        event = training_step_event(given, sample_rate=sample_rate,
                                     noise_multiplier=noise_multiplier, laplace_scale=laplace_scale,
                                     concentration=concentration, clip=clip, params=params, alpha=alpha,
                                     num_classes=num_classes)
@@ -299,13 +307,14 @@ class PldAccountant(PrivacyAccountant):
             raise InvalidParameterError(f"accountant {name!r} is not a PLD accountant (it is {self.spec.kind})")
 
     def _check_supported(self, event: DpEvent) -> None:
-        """Refuse an event that has no PLD, except a Dirichlet event in a Dirichlet accountant: there
-        is a PLD for two classes only, and the route answers +inf with the reason for the others (so
-        that the minimum it is a route of answers by its other routes)."""
+        """Refuse an event that has no PLD, except an event of this accountant's own mechanism: where
+        its PLD exists for some parameters only (the Dirichlet mechanism's, for two classes), the
+        route answers +inf with the reason for the others (so that the minimum it is a route of
+        answers by its other routes)."""
+        own_events = get_mechanism_spec(self.spec.mechanism).event_type
         for sampled, _ in flat_ledger([(event, 1)]):
             reason = pld_unavailable(sampled.event)
-            answered = isinstance(sampled.event, DirichletEvent) and self.spec.mechanism == "dirichlet"
-            if reason is not None and not answered:
+            if reason is not None and not isinstance(sampled.event, own_events):
                 raise InvalidParameterError(f"accountant {self.name!r}: {reason}")
 
     def _epsilon_and_bound(self, delta: float) -> tuple[float, str]:

@@ -91,6 +91,8 @@ class MechanismSpec:
     #: "gaussian", "laplace" or "dirichlet": the law of the noise.
     noise_distribution: Literal["gaussian", "laplace", "dirichlet"]
     event: EventFactory
+    #: the class of the events ``event`` builds
+    event_type: type
     #: accountants reported side by side, the sound default first (names in ``ACCOUNTANTS``)
     accountants: tuple[str, ...]
     audit_pair: AuditPair
@@ -105,6 +107,9 @@ class MechanismSpec:
     uses_num_classes: bool = False
     #: what the epsilon covers when it is not the trained model (output mechanisms)
     scope: Optional[str] = None
+    #: secure mode's exact integer noise for this mechanism (docs/theory/secure_noise.md); None: no
+    #: secure mode (the output mechanisms draw their noise in the model's forward pass)
+    secure_noise: Optional[Literal["discrete-gaussian", "discrete-laplace"]] = None
 
     @property
     def default_accountant(self) -> str:
@@ -217,7 +222,7 @@ register_mechanism(MechanismSpec(
     name="gaussian",
     description="DP-SGD: per-example L2 clipping to C, Gaussian noise on the sum",
     noise=NOISE_MULTIPLIER, perturbs="gradients", noise_distribution="gaussian", clip_norm_ord=2,
-    event=_gaussian_event,
+    event=_gaussian_event, event_type=GaussianEvent, secure_noise="discrete-gaussian",
     accountants=("gaussian", "gaussian-pld", "gaussian-rdp"),
     audit_pair=AuditPair("gaussian-shift"),
 ))
@@ -225,7 +230,7 @@ register_mechanism(MechanismSpec(
     name="laplace-l1",
     description="Laplace DP-SGD baseline: exact per-example L1 clipping to C, Laplace noise on the sum",
     noise=LAPLACE_SCALE, perturbs="gradients", noise_distribution="laplace", clip_norm_ord=1,
-    event=_laplace_l1_event,
+    event=_laplace_l1_event, event_type=LaplaceEvent, secure_noise="discrete-laplace",
     accountants=("laplace-l1", "laplace-l1-pld", "laplace-l1-rdp"),
     audit_pair=AuditPair("laplace-shift"),
 ))
@@ -233,7 +238,7 @@ register_mechanism(MechanismSpec(
     name="lap2",
     description="Lap2: per-example L2 clipping to C, i.i.d. Laplace noise on the sum",
     noise=LAPLACE_SCALE, perturbs="gradients", noise_distribution="laplace", clip_norm_ord=2,
-    event=_lap2_event, needs_params=True,
+    event=_lap2_event, event_type=Lap2Event, needs_params=True, secure_noise="discrete-laplace",
     accountants=("lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"),
     audit_pair=AuditPair("laplace-spread"),
 ))
@@ -241,7 +246,7 @@ register_mechanism(MechanismSpec(
     name="dirichlet",
     description="Dirichlet output mechanism: p~ ~ Dir(r softmax(z) + alpha), loss -log p~_y",
     noise=CONCENTRATION, perturbs="outputs", noise_distribution="dirichlet",
-    event=_dirichlet_event, uses_alpha=True, uses_num_classes=True,
+    event=_dirichlet_event, event_type=DirichletEvent, uses_alpha=True, uses_num_classes=True,
     accountants=("dirichlet", "dirichlet-release-count", "dirichlet-rdp", "dirichlet-ponnoprat"),
     audit_pair=AuditPair("dirichlet-vertex"),
     scope=OUTPUT_PRIVACY_SCOPE,
@@ -251,7 +256,7 @@ register_mechanism(MechanismSpec(
     description="Penultimate-layer Gaussian (Monir & Ghinita, reconstructed): clip activations to C, "
     "add N(0, sigma^2 C^2)",
     noise=NOISE_MULTIPLIER, perturbs="outputs", noise_distribution="gaussian",
-    event=_penultimate_gaussian_event,
+    event=_penultimate_gaussian_event, event_type=GaussianEvent,
     accountants=("penultimate-gaussian", "penultimate-gaussian-exact", "penultimate-gaussian-replace-one-rdp",
                  "penultimate-gaussian-pld"),
     audit_pair=AuditPair("gaussian-shift", noise_factor=0.5),

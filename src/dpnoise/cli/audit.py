@@ -149,7 +149,7 @@ def check_bound(args: argparse.Namespace) -> list[int] | None:
     checks.optional(checks.check_positive, "--loss-step", args.loss_step)
     check_common(args, statistical=False)
     ks = parse_ks(args.k, args.params) if args.k is not None else None
-    if ACCOUNTANTS[args.mechanism].mechanism == "lap2" and ks is None and args.params is None:
+    if MECHANISMS[ACCOUNTANTS[args.mechanism].mechanism].needs_params and ks is None and args.params is None:
         raise checks.InvalidParameterError(f"--params (or --k) is required for --mechanism {args.mechanism}")
     return ks
 

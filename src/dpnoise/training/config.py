@@ -42,8 +42,9 @@ LR_SCHEDULES = ("constant", "cosine")
 #: the splits a run can be evaluated on ("dev" where the dataset has one: sst2)
 EVAL_SPLITS = ("test", "dev")
 #: the mechanisms secure mode serves (``secure_mode``: exact integer noise from the OS's CSPRNG,
-#: :mod:`dpnoise.mechanisms.secure_noise`): the gradient mechanisms whose noise is added to the clipped sum
-SECURE_MODE_MECHANISMS = ("gaussian", "lap2", "laplace-l1")
+#: :mod:`dpnoise.mechanisms.secure_noise`): the gradient mechanisms whose noise is added to the clipped sum, those
+#: whose MechanismSpec names a secure_noise sampler
+SECURE_MODE_MECHANISMS = tuple(sorted(name for name, spec in MECHANISMS.items() if spec.secure_noise is not None))
 
 #: renders a field's dotted path (``privacy.epsilon``) as a front end names it
 Naming = Callable[[str], str]

@@ -331,7 +331,7 @@ class PrivacyEngine:
             self.planned_steps = steps_from_epochs(epochs, sample_rate)
         if noise is None:
             calibration_target = (target_epsilon, delta)
-            if secure_mode and mech.name == "gaussian":  # the discrete Gaussian's correction must fit too
+            if secure_mode and mech.spec.secure_noise == "discrete-gaussian":  # its correction must fit too
                 calibration_target = discrete_gaussian_budget(target_epsilon, delta, self.planned_steps, params)
             self.calibration = calibrate_training_noise(
                 calibrate_with or primary,
@@ -418,7 +418,7 @@ class PrivacyEngine:
             raise InvalidTrainingOptionError(f"secure_mode must be True or False, got {secure_mode!r}")
         if not secure_mode:
             return
-        if mech.name not in SECURE_MODE_MECHANISMS:
+        if mech.spec.secure_noise is None:
             raise InvalidTrainingOptionError(
                 f"secure_mode serves the gradient mechanisms {', '.join(SECURE_MODE_MECHANISMS)}; {mech.name!r} is "
                 f"not covered (its noise is drawn in the model's forward pass, by torch's generator)")
@@ -442,7 +442,7 @@ class PrivacyEngine:
         bound covers all of them), after checking that every trainable dtype holds its grid."""
         setup = self.setup
         try:
-            if self.mechanism.name == "gaussian":
+            if self.mechanism.spec.secure_noise == "discrete-gaussian":
                 plan = plan_discrete_gaussian(setup.noise, setup.clip, setup.params)
             else:
                 plan = plan_discrete_laplace(setup.noise, setup.clip, setup.params, self.mechanism.clip_norm_ord)

@@ -27,6 +27,7 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Optional
 
+from dpnoise.accounting.mechanisms import get_mechanism_spec
 from dpnoise.formatting import decimals
 from dpnoise.training.config import CHECKPOINT_NAME, InvalidConfigError, TrainingConfig, check_config
 from dpnoise.training.preparation import (
@@ -162,7 +163,7 @@ def make_private(
         model, optimizer, loader,
         mechanism=mechanism.name, delta=privacy.delta, **noise_keywords(mechanism.name, mechanism.noise),
         target_epsilon=privacy.epsilon, epochs=config.schedule.epochs, max_grad_norm=mechanism.clip,
-        alpha=mechanism.alpha if mechanism.name == "dirichlet" else None,
+        alpha=mechanism.alpha if get_mechanism_spec(mechanism.name).uses_alpha else None,
         accountant=privacy.accountant, calibrate_with=privacy.calibrate_with, on_budget_exhausted="stop",
         grad_sample_mode=mechanism.grad_sample_mode, device=device, noise_shares=mechanism.noise_shares,
         max_physical_batch_size=config.schedule.physical_batch_size, data_releases=releases,

@@ -106,7 +106,8 @@ def event_rdp(event: DpEvent, orders: np.ndarray, methods: AccountingMethods) ->
     key = tuple(float(a) for a in np.asarray(orders, dtype=float))
     if isinstance(event, PoissonSampledEvent):
         if type(event.event) not in _RDP_FUNCTIONS:
-            raise NotImplementedError("Poisson sampling is supported around a single mechanism only")
+            raise NotImplementedError(f"no RDP accountant registered for {type(event.event).__name__} (Poisson "
+                                      f"sampling is accounted around a single mechanism event)")
         return _mechanism_rdp(event.event, event.sampling_probability, key, methods)
     if isinstance(event, SelfComposedEvent):
         if event.count == 0:
