@@ -1,0 +1,256 @@
+"""A run's privacy, resolved without torch: the options in; the step's DP event, the accountants, the
+planned steps and the budget out.
+
+``make_private`` is two halves.  This module is the first: :class:`PrivacyOptions` (frozen, keyword-only,
+checked when built: every error names its option) and :func:`resolve`, a pure function of the options
+and two facts about the data and the model (the sample rate q and the number n of trained parameters)
+that returns the :class:`PrivacyPlan`: the setup a checkpoint must match, the DP event of one step, the
+noise (given, or calibrated to the target), the planned steps and the most steps within the budget.
+The second half, :class:`~dpnoise.training.engine.PrivacyEngine`, is the torch side: the Poisson
+loader that gives q, the per-example gradients, the noise and the optimizer, which compose the plan's
+step event into the accountants at every step.
+
+    plan = resolve(PrivacyOptions(mechanism="lap2", delta=1e-5, target_epsilon=1.0, epochs=2),
+                   sample_rate=256 / 60000, params=26010)
+    plan.setup.noise, plan.step_event, plan.max_steps
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
+
+from dpnoise.accounting import (
+    ACCOUNTANTS,
+    CalibrationResult,
+    UnsoundAccountantWarning,
+    accountant_holding,
+    accountants_for_mechanism,
+    epsilon_of_events,
+    get_mechanism_spec,
+    steps_from_epochs,
+    training_step_event,
+)
+from dpnoise.accounting.events import (EVENT_TYPES, ComposedEvent, DpEvent, PoissonSampledEvent, SelfComposedEvent,
+                                      event_to_dict)
+from dpnoise.accounting.secure_noise import discrete_gaussian_budget, discrete_gaussian_epsilon
+from dpnoise.accounting.validation import InvalidParameterError, check_delta, check_positive, check_sample_rate
+from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
+from dpnoise.training.errors import InvalidTrainingOptionError, PrivacyBudgetExceededError
+from dpnoise.training.step_ledger import BudgetPolicy
+
+
+@dataclass(frozen=True)
+class PrivacySetup:
+    """The privacy options of a run, fixed at ``make_private`` (what a checkpoint must match); the
+    accountants are told :attr:`PrivacyPlan.step_event`, built from them once."""
+
+    mechanism: str
+    noise: float
+    clip: float
+    sample_rate: float
+    params: int
+    alpha: Optional[float]
+    delta: float
+    target_epsilon: Optional[float]
+    accountant: str
+    accountants: tuple[str, ...]
+    #: releases of the training data composed before the first step (``event_to_dict`` of each)
+    data_releases: tuple[dict[str, Any], ...] = ()
+    #: secure mode: exact integer noise on a grid (the Gaussian's epsilons carry its correction)
+    secure_mode: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrivacyOptions:
+    """The privacy options of ``make_private`` (same names and meaning), checked when built.
+
+    ``noise`` is in the mechanism's unit (``make_private`` takes it under the unit's keyword:
+    ``noise_multiplier``, ``laplace_scale`` or ``concentration``); None: calibrated from
+    ``target_epsilon`` and ``epochs``.  ``alpha`` defaults to 1.0 for a mechanism that takes it.
+    ``primary`` and ``accountants`` are derived: the primary accountant (``accountant``, else the
+    mechanism's default) and every accountant the run records, the primary first.
+    """
+
+    mechanism: str
+    delta: float
+    noise: Optional[float] = None
+    target_epsilon: Optional[float] = None
+    epochs: Optional[float] = None
+    max_grad_norm: float = 1.0
+    alpha: Optional[float] = None
+    accountant: Optional[str] = None
+    calibrate_with: Optional[str] = None
+    data_releases: tuple[DpEvent, ...] = ()
+    on_budget_exhausted: BudgetPolicy = "raise"
+    secure_mode: bool = False
+    primary: str = field(init=False)
+    accountants: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        spec = get_mechanism_spec(self.mechanism)
+        checked = dict(delta=check_delta("delta", self.delta),
+                       max_grad_norm=check_positive("max_grad_norm", self.max_grad_norm))
+        noise_keyword = spec.noise.keyword
+        if self.noise is not None:
+            checked["noise"] = check_positive(noise_keyword, self.noise)
+        if self.target_epsilon is not None:
+            checked["target_epsilon"] = check_positive("target_epsilon", self.target_epsilon)
+        if self.epochs is not None:
+            checked["epochs"] = check_positive("epochs", self.epochs)
+        if self.noise is None and (self.target_epsilon is None or self.epochs is None):
+            raise InvalidTrainingOptionError(
+                f"give either {noise_keyword}=, or target_epsilon= and epochs= to calibrate it")
+        if spec.uses_alpha:
+            checked["alpha"] = 1.0 if self.alpha is None else check_positive("alpha", self.alpha)
+        elif self.alpha is not None:
+            raise InvalidTrainingOptionError(f"alpha is a Dirichlet parameter; mechanism {self.mechanism!r} does not "
+                                             f"take it")
+        if self.on_budget_exhausted not in ("raise", "stop"):
+            raise InvalidTrainingOptionError(
+                f"on_budget_exhausted must be 'raise' or 'stop', got {self.on_budget_exhausted!r}")
+        if not isinstance(self.secure_mode, bool):
+            raise InvalidTrainingOptionError(f"secure_mode must be True or False, got {self.secure_mode!r}")
+        primary, accountants = chosen_accountants(self.mechanism, self.accountant, self.calibrate_with)
+        checked.update(primary=primary, accountants=accountants,
+                       data_releases=checked_releases(self.data_releases, self.mechanism, accountants))
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+
+def chosen_accountants(mechanism: str, accountant: Optional[str], calibrate_with: Optional[str]
+                       ) -> tuple[str, tuple[str, ...]]:
+    """(primary accountant, all recorded accountants, the primary first); warns about unsound choices."""
+    recorded = accountants_for_mechanism(mechanism)
+    applicable = accountants_for_mechanism(mechanism, include_options=True)
+    for name in (accountant, calibrate_with):
+        if name is not None and name not in applicable:
+            raise InvalidTrainingOptionError(
+                f"accountant {name!r} does not apply to mechanism {mechanism!r}; choose from {', '.join(applicable)}")
+        if name is not None and not ACCOUNTANTS[name].sound:
+            warnings.warn(ACCOUNTANTS[name].warning, UnsoundAccountantWarning, stacklevel=5)
+    primary = accountant or recorded[0]
+    return primary, tuple(dict.fromkeys([primary, *recorded]))
+
+
+def checked_releases(data_releases: Any, mechanism: str, accountants: tuple[str, ...]) -> tuple[DpEvent, ...]:
+    """``data_releases`` as a tuple, after checking that they are DP events every accountant can compose."""
+    if not isinstance(data_releases, (list, tuple)):
+        raise InvalidTrainingOptionError(f"data_releases must be a list or tuple of DP events, got "
+                                         f"{type(data_releases).__name__}")
+    releases = tuple(data_releases)
+    if releases and get_mechanism_spec(mechanism).scope is not None:
+        raise InvalidTrainingOptionError(f"data_releases are accounted for gradient mechanisms only; {mechanism!r} "
+                                         f"is an output mechanism (its epsilon covers its outputs)")
+    for release in releases:
+        if not isinstance(release, tuple(EVENT_TYPES.values())) or holds_sampling(release):
+            raise InvalidTrainingOptionError(f"data_releases must be DP events of the whole data set (no "
+                                             f"Poisson sampling: the mechanism's event itself, not a "
+                                             f"PoissonSampledEvent, which is a training step), got {release!r}")
+        for name in accountants:
+            try:
+                accountant_holding(name, (release,))
+            except (InvalidParameterError, NotImplementedError) as err:
+                raise InvalidTrainingOptionError(f"data_releases: accountant {name!r} cannot account "
+                                                 f"{release!r}: {err}") from None
+    return releases
+
+
+def holds_sampling(event: DpEvent) -> bool:
+    """Whether ``event`` is or contains a ``PoissonSampledEvent`` (a training step, not a data release)."""
+    if isinstance(event, PoissonSampledEvent):
+        return True
+    if isinstance(event, SelfComposedEvent):
+        return holds_sampling(event.event)
+    if isinstance(event, ComposedEvent):
+        return any(holds_sampling(inner) for inner in event.events)
+    return False
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """What :func:`resolve` decides: everything about a run's privacy that torch plays no part in."""
+
+    setup: PrivacySetup
+    #: the DP event of one training step (every accountant composes it at every step)
+    step_event: PoissonSampledEvent
+    releases: tuple[DpEvent, ...]
+    #: ceil(epochs / q), the steps the calibration assumed (None without epochs)
+    planned_steps: Optional[int]
+    #: the calibration that chose the noise (None: the noise was given)
+    calibration: Optional[CalibrationResult]
+    #: the most steps within the target budget (None: no target)
+    max_steps: Optional[int]
+    on_budget_exhausted: BudgetPolicy
+
+    def reported_epsilon(self, epsilon_at: Callable[[float], float], delta: float, steps: int) -> float:
+        """The epsilon reported at ``delta`` after ``steps`` steps, from an accountant's epsilon(delta)
+        ``epsilon_at``: its value, or in secure mode with the discrete Gaussian, its bound
+        (docs/theory/secure_noise.md Theorem 3.3), which every reported epsilon and the budget use."""
+        if not _discrete_gaussian(self.setup.mechanism, self.setup.secure_mode):
+            return float(epsilon_at(delta))
+        return discrete_gaussian_epsilon(epsilon_at, delta, steps, self.setup.params)
+
+
+def _discrete_gaussian(mechanism: str, secure_mode: bool) -> bool:
+    return secure_mode and get_mechanism_spec(mechanism).secure_noise == "discrete-gaussian"
+
+
+def check_step_count(epochs: Optional[float], sample_rate: float) -> None:
+    """Refuse ``epochs`` whose step count epochs / q overflows (naming ``epochs``)."""
+    if epochs is not None and not math.isfinite(epochs / sample_rate):
+        raise InvalidTrainingOptionError(f"epochs={epochs:g} at sample rate {sample_rate:g} is an unbounded number "
+                                         f"of steps")
+
+
+def resolve(options: PrivacyOptions, *, sample_rate: float, params: int) -> PrivacyPlan:
+    """The run's :class:`PrivacyPlan` at sample rate ``sample_rate`` with ``params`` trained parameters.
+
+    The noise is ``options.noise``, or the smallest one whose epsilon after the planned steps (and the
+    data releases) meets the target under ``calibrate_with`` (default: the primary accountant); the
+    budget is the most steps whose reported epsilon stays within the target under the primary.
+    Raises :class:`PrivacyBudgetExceededError` when not even one step fits, and
+    ``UnreachableTargetError`` when no noise meets the target.
+    """
+    sample_rate = check_sample_rate("sample_rate", sample_rate)
+    check_step_count(options.epochs, sample_rate)
+    planned_steps = None if options.epochs is None else steps_from_epochs(options.epochs, sample_rate)
+    noise, calibration = options.noise, None
+    if noise is None:
+        target = (options.target_epsilon, options.delta)
+        if _discrete_gaussian(options.mechanism, options.secure_mode):  # its correction must fit too
+            target = discrete_gaussian_budget(options.target_epsilon, options.delta, planned_steps, params)
+        calibration = calibrate_training_noise(
+            options.calibrate_with or options.primary, target_epsilon=target[0], delta=target[1],
+            sample_rate=sample_rate, steps=planned_steps, clip=options.max_grad_norm, params=params,
+            alpha=options.alpha, releases=options.data_releases)
+        noise = calibration.noise
+    setup = PrivacySetup(
+        mechanism=options.mechanism, noise=float(noise), clip=float(options.max_grad_norm),
+        sample_rate=float(sample_rate), params=params, alpha=options.alpha, delta=float(options.delta),
+        target_epsilon=options.target_epsilon, accountant=options.primary, accountants=options.accountants,
+        data_releases=tuple(event_to_dict(release) for release in options.data_releases),
+        secure_mode=options.secure_mode,
+    )
+    step_event = training_step_event(options.mechanism, sample_rate=sample_rate, clip=options.max_grad_norm,
+                                     params=params, alpha=options.alpha,
+                                     **{get_mechanism_spec(options.mechanism).noise.keyword: noise})
+    plan = PrivacyPlan(setup, step_event, options.data_releases, planned_steps, calibration, None,
+                       options.on_budget_exhausted)
+    if options.target_epsilon is None:
+        return plan
+    max_steps = steps_within_budget(options.primary, step_event, options.target_epsilon, options.delta,
+                                    options.data_releases, start=planned_steps or 1, report=plan.reported_epsilon)
+    if max_steps == 0:
+        spent = ""
+        if options.data_releases:
+            alone = plan.reported_epsilon(lambda d: epsilon_of_events(options.primary, step_event, steps=0, delta=d,
+                                                                      releases=options.data_releases),
+                                          options.delta, 0)
+            spent = f"; the data_releases alone cost {alone:.4g}"
+        raise PrivacyBudgetExceededError(
+            f"epsilon {options.target_epsilon} is below what even one step costs with noise {noise} "
+            f"(accountant {options.primary}, delta {options.delta}{spent}); increase the budget or the noise")
+    return replace(plan, max_steps=max_steps)
