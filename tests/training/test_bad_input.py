@@ -81,7 +81,7 @@ def no_work(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("make_private did work before checking its arguments")
 
-    monkeypatch.setattr(engine_module, "calibrate_training_noise", forbidden)
+    monkeypatch.setattr(engine_module, "resolve", forbidden)
     monkeypatch.setattr(engine_module, "GradSampleModule", forbidden)
     monkeypatch.setattr(engine_module, "BookkeepingModule", forbidden)
     monkeypatch.setattr(engine_module, "poisson_loader", forbidden)

@@ -2,10 +2,11 @@
 
 import pytest
 
-from dpnoise.accounting import epsilon_after
+from dpnoise.accounting import epsilon_after, training_step_event
 from dpnoise.training.calibration import steps_within_budget
 
 ARGUMENTS = dict(mechanism="gaussian", sample_rate=0.01, noise_multiplier=1.1, clip=1.0, params=10)
+STEP = training_step_event(**ARGUMENTS)
 
 
 def fits(steps: int, target: float) -> bool:
@@ -14,11 +15,11 @@ def fits(steps: int, target: float) -> bool:
 
 @pytest.mark.parametrize("start", [1, 137, 500, 911, 5000, 2**41])
 def test_the_budget_is_the_same_largest_step_count_from_any_start(start):
-    budget = steps_within_budget("gaussian-rdp", ARGUMENTS, 2.0, 1e-5, start=start)
-    assert budget == steps_within_budget("gaussian-rdp", ARGUMENTS, 2.0, 1e-5)
+    budget = steps_within_budget("gaussian-rdp", STEP, 2.0, 1e-5, start=start)
+    assert budget == steps_within_budget("gaussian-rdp", STEP, 2.0, 1e-5)
     assert 100 < budget < 5000 and fits(budget, 2.0) and not fits(budget + 1, 2.0)
 
 
 def test_a_budget_below_one_step_is_zero_from_any_start():
     for start in (1, 50):
-        assert steps_within_budget("gaussian-rdp", ARGUMENTS, 1e-3, 1e-5, start=start) == 0
+        assert steps_within_budget("gaussian-rdp", STEP, 1e-3, 1e-5, start=start) == 0

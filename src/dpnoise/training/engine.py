@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Literal, Optional, Sequence
+from dataclasses import asdict
+from typing import Any, Literal, Optional, Sequence
 
 import numpy as np
 import torch
@@ -33,23 +33,16 @@ from dpnoise.accounting import (
     PrivacyAccountant,
     UnsoundAccountantWarning,
     accountant_holding,
-    accountants_for_mechanism,
     get_accountant,
     noise_from_keywords,
-    noise_keywords,
-    steps_from_epochs,
-    training_step_event,
 )
-from dpnoise.accounting.events import (EVENT_TYPES, ComposedEvent, DpEvent, PoissonSampledEvent, SelfComposedEvent,
-                                      event_to_dict)
-from dpnoise.accounting.secure_noise import (DiscreteGaussianPlan, discrete_gaussian_budget, discrete_gaussian_epsilon,
-                                             plan_discrete_gaussian, plan_discrete_laplace)
-from dpnoise.accounting.validation import InvalidParameterError, check_count, check_delta, check_positive, check_sample_rate
+from dpnoise.accounting.events import DpEvent, PoissonSampledEvent, event_to_dict
+from dpnoise.accounting.secure_noise import DiscreteGaussianPlan, plan_discrete_gaussian, plan_discrete_laplace
+from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.secure_noise import Plan
 from dpnoise.training.batches import check_batch_format
 from dpnoise.training.bookkeeping import BookkeepingModule, broadcast_inputs_over_batch, unsupported_bookkeeping_layers
-from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
 from dpnoise.training.config import NOISE_SHARES, SECURE_MODE_MECHANISMS
 from dpnoise.training.devices import DeviceLike, module_device, module_float_dtype, resolve_device, seeded_generator
 from dpnoise.training.distributed import RankGroup, current_group, generator_seeds
@@ -64,7 +57,6 @@ from dpnoise.training.errors import (
     CheckpointMismatchError,
     EngineStateError,
     InvalidTrainingOptionError,
-    PrivacyBudgetExceededError,
 )
 from dpnoise.training.optimizers import (
     DistributedNoisyGradientOptimizer,
@@ -72,6 +64,7 @@ from dpnoise.training.optimizers import (
     NoisyGradientOptimizer,
     OutputPrivateOptimizer,
 )
+from dpnoise.training.privacy_plan import PrivacyOptions, PrivacyPlan, PrivacySetup, check_step_count, resolve
 from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
 from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
 from dpnoise.training.validation import check_optimizer_trains, check_supported_layers, check_training_mode
@@ -80,27 +73,6 @@ logger = logging.getLogger(__name__)
 
 GradSampleMode = Literal["auto", "bookkeeping", "hooks"]
 GRAD_SAMPLE_MODES: tuple[str, ...] = ("auto", "bookkeeping", "hooks")
-
-
-@dataclass(frozen=True)
-class PrivacySetup:
-    """The privacy options of a run, fixed at ``make_private`` (what a checkpoint must match); the
-    accountants are told :attr:`PrivacyEngine.step_event`, built from them once."""
-
-    mechanism: str
-    noise: float
-    clip: float
-    sample_rate: float
-    params: int
-    alpha: Optional[float]
-    delta: float
-    target_epsilon: Optional[float]
-    accountant: str
-    accountants: tuple[str, ...]
-    #: releases of the training data composed before the first step (``event_to_dict`` of each)
-    data_releases: tuple[dict[str, Any], ...] = ()
-    #: secure mode: exact integer noise on a grid (the Gaussian's epsilons carry its correction)
-    secure_mode: bool = False
 
 
 def count_trainable_parameters(module: nn.Module) -> int:
@@ -147,6 +119,8 @@ class PrivacyEngine:
         self.setup: Optional[PrivacySetup] = None
         self.mechanism: Optional[Mechanism] = None
         self.accountants: dict[str, PrivacyAccountant] = {}
+        #: the run's privacy as resolved by make_private (setup, step event, calibration, budget)
+        self.plan: Optional[PrivacyPlan] = None
         #: the run's step accounting (step event, counter, budget), which the optimizers are given
         self.ledger: Optional[StepLedger] = None
         #: releases of the training data composed into every accountant before the first step
@@ -270,9 +244,6 @@ class PrivacyEngine:
         if self.setup is not None:
             raise EngineStateError("this PrivacyEngine already made a model private; create a new one")
         check_optimizer_trains(module, optimizer)
-        if on_budget_exhausted not in ("raise", "stop"):
-            raise InvalidTrainingOptionError(
-                f"on_budget_exhausted must be 'raise' or 'stop', got {on_budget_exhausted!r}")
         if grad_sample_mode not in GRAD_SAMPLE_MODES:
             raise InvalidTrainingOptionError(
                 f"grad_sample_mode must be one of {', '.join(GRAD_SAMPLE_MODES)}, got {grad_sample_mode!r}")
@@ -290,33 +261,22 @@ class PrivacyEngine:
             raise InvalidTrainingOptionError("poisson_sampling=False (shuffled batches, not covered by the "
                                              "accountants) is only available in one process on the CPU")
         mech = get_mechanism(mechanism)
-        delta = check_delta("delta", delta)
-        max_grad_norm = check_positive("max_grad_norm", max_grad_norm)
-        noise_keyword = mech.spec.noise.keyword
-        noise = noise_from_keywords(mech.name, required=False, noise_multiplier=noise_multiplier,
-                                    laplace_scale=laplace_scale, concentration=concentration)
-        noise = None if noise is None else check_positive(noise_keyword, noise)
-        target_epsilon = None if target_epsilon is None else check_positive("target_epsilon", target_epsilon)
-        epochs = None if epochs is None else check_positive("epochs", epochs)
-        if noise is None and (target_epsilon is None or epochs is None):
-            raise InvalidTrainingOptionError(
-                f"give either {noise_keyword}=, or target_epsilon= and epochs= to calibrate it")
-        if mech.spec.uses_alpha:
-            alpha = 1.0 if alpha is None else check_positive("alpha", alpha)
-        elif alpha is not None:
-            raise InvalidTrainingOptionError(f"alpha is a Dirichlet parameter; mechanism {mech.name!r} does not take it")
+        options = PrivacyOptions(
+            mechanism=mechanism, delta=delta, target_epsilon=target_epsilon, epochs=epochs, max_grad_norm=max_grad_norm,
+            alpha=alpha, accountant=accountant, calibrate_with=calibrate_with, data_releases=data_releases,
+            on_budget_exhausted=on_budget_exhausted, secure_mode=secure_mode,
+            noise=noise_from_keywords(mechanism, required=False, noise_multiplier=noise_multiplier,
+                                      laplace_scale=laplace_scale, concentration=concentration),
+        )
         if data_loader.batch_size is None:
             raise InvalidTrainingOptionError("the data loader needs a batch_size (the expected batch size)")
         if len(data_loader.dataset) == 0:
             raise InvalidTrainingOptionError("the data loader's dataset is empty")
-        rate = check_sample_rate("data_loader.batch_size / len(dataset)", data_loader.batch_size / len(data_loader.dataset))
-        if epochs is not None and not np.isfinite(epochs / rate):
-            raise InvalidTrainingOptionError(f"epochs={epochs:g} at sample rate {rate:g} is an unbounded number of steps")
+        check_step_count(options.epochs, check_sample_rate("data_loader.batch_size / len(dataset)",
+                                                           data_loader.batch_size / len(data_loader.dataset)))
         check_batch_format(data_loader, perturbs_gradients=mech.needs_per_sample_gradients)
         check_training_mode(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
-        primary, accountant_names = self._choose_accountants(mech, accountant, calibrate_with)
-        releases = self._check_releases(data_releases, mech, accountant_names)
         self._check_secure_mode(secure_mode, mech, group, poisson_sampling, module)
 
         module.to(device)
@@ -326,96 +286,28 @@ class PrivacyEngine:
         private_loader = self._private_loader(data_loader, poisson_sampling, float_dtype=module_float_dtype(module),
                                               max_physical_batch_size=max_physical_batch_size)
         sample_rate = self._sample_rate(private_loader, data_loader)
-        params = count_trainable_parameters(module)
-        if epochs is not None:
-            self.planned_steps = steps_from_epochs(epochs, sample_rate)
-        if noise is None:
-            calibration_target = (target_epsilon, delta)
-            if secure_mode and mech.spec.secure_noise == "discrete-gaussian":  # its correction must fit too
-                calibration_target = discrete_gaussian_budget(target_epsilon, delta, self.planned_steps, params)
-            self.calibration = calibrate_training_noise(
-                calibrate_with or primary,
-                target_epsilon=calibration_target[0],
-                delta=calibration_target[1],
-                sample_rate=sample_rate,
-                steps=self.planned_steps,
-                clip=max_grad_norm,
-                params=params,
-                alpha=alpha,
-                releases=releases,
-            )
-            noise = self.calibration.noise
-        self.mechanism = mech
-        self.setup = PrivacySetup(
-            mechanism=mech.name,
-            noise=float(noise),
-            clip=float(max_grad_norm),
-            sample_rate=float(sample_rate),
-            params=params,
-            alpha=alpha,
-            delta=float(delta),
-            target_epsilon=target_epsilon,
-            accountant=primary,
-            accountants=accountant_names,
-            data_releases=tuple(event_to_dict(release) for release in releases),
-            secure_mode=secure_mode,
-        )
+        self.plan = resolve(options, sample_rate=sample_rate, params=count_trainable_parameters(module))
+        self.mechanism, self.setup = mech, self.plan.setup
+        self.planned_steps, self.calibration, self.data_releases = (self.plan.planned_steps, self.plan.calibration,
+                                                                    self.plan.releases)
         if secure_mode:
             self.secure_plan = self._secure_noise_plan(module)
         if group is not None:
             group.check_same_setup({**asdict(self.setup), "noise_shares": noise_shares, "seed": self.seed})
             group.broadcast_module(module)
-        self.data_releases = releases
-        step_event = training_step_event(mech.name, sample_rate=sample_rate, clip=max_grad_norm, params=params,
-                                         alpha=alpha, **noise_keywords(mech.name, noise))
-        self.accountants = {name: accountant_holding(name, releases) for name in accountant_names}
-        max_steps = None
-        if target_epsilon is not None:
-            max_steps = steps_within_budget(primary, step_event, target_epsilon, delta, releases,
-                                            start=self.planned_steps or 1, report=self._reported_epsilon)
-            if max_steps == 0:
-                spent = f"; the data_releases alone cost {self.get_epsilon():.4g}" if releases else ""
-                raise PrivacyBudgetExceededError(
-                    f"epsilon {target_epsilon} is below what even one step costs with noise {noise} "
-                    f"(accountant {primary}, delta {delta}{spent}); increase the budget or the noise"
-                )
-        self.ledger = StepLedger(step_event, self.accountants, max_steps, on_budget_exhausted,
-                                 budget=f"epsilon={target_epsilon} (delta={delta}, accountant {primary})")
+        self.accountants = {name: accountant_holding(name, self.data_releases) for name in self.setup.accountants}
+        self.ledger = StepLedger(self.plan.step_event, self.accountants, self.plan.max_steps, on_budget_exhausted,
+                                 budget=f"epsilon={target_epsilon} (delta={self.setup.delta}, accountant "
+                                        f"{self.setup.accountant})")
         private_module, private_optimizer = self._wrap(
             module, optimizer, expected_batch_size=sample_rate * len(data_loader.dataset),
             grad_sample_mode=grad_sample_mode, noise_shares=noise_shares,
         )
         return private_module, private_optimizer, private_loader
 
-    @staticmethod
-    def _check_releases(data_releases: Sequence[DpEvent], mech: Mechanism,
-                        accountant_names: tuple[str, ...]) -> tuple[DpEvent, ...]:
-        """``data_releases`` as a tuple, after checking that they are DP events every accountant can compose."""
-        if not isinstance(data_releases, (list, tuple)):
-            raise InvalidTrainingOptionError(f"data_releases must be a list or tuple of DP events, got "
-                                             f"{type(data_releases).__name__}")
-        releases = tuple(data_releases)
-        if releases and mech.spec.scope is not None:
-            raise InvalidTrainingOptionError(f"data_releases are accounted for gradient mechanisms only; {mech.name!r} "
-                                             f"is an output mechanism (its epsilon covers its outputs)")
-        for release in releases:
-            if not isinstance(release, tuple(EVENT_TYPES.values())) or _holds_sampling(release):
-                raise InvalidTrainingOptionError(f"data_releases must be DP events of the whole data set (no "
-                                                 f"Poisson sampling: the mechanism's event itself, not a "
-                                                 f"PoissonSampledEvent, which is a training step), got {release!r}")
-            for name in accountant_names:
-                try:
-                    accountant_holding(name, (release,))
-                except (InvalidParameterError, NotImplementedError) as err:
-                    raise InvalidTrainingOptionError(f"data_releases: accountant {name!r} cannot account "
-                                                     f"{release!r}: {err}") from None
-        return releases
-
     def _check_secure_mode(self, secure_mode: bool, mech: Mechanism, group: Optional[RankGroup],
                            poisson_sampling: bool, module: nn.Module) -> None:
         """Refuse ``secure_mode`` where it does not hold (before any work)."""
-        if not isinstance(secure_mode, bool):
-            raise InvalidTrainingOptionError(f"secure_mode must be True or False, got {secure_mode!r}")
         if not secure_mode:
             return
         if mech.spec.secure_noise is None:
@@ -506,24 +398,6 @@ class PrivacyEngine:
         else:  # in place: the sampler and the optimizer hold these generators
             self.noise_generator.manual_seed(noise_seed)
             self.sampling_generator.manual_seed(sampling_seed)
-
-    @staticmethod
-    def _choose_accountants(
-        mech: Mechanism, accountant: Optional[str], calibrate_with: Optional[str]
-    ) -> tuple[str, tuple[str, ...]]:
-        """(primary accountant, all recorded accountants); warns about unsound choices."""
-        recorded = accountants_for_mechanism(mech.name)
-        applicable = accountants_for_mechanism(mech.name, include_options=True)
-        for name in (accountant, calibrate_with):
-            if name is not None and name not in applicable:
-                raise InvalidTrainingOptionError(
-                    f"accountant {name!r} does not apply to mechanism {mech.name!r}; "
-                    f"choose from {', '.join(applicable)}"
-                )
-            if name is not None and not ACCOUNTANTS[name].sound:
-                warnings.warn(ACCOUNTANTS[name].warning, UnsoundAccountantWarning, stacklevel=3)
-        primary = accountant or recorded[0]
-        return primary, tuple(dict.fromkeys([primary, *recorded]))
 
     def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool, float_dtype: Optional[torch.dtype],
                         max_physical_batch_size: Optional[int]) -> DeviceDataLoader:
@@ -643,17 +517,9 @@ class PrivacyEngine:
         """The primary accountant (budget enforcement and :meth:`get_epsilon`)."""
         return self.accountants[self.setup.accountant]
 
-    def _reported_epsilon(self, epsilon_at: Callable[[float], float], delta: float, steps: int) -> float:
-        """The epsilon reported at ``delta`` after ``steps`` steps, from an accountant's epsilon(delta)
-        ``epsilon_at``: its value, or in secure mode with the Gaussian, the discrete Gaussian's bound
-        (docs/theory/secure_noise.md Theorem 3.3), which every reported epsilon and the budget use."""
-        if not isinstance(self.secure_plan, DiscreteGaussianPlan):
-            return float(epsilon_at(delta))
-        return discrete_gaussian_epsilon(epsilon_at, delta, steps, self.secure_plan.rounding.coordinates)
-
     def get_epsilon(self, delta: Optional[float] = None) -> float:
         """Epsilon so far under the primary accountant (at ``delta``, default the target delta)."""
-        return self._reported_epsilon(self.accountant.get_epsilon, self.setup.delta if delta is None else delta,
+        return self.plan.reported_epsilon(self.accountant.get_epsilon, self.setup.delta if delta is None else delta,
                                       self.steps)
 
     def get_quick_epsilon(self, delta: Optional[float] = None) -> float:
@@ -662,7 +528,7 @@ class PrivacyEngine:
         Equal to it for RDP accountants; for the default minimum accountants it uses their RDP
         routes only (see ``PrivacyAccountant.get_quick_epsilon``).
         """
-        return self._reported_epsilon(self.accountant.get_quick_epsilon, self.setup.delta if delta is None else delta,
+        return self.plan.reported_epsilon(self.accountant.get_quick_epsilon, self.setup.delta if delta is None else delta,
                                       self.steps)
 
     def epsilon_by_accountant(self, delta: Optional[float] = None) -> dict[str, float]:
@@ -678,7 +544,7 @@ class PrivacyEngine:
             with warnings.catch_warnings():
                 if name != self.setup.accountant:
                     warnings.simplefilter("ignore", UnsoundAccountantWarning)
-                by_accountant[name] = self._reported_epsilon(acc.get_epsilon, delta, self.steps)
+                by_accountant[name] = self.plan.reported_epsilon(acc.get_epsilon, delta, self.steps)
         return by_accountant
 
     @property
@@ -852,17 +718,6 @@ def make_private(
     private_module, private_optimizer, private_loader = engine.make_private(module, optimizer, data_loader, **options)
     private_optimizer.privacy_engine = engine
     return private_module, private_optimizer, private_loader
-
-
-def _holds_sampling(event: DpEvent) -> bool:
-    """Whether a :class:`PoissonSampledEvent` occurs anywhere in ``event`` (at any sampling probability)."""
-    if isinstance(event, PoissonSampledEvent):
-        return True
-    if isinstance(event, SelfComposedEvent):
-        return _holds_sampling(event.event)
-    if isinstance(event, ComposedEvent):
-        return any(_holds_sampling(inner) for inner in event.events)
-    return False
 
 
 # --------------------------------------------------------------------------------- state checks
