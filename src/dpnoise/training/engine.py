@@ -116,17 +116,12 @@ class PrivacyEngine:
         #: the run's device and, in a process group of K > 1 ranks, this rank's place in it
         self.device: Optional[torch.device] = None
         self.group: Optional[RankGroup] = None
-        self.setup: Optional[PrivacySetup] = None
         self.mechanism: Optional[Mechanism] = None
         self.accountants: dict[str, PrivacyAccountant] = {}
         #: the run's privacy as resolved by make_private (setup, step event, calibration, budget)
         self.plan: Optional[PrivacyPlan] = None
         #: the run's step accounting (step event, counter, budget), which the optimizers are given
         self.ledger: Optional[StepLedger] = None
-        #: releases of the training data composed into every accountant before the first step
-        self.data_releases: tuple[DpEvent, ...] = ()
-        self.planned_steps: Optional[int] = None
-        self.calibration: Optional[CalibrationResult] = None
         #: per-example gradient source in use ("bookkeeping" or "hooks"; None for output mechanisms)
         self.grad_sample_mode: Optional[str] = None
         #: which physical batch ends a logical (Poisson) batch (set by make_private)
@@ -287,9 +282,7 @@ class PrivacyEngine:
                                               max_physical_batch_size=max_physical_batch_size)
         sample_rate = self._sample_rate(private_loader, data_loader)
         self.plan = resolve(options, sample_rate=sample_rate, params=count_trainable_parameters(module))
-        self.mechanism, self.setup = mech, self.plan.setup
-        self.planned_steps, self.calibration, self.data_releases = (self.plan.planned_steps, self.plan.calibration,
-                                                                    self.plan.releases)
+        self.mechanism = mech
         if secure_mode:
             self.secure_plan = self._secure_noise_plan(module)
         if group is not None:
@@ -469,6 +462,26 @@ class PrivacyEngine:
         return private_module, DistributedOutputPrivateOptimizer(optimizer, group=group, **options)
 
     # ----------------------------------------------------------------------------- accounting
+    @property
+    def setup(self) -> Optional[PrivacySetup]:
+        """The run's privacy setup (None before ``make_private``)."""
+        return None if self.plan is None else self.plan.setup
+
+    @property
+    def data_releases(self) -> tuple[DpEvent, ...]:
+        """Releases of the training data composed into every accountant before the first step."""
+        return () if self.plan is None else self.plan.releases
+
+    @property
+    def planned_steps(self) -> Optional[int]:
+        """ceil(epochs / q), the steps the calibration assumed (None without epochs)."""
+        return None if self.plan is None else self.plan.planned_steps
+
+    @property
+    def calibration(self) -> Optional[CalibrationResult]:
+        """The calibration that chose the noise (None: the noise was given)."""
+        return None if self.plan is None else self.plan.calibration
+
     @property
     def step_event(self) -> Optional[DpEvent]:
         """The DP event of one training step, built once by ``make_private`` (None before): every
