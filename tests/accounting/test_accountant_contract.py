@@ -11,28 +11,23 @@ import json
 import math
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from dpnoise.accounting import (
     ACCOUNTANTS,
     MECHANISMS,
-    AccountantSpec,
     InvalidParameterError,
-    MechanismSpec,
     UnsoundAccountantWarning,
     get_accountant,
     get_mechanism_spec,
     noise_keywords,
-    register_accountant,
-    register_mechanism,
+    register_plugin,
 )
 from dpnoise.accounting.events import EVENT_TYPES, PoissonSampledEvent
-from dpnoise.accounting.mechanisms import NOISE_MULTIPLIER, AuditPair
-from dpnoise.accounting.rdp.gaussian import sampled_gaussian_rdp
-from dpnoise.accounting.rdp.registry import _RDP_FUNCTIONS, AccountingMethods, register_rdp
-from dpnoise.accounting.validation import check_positive
+from dpnoise.accounting.rdp.registry import rdp_routes
+import toy_mechanism as toy
 
 SAMPLE_RATE, STEPS, DELTA = 0.02, 300, 1e-5
 #: a noise of moderate epsilon (about 1 to 25 here) in each unit
@@ -197,66 +192,37 @@ def test_every_accountant_keeps_the_contract(check, name):
 
 
 # ------------------------------------------------ a new mechanism and its accountants, registered here
-@dataclass(frozen=True)
-class ToyEvent:
-    """The toy mechanism: the Gaussian mechanism (noise multiplier sigma at sensitivity 1) under its own type."""
-
-    noise_multiplier: float
-
-    def __post_init__(self) -> None:
-        check_positive("noise_multiplier", self.noise_multiplier)
-
-
-def _toy_rdp(event: ToyEvent, q: float, orders, methods: AccountingMethods):
-    return sampled_gaussian_rdp(q, event.noise_multiplier, orders)
-
-
-TOY_ACCOUNTANTS = (
-    AccountantSpec("toy-rdp", "toy", AccountingMethods(), True, "The toy Gaussian's sampled Gaussian RDP."),
-    AccountantSpec("toy-rdp-unsound", "toy", AccountingMethods(), False, "The toy Gaussian, flagged unsound.",
-                   warning="toy-rdp-unsound is flagged unsound to exercise the warning."),
-    AccountantSpec("toy", "toy", AccountingMethods(), True, "The smallest of toy-rdp alone.",
-                   kind="minimum", routes=("toy-rdp",)),
-)
-
-
 @pytest.fixture
 def toy_mechanism():
-    """A mechanism added as a contributor would: its event with its RDP, its spec, its accountants;
-    every registration undone afterwards."""
-    before = (list(MECHANISMS), list(ACCOUNTANTS), dict(EVENT_TYPES), dict(_RDP_FUNCTIONS))
-    register_rdp(ToyEvent)(_toy_rdp)
-    EVENT_TYPES[ToyEvent.__name__] = ToyEvent
-    register_mechanism(MechanismSpec(
-        name="toy", description="The Gaussian mechanism under a toy name", noise=NOISE_MULTIPLIER,
-        perturbs="gradients", noise_distribution="gaussian", clip_norm_ord=2,
-        event=lambda noise, clip, params, alpha, num_classes: ToyEvent(check_positive("noise_multiplier", noise)),
-        event_type=ToyEvent,
-        accountants=("toy", "toy-rdp"), audit_pair=AuditPair("gaussian-shift"),
-    ))
-    try:
-        for spec in TOY_ACCOUNTANTS:
-            register_accountant(spec)
-        yield [spec.name for spec in TOY_ACCOUNTANTS]
-    finally:
-        for spec in TOY_ACCOUNTANTS:
-            ACCOUNTANTS.pop(spec.name, None)
-        MECHANISMS.pop("toy")
-        EVENT_TYPES.pop(ToyEvent.__name__)
-        _RDP_FUNCTIONS.pop(ToyEvent)
-        assert (list(MECHANISMS), list(ACCOUNTANTS), dict(EVENT_TYPES), dict(_RDP_FUNCTIONS)) == before
+    """The toy mechanism of tests/toy_mechanism.py, registered by one call; every registry as before afterwards."""
+    before = (list(MECHANISMS), list(ACCOUNTANTS), dict(EVENT_TYPES))
+    with toy.registered():
+        yield list(toy.ACCOUNTANT_NAMES)
+    assert (list(MECHANISMS), list(ACCOUNTANTS), dict(EVENT_TYPES)) == before
 
 
 @pytest.mark.parametrize("check", CONTRACT, ids=lambda check: check.__name__.removeprefix("check_"))
 def test_a_newly_registered_mechanism_runs_the_contract(toy_mechanism, check):
-    assert list(ACCOUNTANTS)[-3:] == ["toy", "toy-rdp", "toy-rdp-unsound"]  # a minimum before its routes
+    assert list(ACCOUNTANTS)[-4:] == list(toy.ACCOUNTANT_NAMES)  # a minimum before its routes
     for name in toy_mechanism:
         check(name)
 
 
-def test_the_toy_accountant_is_the_gaussian_one_under_another_name(toy_mechanism):
+def test_the_toy_accountants_are_the_gaussian_ones_at_twice_the_noise(toy_mechanism):
     with quiet():
-        toy = [get_accountant(name).step(noise_multiplier=1.3, sample_rate=0.05, steps=200).get_epsilon(DELTA)
-               for name in toy_mechanism]
-    gaussian = get_accountant("gaussian-rdp").step(noise_multiplier=1.3, sample_rate=0.05, steps=200)
-    assert toy == [gaussian.get_epsilon(DELTA)] * 3
+        epsilons = {name: get_accountant(name).step(noise_multiplier=0.65, sample_rate=0.05, steps=200).get_epsilon(DELTA)
+                    for name in toy_mechanism}
+    gaussian = {name: get_accountant(name).step(noise_multiplier=1.3, sample_rate=0.05, steps=200).get_epsilon(DELTA)
+                for name in ("gaussian", "gaussian-pld", "gaussian-rdp")}
+    assert [epsilons["toy"], epsilons["toy-pld"], epsilons["toy-rdp"]] == list(gaussian.values())
+    assert epsilons["toy-rdp-unsound"] == gaussian["gaussian-rdp"]
+
+
+def test_a_plugin_that_does_not_fit_is_refused_and_leaves_every_registry_as_it_was():
+    before = (list(MECHANISMS), list(ACCOUNTANTS), dict(EVENT_TYPES), rdp_routes(toy.ToyEvent))
+    broken = replace(toy.PLUGIN, accountants=toy.PLUGIN.accountants[:-1])  # lists "toy", which is not registered
+    with pytest.raises(InvalidParameterError, match="mechanism 'toy' lists accountant 'toy', which is not registered"):
+        register_plugin(broken)
+    assert (list(MECHANISMS), list(ACCOUNTANTS), dict(EVENT_TYPES), rdp_routes(toy.ToyEvent)) == before
+    with pytest.raises(InvalidParameterError, match="plugin 'gaussian' is already registered"):
+        register_plugin(replace(toy.PLUGIN, mechanism=MECHANISMS["gaussian"]))

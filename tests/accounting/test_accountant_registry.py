@@ -5,10 +5,9 @@ from dataclasses import replace
 import pytest
 
 from dpnoise.accounting import ACCOUNTANTS, MECHANISMS, AccountantSpec, InvalidParameterError, register_accountant
-from dpnoise.accounting.registry import _check_registries
-from dpnoise.accounting.rdp.registry import AccountingMethods
+from dpnoise.accounting.registry import check_reported_accountants
 
-RDP = AccountantSpec("gaussian-rdp-copy", "gaussian", AccountingMethods(), True, "Sampled Gaussian RDP, again.")
+RDP = AccountantSpec("gaussian-rdp-copy", "gaussian", True, "Sampled Gaussian RDP, again.")
 MINIMUM = replace(RDP, name="gaussian-min", kind="minimum", routes=("gaussian-rdp",))
 WARNING = "not a bound"
 
@@ -20,6 +19,9 @@ WARNING = "not a bound"
     (replace(RDP, sound=False), "'gaussian-rdp-copy' is not sound and needs a warning"),
     (replace(RDP, warning=WARNING), "'gaussian-rdp-copy' is sound and takes no warning"),
     (replace(RDP, routes=("gaussian-pld",)), "'gaussian-rdp-copy' is of kind 'rdp', which takes no routes"),
+    (replace(RDP, rdp_route="paper"),
+     "'gaussian-rdp-copy' names RDP route 'paper', which GaussianEvent does not have \\(it has add-remove, replace-one\\)"),
+    (replace(RDP, kind="pld", rdp_route="add-remove"), "'gaussian-rdp-copy' is of kind 'pld', which takes no RDP route"),
     (replace(MINIMUM, routes=()), "'gaussian-min' is a minimum of routes and needs at least one"),
     (replace(MINIMUM, sound=False, warning=WARNING), "'gaussian-min' is a minimum of sound routes and must be declared sound"),
     (replace(MINIMUM, routes=("gaussian-rdp", "gaussian-gdp")),
@@ -50,11 +52,12 @@ def test_an_accountant_is_listed_last_and_a_minimum_before_its_first_route():
 
 
 @pytest.mark.parametrize("mechanism, accountants, match", [
-    ("gaussian", ("gaussian", "lap2-rdp"), "mechanism 'gaussian' lists an accountant of another mechanism"),
+    ("gaussian", ("gaussian", "lap2-rdp"), "mechanism 'gaussian' lists accountant 'lap2-rdp' of another mechanism"),
+    ("gaussian", ("gaussian", "cauchy"), "mechanism 'gaussian' lists accountant 'cauchy', which is not registered"),
     ("lap2", ("lap2-paper", "lap2"), "mechanism 'lap2': its default accountant must be sound"),
 ])
 def test_the_registries_agree_on_each_mechanism_s_accountants(monkeypatch, mechanism, accountants, match):
-    _check_registries()
+    check_reported_accountants(mechanism)
     monkeypatch.setitem(MECHANISMS, mechanism, replace(MECHANISMS[mechanism], accountants=accountants))
     with pytest.raises(InvalidParameterError, match=match):
-        _check_registries()
+        check_reported_accountants(mechanism)

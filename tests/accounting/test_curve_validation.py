@@ -5,7 +5,7 @@ import pytest
 
 from dpnoise.accounting import get_accountant
 from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError, checked_rdp_curve, monotone_envelope
-from dpnoise.accounting.rdp.registry import _RDP_FUNCTIONS, register_rdp
+from dpnoise.accounting.rdp.registry import _RDP_ROUTES, _mechanism_rdp
 from dpnoise.accounting.events import GaussianEvent
 from dpnoise.errors import DpnoiseError
 
@@ -39,20 +39,18 @@ def test_monotone_envelope_is_the_running_minimum_from_the_right():
 
 def test_a_broken_rdp_function_is_refused_by_the_accountant():
     """The class of bug behind the Laplace-L1 under-report: a formula evaluated outside its domain."""
-    original = _RDP_FUNCTIONS[GaussianEvent]
-
-    def decreasing(event, q, orders, methods):
+    def decreasing(event, q, orders):
         return 1.0 / np.asarray(orders)
 
+    routes = _RDP_ROUTES[GaussianEvent]
+    original = routes["add-remove"]
     try:
-        register_rdp(GaussianEvent)(decreasing)
-        from dpnoise.accounting.rdp.registry import _mechanism_rdp
-
+        routes["add-remove"] = decreasing
         _mechanism_rdp.cache_clear()
         with pytest.raises(InvalidPrivacyCurveError, match="decreases"):
             get_accountant("gaussian-rdp").step(noise_multiplier=0.9, sample_rate=0.01, steps=3).get_epsilon(1e-5)
     finally:
-        register_rdp(GaussianEvent)(original)
+        routes["add-remove"] = original
         _mechanism_rdp.cache_clear()
 
 

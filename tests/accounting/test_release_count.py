@@ -21,7 +21,6 @@ from dpnoise.accounting import InvalidParameterError, get_accountant
 from dpnoise.accounting.events import DirichletEvent, GaussianEvent, PoissonSampledEvent
 from dpnoise.accounting.rdp.dirichlet import sampled_dirichlet_rdp
 from dpnoise.accounting.rdp.orders import DEFAULT_ORDERS, INTEGER_ORDERS
-from dpnoise.accounting.rdp.registry import AccountingMethods
 from dpnoise.accounting.release_count import (
     MAX_GROUPS,
     ReleaseCountAccountant,
@@ -195,7 +194,7 @@ def test_dirichlet_release_count_in_the_theory_notes_setting():
     mixture gives 3.942 where the RDP route gives 3.999; every order of the default grid, less."""
     q, steps = 256 / 50000, math.ceil(30 / (256 / 50000))
     event = PoissonSampledEvent(q, DirichletEvent(0.0804, 1.0))
-    at_integers, _ = release_count_epsilon(event, steps, 1e-5, AccountingMethods(), tuple(INTEGER_ORDERS))
+    at_integers, _ = release_count_epsilon(event, steps, 1e-5, None, tuple(INTEGER_ORDERS))
     integer_rdp = get_accountant("dirichlet-rdp", orders=INTEGER_ORDERS).step(
         concentration=0.0804, sample_rate=q, steps=steps, alpha=1.0).get_epsilon(1e-5)
     reference = direct_dirichlet_epsilon(0.0804, 1.0, q, steps, 1e-5, INTEGER_ORDERS)

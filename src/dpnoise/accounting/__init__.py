@@ -6,7 +6,9 @@
 * accountants (``step`` / ``compose`` / ``get_epsilon`` / ``state_dict``): :class:`RdpAccountant`,
   :class:`PldAccountant`, :class:`ReleaseCountAccountant` (an output mechanism by its number of
   releases) and :class:`MinimumAccountant` (the smallest of several sound routes);
-* :data:`MECHANISMS` -- the mechanism registry (noise unit, event, accountants, audit pair);
+* :data:`MECHANISMS` -- the mechanism registry (noise unit, event, accountants, audit pair), each
+  built-in mechanism one module of :mod:`~dpnoise.accounting.plugins` registered by one
+  :func:`register_plugin` call (its spec, its RDP and PLD routes, its accountants);
 * :data:`ACCOUNTANTS` -- named accountants (``gaussian``, ``laplace-l1``, ``lap2``, ``lap2-paper``,
   ``dirichlet``, ...), each added by :func:`register_accountant`; non-sound ones warn whenever
   they produce a number;
@@ -28,9 +30,7 @@ from dpnoise.accounting.accountant import (
 from dpnoise.accounting.calibration import (
     CalibrationResult,
     UnreachableTargetError,
-    calibrate_dirichlet_r,
-    calibrate_gaussian_sigma,
-    calibrate_lap2,
+    calibrate,
     calibrate_noise,
     clip_from_gradient_norms,
     steps_from_epochs,
@@ -44,9 +44,16 @@ from dpnoise.accounting.mechanisms import (
     noise_keywords,
     register_mechanism,
 )
+from dpnoise.accounting.plugin import MechanismPlugin, register_plugin, unregister_plugin
 from dpnoise.accounting.registry import ACCOUNTANTS, AccountantSpec, accountants_for_mechanism, register_accountant
 from dpnoise.accounting.release_count import ReleaseCountAccountant
 from dpnoise.accounting.validation import InvalidParameterError
+
+# the built-in mechanisms register themselves (last: they use everything above)
+from dpnoise.accounting import plugins  # noqa: E402,F401,I001
+from dpnoise.accounting.plugins.dirichlet import calibrate_dirichlet_r  # noqa: E402
+from dpnoise.accounting.plugins.gaussian import calibrate_gaussian_sigma  # noqa: E402
+from dpnoise.accounting.plugins.lap2 import calibrate_lap2  # noqa: E402
 
 __all__ = [
     "ACCOUNTANTS",
@@ -55,6 +62,7 @@ __all__ = [
     "AccountantSpec",
     "CalibrationResult",
     "InvalidParameterError",
+    "MechanismPlugin",
     "MechanismSpec",
     "MinimumAccountant",
     "PldAccountant",
@@ -64,6 +72,7 @@ __all__ = [
     "UnreachableTargetError",
     "UnsoundAccountantWarning",
     "accountants_for_mechanism",
+    "calibrate",
     "calibrate_dirichlet_r",
     "calibrate_gaussian_sigma",
     "calibrate_lap2",
@@ -79,5 +88,7 @@ __all__ = [
     "noise_keywords",
     "register_accountant",
     "register_mechanism",
+    "register_plugin",
+    "unregister_plugin",
     "steps_from_epochs",
 ]

@@ -195,14 +195,14 @@ class CalibrationResult:
         return {self.noise_keyword: self.noise}
 
 
-def _epsilon(name: str, noise: float, q: float, steps: int, delta: float, **kw: object) -> float:
+def epsilon_at_noise(name: str, noise: float, q: float, steps: int, delta: float, **kw: object) -> float:
     """Epsilon of ``name`` at ``noise`` in its mechanism's unit (no unsound-accountant warning);
     ``kw``: the other step arguments, and ``releases`` composed before the steps."""
     return epsilon_after(name, steps=steps, delta=delta, sample_rate=q,
                          **noise_keywords(get_spec(name).mechanism, noise), **kw)
 
 
-def _validate(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> tuple[float, float, float, int]:
+def validated_target(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> tuple[float, float, float, int]:
     return (
         check_positive("epsilon", target_epsilon),
         check_delta("delta", delta),
@@ -242,15 +242,17 @@ def calibrate_noise(
     :mod:`dpnoise.mechanisms.channel_statistics`); the target covers them and the steps together.
     """
     releases = tuple(releases)
-    eps_t, delta, q, steps = _validate(target_epsilon, delta, sample_rate, steps)
+    eps_t, delta, q, steps = validated_target(target_epsilon, delta, sample_rate, steps)
     spec = get_spec(accountant)
-    if get_mechanism_spec(spec.mechanism).uses_alpha:
-        raise InvalidParameterError("use calibrate_dirichlet_r for the Dirichlet mechanism")
+    own = get_mechanism_spec(spec.mechanism).calibrate
+    if own is not None:
+        raise InvalidParameterError(f"mechanism {spec.mechanism!r} has its own calibrator ({own.__name__}); "
+                                    f"use calibrate({accountant!r}, ...)")
     if not spec.sound:
         warnings.warn(spec.warning or "", UnsoundAccountantWarning, stacklevel=2)
     clip = check_positive("clip", clip)
     if releases:
-        spent = _epsilon(accountant, 1.0, q, 0, delta, clip=clip, params=params, releases=releases)  # no step
+        spent = epsilon_at_noise(accountant, 1.0, q, 0, delta, clip=clip, params=params, releases=releases)  # no step
         if spent >= eps_t:
             raise UnreachableTargetError(f"epsilon={eps_t:g} is unreachable: the releases before training alone "
                                          f"cost epsilon={spent:.4g} under {accountant} (delta={delta:g})")
@@ -259,7 +261,7 @@ def calibrate_noise(
     ratio = _smallest_ratio(accountant, eps_t, delta, q, steps, clip, params, max(guess, 1e-3), releases)
     noise = ratio * scale
     by_acc = {
-        name: _epsilon(name, noise, q, steps, delta, clip=clip, params=params, releases=releases)
+        name: epsilon_at_noise(name, noise, q, steps, delta, clip=clip, params=params, releases=releases)
         for name in dict.fromkeys([accountant, *(accountants_for_mechanism(spec.mechanism) if compare else [])])
     }
     if by_acc[accountant] > eps_t:  # every route checks its answer; this guards the combination
@@ -297,7 +299,7 @@ def _smallest_ratio(
 
     if spec.kind == "minimum":
         def route_epsilon(route: str, ratio: float) -> float:
-            return _epsilon(route, ratio * scale, q, steps, delta, clip=clip, params=params, releases=releases)
+            return epsilon_at_noise(route, ratio * scale, q, steps, delta, clip=clip, params=params, releases=releases)
 
         answers, failure = [], None
         for route in sorted(spec.routes, key=lambda r: get_spec(r).kind != "rdp"):
@@ -324,7 +326,7 @@ def _smallest_ratio(
         return _solve_costly(lambda r: pld_epsilon(ledger(r), delta)[0], target, coarse, 1.05, slope)[0]
 
     def eps_of(ratio: float) -> float:
-        return _epsilon(accountant, ratio * scale, q, steps, delta, clip=clip, params=params, releases=releases)
+        return epsilon_at_noise(accountant, ratio * scale, q, steps, delta, clip=clip, params=params, releases=releases)
 
     return solve_smallest(eps_of, target, initial=initial)
 
@@ -332,11 +334,6 @@ def _smallest_ratio(
 def _noise_scale(accountant: str, clip: float) -> float:
     """C for mechanisms whose privacy depends on noise / C only (solved as a ratio), else 1."""
     return clip if get_mechanism_spec(get_spec(accountant).mechanism).noise.per_clip else 1.0
-
-
-def calibrate_gaussian_sigma(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> CalibrationResult:
-    """Smallest noise multiplier sigma of DP-SGD reaching (target_epsilon, delta)."""
-    return calibrate_noise("gaussian", target_epsilon, delta, sample_rate, steps)
 
 
 def clip_from_gradient_norms(norms: np.ndarray, percentile: float = 50.0) -> float:
@@ -351,72 +348,31 @@ def clip_from_gradient_norms(norms: np.ndarray, percentile: float = 50.0) -> flo
     return check_positive("clip (percentile of norms)", float(np.percentile(norms, percentile)))
 
 
-def calibrate_lap2(
+
+
+def calibrate(
+    accountant: str,
     target_epsilon: float,
     delta: float,
     sample_rate: float,
     steps: int,
-    params: int,
+    *,
     clip: float = 1.0,
-    accountant: str = "lap2",
-    compare: bool = True,
-) -> CalibrationResult:
-    """Lap2 paper, Algorithm 1: (C, b) for a target epsilon.
-
-    Every Lap2 accountant depends on C and b through b / C only, so for any clipping norm C the
-    smallest admissible b is C times one root (Brent on a log scale).  C itself is a utility choice
-    (e.g. :func:`clip_from_gradient_norms` on public data).  The result holds the epsilon under
-    every Lap2 accountant (sound ``lap2`` and the published ``lap2-paper``) side by side.
-    """
-    if get_spec(accountant).mechanism != "lap2":
-        raise ValueError(f"accountant {accountant!r} is not a Lap2 accountant")
-    return calibrate_noise(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params,
-                           compare=compare)
-
-
-def calibrate_dirichlet_r(
-    target_epsilon: float,
-    delta: float,
-    sample_rate: float,
-    steps: int,
-    alpha: float = 1.0,
-    accountant: str = "dirichlet",
+    params: Optional[int] = None,
+    alpha: Optional[float] = None,
     num_classes: Optional[int] = None,
+    releases: Sequence[DpEvent] = (),
 ) -> CalibrationResult:
-    """Largest r in (0, alpha) with h(r) <= target (docs/theory/dirichlet.md §3), by Brent on log(1/r).
-
-    ``num_classes``: the number of classes of the perturbed output where known (with 2 the default
-    accountant's two-class PLD route applies; None: any number).
-
-    h is non-decreasing in r with near-jumps at r = alpha/(a-1); the answer is checked and stepped
-    left if needed.  A target below the floor lim_{r->0} h(r) (docs/theory/dirichlet.md §2.3) raises
-    :class:`UnreachableTargetError` stating the floor.
-    """
-    eps_t, delta, q, steps = _validate(target_epsilon, delta, sample_rate, steps)
-    alpha = check_positive("alpha", alpha)
-    spec = get_spec(accountant)
-    if spec.mechanism != "dirichlet":
-        raise ValueError(f"accountant {accountant!r} is not a Dirichlet accountant")
-    if not spec.sound:
-        warnings.warn(spec.warning or "", UnsoundAccountantWarning, stacklevel=2)
-
-    def eps_of_inverse(inv_r: float) -> float:
-        return _epsilon(accountant, 1.0 / inv_r, q, steps, delta, alpha=alpha, num_classes=num_classes)
-
-    # h(r) is non-decreasing in r, i.e. non-increasing in 1/r; r < alpha keeps order 2 admissible.
-    try:
-        inv_r = solve_smallest(eps_of_inverse, eps_t, initial=2.0 / alpha, lower=1.0 / alpha, upper=1e9 / alpha, name="1/r")
-    except UnreachableTargetError as err:
-        floor = eps_of_inverse(1e9 / alpha)
-        raise UnreachableTargetError(
-            f"epsilon={eps_t:g} is unreachable for the Dirichlet mechanism: as r -> 0 the "
-            f"subsampled bound keeps a floor of epsilon={floor:.4g} (q={q:g}, steps={steps}, "
-            f"delta={delta:g}; docs/theory/dirichlet.md §2.3). Raise epsilon, or use fewer steps or a "
-            f"smaller sample rate."
-        ) from err
-    r = 1.0 / inv_r
-    eps = eps_of_inverse(inv_r)
-    return CalibrationResult(
-        "dirichlet", accountant, r, eps, delta, q, steps, alpha=alpha,
-        epsilon_by_accountant={accountant: eps}, num_classes=num_classes,
-    )
+    """The noise of ``accountant``'s mechanism reaching (target_epsilon, delta) after ``steps`` steps,
+    by the mechanism's own calibrator where its spec has one (the Dirichlet r), else
+    :func:`calibrate_noise`.  ``alpha`` and ``num_classes`` are refused by a mechanism that does not
+    take them; ``releases`` (events before the steps) by one with its own calibrator."""
+    mechanism = get_mechanism_spec(get_spec(accountant).mechanism)
+    mechanism.build_event(1.0, clip, params, alpha, num_classes)  # refuses what the mechanism does not take
+    if mechanism.calibrate is None:
+        return calibrate_noise(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params,
+                               releases=releases)
+    if releases:
+        raise InvalidParameterError(f"releases before training are not accounted for mechanism {mechanism.name!r}")
+    return mechanism.calibrate(accountant, target_epsilon, delta, sample_rate, steps, alpha=alpha,
+                               num_classes=num_classes)

@@ -105,19 +105,19 @@ class ComposedEvent:
 MechanismEvent = Union[GaussianEvent, LaplaceEvent, Lap2Event, DirichletEvent]
 DpEvent = Union[MechanismEvent, PoissonSampledEvent, SelfComposedEvent, ComposedEvent]
 
-#: every event class by name (what :func:`event_from_dict` can build)
-EVENT_TYPES = {
-    cls.__name__: cls
-    for cls in (
-        GaussianEvent,
-        LaplaceEvent,
-        Lap2Event,
-        DirichletEvent,
-        PoissonSampledEvent,
-        SelfComposedEvent,
-        ComposedEvent,
-    )
-}
+#: every event class by name (what :func:`event_from_dict` can build): the compositions here, each
+#: mechanism's event added by its plugin (:func:`register_event_type`)
+EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in (PoissonSampledEvent, SelfComposedEvent, ComposedEvent)}
+
+
+def register_event_type(event_type: type) -> type:
+    """Make ``event_type`` (a frozen dataclass) known to :func:`event_from_dict` by its class name;
+    registering the same class again is a no-op, another class of the same name is refused."""
+    known = EVENT_TYPES.get(event_type.__name__)
+    if known is not None and known is not event_type:
+        raise InvalidParameterError(f"another DP event type named {event_type.__name__!r} is already registered")
+    EVENT_TYPES[event_type.__name__] = event_type
+    return event_type
 
 
 def event_to_dict(event: DpEvent) -> dict[str, Any]:
@@ -195,6 +195,7 @@ __all__ = [
     "ComposedEvent",
     "DpEvent",
     "EVENT_TYPES",
+    "register_event_type",
     "event_to_dict",
     "event_from_dict",
     "to_dp_accounting",

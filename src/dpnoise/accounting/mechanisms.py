@@ -1,20 +1,20 @@
-"""The mechanism registry: the single source of truth for what each mechanism is (torch-free).
+"""The mechanism registry: what each mechanism is (torch-free).
 
 One :class:`MechanismSpec` per mechanism states its noise parameter and unit, what it perturbs,
 its per-step DP event, its accountants (the sound default first), the worst-case pair of the
-exact lower-bound audit and how its noise is calibrated.  The command line's ``--mechanism`` and
-``--accountant`` choices, the accountants, the calibrators and the audits all read it; the torch
-side (:mod:`dpnoise.mechanisms`) attaches a noise sampler or a module wrapper by name.
-Adding a mechanism is one :func:`register_mechanism` call here plus its math (an event and its
-RDP or PLD), and one implementation on the torch side.
+exact lower-bound audit, how its noise is calibrated and what its epsilon covers.  Each built-in
+mechanism is one module of :mod:`dpnoise.accounting.plugins` that registers its spec together with
+its RDP and PLD routes and its accountants (:func:`dpnoise.accounting.plugin.register_plugin`); the
+command line's ``--mechanism`` and ``--accountant`` choices, the accountants, the calibrators, the
+audits and the training engine all read this registry.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
-from dpnoise.accounting.events import DirichletEvent, GaussianEvent, Lap2Event, LaplaceEvent, MechanismEvent
+from dpnoise.accounting.events import MechanismEvent
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_positive
 from dpnoise.formatting import significant_digits
 
@@ -59,22 +59,34 @@ CONCENTRATION = NoiseParameter(
     per_clip=False, larger_is_more_private=False)
 NOISE_PARAMETERS = {p.keyword: p for p in (NOISE_MULTIPLIER, LAPLACE_SCALE, CONCENTRATION)}
 
-#: (noise in the mechanism's unit, clip C, number of parameters n, Dirichlet alpha, number of classes)
-#: -> per-step event; called by :meth:`MechanismSpec.build_event` with C and n already checked
-EventFactory = Callable[[float, float, Optional[int], Optional[float], Optional[int]], MechanismEvent]
+@dataclass(frozen=True)
+class EventContext:
+    """What a training run knows besides the noise, already checked by :meth:`MechanismSpec.build_event`:
+    the clipping norm C, the number of trained parameters n (None: not given), the Dirichlet offset
+    alpha and the number of classes (None: not given or not recorded)."""
+
+    clip: float = 1.0
+    params: Optional[int] = None
+    alpha: Optional[float] = None
+    num_classes: Optional[int] = None
+
+
+#: (noise in the mechanism's unit, the run's context) -> the per-step event
+EventFactory = Callable[[float, EventContext], MechanismEvent]
 
 
 @dataclass(frozen=True)
 class AuditPair:
     """The worst-case neighbouring pair of :func:`dpnoise.audit.pld.lower_bound`.
 
-    ``family``: "gaussian-shift", "laplace-shift" (a one-coordinate shift of C), "laplace-spread"
-    (the shifts (C / sqrt(k))(1,..,1,0,..) over k, for L2 clipping with i.i.d. Laplace noise) or
+    ``family``: a pair family of :data:`dpnoise.audit.pld.PAIR_FAMILIES`, e.g. "gaussian-shift",
+    "laplace-shift" (a one-coordinate shift of C), "laplace-spread" (the shifts
+    (C / sqrt(k))(1,..,1,0,..) over k, for L2 clipping with i.i.d. Laplace noise) or
     "dirichlet-vertex"; ``noise_factor`` converts the mechanism's noise to the pair's (the
     penultimate-layer Gaussian moves a clipped activation by up to 2C: sigma / 2).
     """
 
-    family: Literal["gaussian-shift", "laplace-shift", "laplace-spread", "dirichlet-vertex"]
+    family: str
     noise_factor: float = 1.0
 
 
@@ -110,6 +122,13 @@ class MechanismSpec:
     #: secure mode's exact integer noise for this mechanism (docs/theory/secure_noise.md); None: no
     #: secure mode (the output mechanisms draw their noise in the model's forward pass)
     secure_noise: Optional[Literal["discrete-gaussian", "discrete-laplace"]] = None
+    #: the calibrator of a mechanism whose noise is not searched as sigma or b / C
+    #: (``calibrate(accountant, target_epsilon, delta, sample_rate, steps, alpha=, num_classes=)``,
+    #: the Dirichlet r in (0, alpha)); None: :func:`dpnoise.accounting.calibrate_noise`
+    calibrate: Optional[Callable[..., Any]] = None
+    #: the learning rate may be given as an effective one, lr x kappa(r, alpha) (the Dirichlet
+    #: mechanism's gradient scale, docs/theory/dirichlet.md Sec. 4)
+    effective_lr: bool = False
 
     @property
     def default_accountant(self) -> str:
@@ -137,7 +156,7 @@ class MechanismSpec:
         if num_classes is not None and not self.uses_num_classes:
             raise InvalidParameterError(f"num_classes is recorded by the Dirichlet mechanism only; mechanism "
                                         f"{self.name!r} does not take it")
-        return self.event(noise, clip, params, alpha, num_classes)
+        return self.event(noise, EventContext(clip, params, alpha, num_classes))
 
 
 MECHANISMS: dict[str, MechanismSpec] = {}
@@ -186,79 +205,3 @@ def noise_from_keywords(mechanism: str, *, required: bool = True, **noise: Optio
 def noise_keywords(mechanism: str, noise: float) -> dict[str, float]:
     """``{keyword: noise}`` for ``mechanism`` (e.g. ``{"laplace_scale": 0.5}`` for lap2)."""
     return {get_mechanism_spec(mechanism).noise.keyword: noise}
-
-
-def _gaussian_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float],
-                    num_classes: Optional[int]) -> MechanismEvent:
-    return GaussianEvent(check_positive("noise_multiplier", noise))
-
-
-def _penultimate_gaussian_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float],
-                                num_classes: Optional[int]) -> MechanismEvent:
-    # Each selected example's activation (clipped to norm C) gets N(0, (sigma C)^2); replacing the
-    # private input moves it by up to 2C, so the sensitivity-1 noise multiplier is sigma / 2.
-    return GaussianEvent(check_positive("noise_multiplier", noise) / 2.0)
-
-
-def _laplace_l1_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float],
-                      num_classes: Optional[int]) -> MechanismEvent:
-    return LaplaceEvent(check_positive("laplace_scale", noise) / clip)
-
-
-def _lap2_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float],
-                num_classes: Optional[int]) -> MechanismEvent:
-    if params is None:
-        raise InvalidParameterError("params (the number of trained parameters n) is required for lap2")
-    return Lap2Event(check_positive("laplace_scale", noise) / clip, params)
-
-
-def _dirichlet_event(noise: float, clip: float, params: Optional[int], alpha: Optional[float],
-                     num_classes: Optional[int]) -> MechanismEvent:
-    return DirichletEvent(check_positive("concentration", noise),
-                          check_positive("alpha", 1.0 if alpha is None else alpha), num_classes)
-
-
-register_mechanism(MechanismSpec(
-    name="gaussian",
-    description="DP-SGD: per-example L2 clipping to C, Gaussian noise on the sum",
-    noise=NOISE_MULTIPLIER, perturbs="gradients", noise_distribution="gaussian", clip_norm_ord=2,
-    event=_gaussian_event, event_type=GaussianEvent, secure_noise="discrete-gaussian",
-    accountants=("gaussian", "gaussian-pld", "gaussian-rdp"),
-    audit_pair=AuditPair("gaussian-shift"),
-))
-register_mechanism(MechanismSpec(
-    name="laplace-l1",
-    description="Laplace DP-SGD baseline: exact per-example L1 clipping to C, Laplace noise on the sum",
-    noise=LAPLACE_SCALE, perturbs="gradients", noise_distribution="laplace", clip_norm_ord=1,
-    event=_laplace_l1_event, event_type=LaplaceEvent, secure_noise="discrete-laplace",
-    accountants=("laplace-l1", "laplace-l1-pld", "laplace-l1-rdp"),
-    audit_pair=AuditPair("laplace-shift"),
-))
-register_mechanism(MechanismSpec(
-    name="lap2",
-    description="Lap2: per-example L2 clipping to C, i.i.d. Laplace noise on the sum",
-    noise=LAPLACE_SCALE, perturbs="gradients", noise_distribution="laplace", clip_norm_ord=2,
-    event=_lap2_event, event_type=Lap2Event, needs_params=True, secure_noise="discrete-laplace",
-    accountants=("lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"),
-    audit_pair=AuditPair("laplace-spread"),
-))
-register_mechanism(MechanismSpec(
-    name="dirichlet",
-    description="Dirichlet output mechanism: p~ ~ Dir(r softmax(z) + alpha), loss -log p~_y",
-    noise=CONCENTRATION, perturbs="outputs", noise_distribution="dirichlet",
-    event=_dirichlet_event, event_type=DirichletEvent, uses_alpha=True, uses_num_classes=True,
-    accountants=("dirichlet", "dirichlet-release-count", "dirichlet-rdp", "dirichlet-ponnoprat"),
-    audit_pair=AuditPair("dirichlet-vertex"),
-    scope=OUTPUT_PRIVACY_SCOPE,
-))
-register_mechanism(MechanismSpec(
-    name="penultimate-gaussian",
-    description="Penultimate-layer Gaussian (Monir & Ghinita, reconstructed): clip activations to C, "
-    "add N(0, sigma^2 C^2)",
-    noise=NOISE_MULTIPLIER, perturbs="outputs", noise_distribution="gaussian",
-    event=_penultimate_gaussian_event, event_type=GaussianEvent,
-    accountants=("penultimate-gaussian", "penultimate-gaussian-exact", "penultimate-gaussian-replace-one-rdp",
-                 "penultimate-gaussian-pld"),
-    audit_pair=AuditPair("gaussian-shift", noise_factor=0.5),
-    scope=OUTPUT_PRIVACY_SCOPE,
-))

@@ -39,7 +39,7 @@ from scipy.special import gammaln, log_ndtr, logsumexp, xlog1py
 from dpnoise.accounting.accountant import PrivacyAccountant, flat_ledger
 from dpnoise.accounting.events import DpEvent, GaussianEvent, MechanismEvent, PoissonSampledEvent
 from dpnoise.accounting.rdp.orders import DEFAULT_ORDERS
-from dpnoise.accounting.rdp.registry import AccountingMethods, event_rdp
+from dpnoise.accounting.rdp.registry import event_rdp
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
 
 _ULP = float(np.finfo(float).eps)
@@ -238,13 +238,13 @@ def rdp_log_profile(epsilon: float, counts: np.ndarray, orders: np.ndarray, rdp:
 LogProfile = Callable[[float, np.ndarray], np.ndarray]
 
 
-def base_log_profile(event: MechanismEvent, methods: AccountingMethods, orders: np.ndarray) -> LogProfile:
+def base_log_profile(event: MechanismEvent, route: Optional[str], orders: np.ndarray) -> LogProfile:
     """(eps, counts) -> upper bounds on log delta_k(eps) of k releases of ``event``: exact for a
-    Gaussian release, else from its RDP curve at ``orders`` (``methods`` as for the RDP route)."""
+    Gaussian release, else from its RDP curve at ``orders`` (by the RDP ``route``, None: the default)."""
     if isinstance(event, GaussianEvent):
         mu = 1.0 / event.noise_multiplier
         return lambda epsilon, counts: gaussian_log_profile(epsilon, np.sqrt(counts) * mu)
-    rdp = np.asarray(event_rdp(event, orders, methods), dtype=float)
+    rdp = np.asarray(event_rdp(event, orders, route), dtype=float)
     return lambda epsilon, counts: rdp_log_profile(epsilon, counts, orders, rdp)
 
 
@@ -278,33 +278,33 @@ def smallest_epsilon(log_delta_of: Callable[[float], float], delta: float) -> fl
     return float(epsilon)
 
 
-def _mixture(event: PoissonSampledEvent, steps: int, log_tail: float, methods: AccountingMethods,
+def _mixture(event: PoissonSampledEvent, steps: int, log_tail: float, route: Optional[str],
              orders: tuple[float, ...]) -> tuple[Optional[Callable[[float], float]], str]:
     """(eps -> an upper bound on log delta(eps), the bound's name), or (None, why it is not computed)."""
     counts = release_counts(steps, event.sampling_probability, log_tail)
     if isinstance(counts, str):
         return None, f"not computed: {counts}"
-    profile = base_log_profile(event.event, methods, np.asarray(orders))
+    profile = base_log_profile(event.event, route, np.asarray(orders))
     kind = "exact Gaussian-DP profile" if isinstance(event.event, GaussianEvent) else "Renyi conversion per count"
     return (lambda epsilon: mixture_log_delta(counts, profile, epsilon),
             f"{kind}, Bin({steps}, {event.sampling_probability:g}) mixture over releases")
 
 
 @lru_cache(maxsize=1024)
-def release_count_epsilon(event: PoissonSampledEvent, steps: int, delta: float, methods: AccountingMethods,
+def release_count_epsilon(event: PoissonSampledEvent, steps: int, delta: float, route: Optional[str],
                           orders: tuple[float, ...] = tuple(DEFAULT_ORDERS)) -> tuple[float, str]:
     """(epsilon(delta), the bound) of ``steps`` releases of ``event`` by release count, or (+inf, reason);
     the counts above the window carry at most :data:`TAIL_FRACTION` of ``delta``."""
     log_tail = max(math.log(delta) + math.log(TAIL_FRACTION), LOG_TAIL_WITHOUT_TARGET)
-    log_delta_of, bound = _mixture(event, steps, log_tail, methods, orders)
+    log_delta_of, bound = _mixture(event, steps, log_tail, route, orders)
     return (math.inf, bound) if log_delta_of is None else (smallest_epsilon(log_delta_of, delta), bound)
 
 
 @lru_cache(maxsize=1024)
-def release_count_delta(event: PoissonSampledEvent, steps: int, epsilon: float, methods: AccountingMethods,
+def release_count_delta(event: PoissonSampledEvent, steps: int, epsilon: float, route: Optional[str],
                         orders: tuple[float, ...] = tuple(DEFAULT_ORDERS)) -> float:
     """delta(epsilon) of ``steps`` releases of ``event`` by release count (1.0 where not computed)."""
-    log_delta_of, _ = _mixture(event, steps, LOG_TAIL_WITHOUT_TARGET, methods, orders)
+    log_delta_of, _ = _mixture(event, steps, LOG_TAIL_WITHOUT_TARGET, route, orders)
     return 1.0 if log_delta_of is None else math.exp(log_delta_of(epsilon))
 
 
@@ -329,7 +329,7 @@ class ReleaseCountAccountant(PrivacyAccountant):
     def _check_supported(self, event: DpEvent) -> None:
         for sampled, _ in flat_ledger([(event, 1)]):
             if not isinstance(sampled.event, GaussianEvent):
-                event_rdp(sampled.event, DEFAULT_ORDERS[:1], self.spec.methods)
+                event_rdp(sampled.event, DEFAULT_ORDERS[:1], self.spec.rdp_route)
 
     def repeated_release(self) -> tuple[Optional[PoissonSampledEvent], int, Optional[str]]:
         """(the one repeated release, its count, None), or (None, 0, why the route does not apply)."""
@@ -344,13 +344,13 @@ class ReleaseCountAccountant(PrivacyAccountant):
         event, steps, reason = self.repeated_release()
         if event is None:
             return math.inf, f"not computed: {reason}"
-        return release_count_epsilon(event, steps, delta, self.spec.methods)
+        return release_count_epsilon(event, steps, delta, self.spec.rdp_route)
 
     def _delta(self, epsilon: float) -> float:
         event, steps, _ = self.repeated_release()
         if event is None:
             return 1.0
-        return release_count_delta(event, steps, epsilon, self.spec.methods)
+        return release_count_delta(event, steps, epsilon, self.spec.rdp_route)
 
 
 __all__ = [

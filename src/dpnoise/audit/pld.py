@@ -61,9 +61,10 @@ __all__ = [
     "default_k_grid",
     "shift_laws",
     "PAIR_FAMILIES",
+    "PairFamily",
+    "register_pair_family",
 ]
 
-PAIR_FAMILIES = ("gaussian-shift", "laplace-shift", "laplace-spread", "dirichlet-vertex")
 
 #: tail mass allowed (per tail) when truncating or wrapping distributions
 TAIL_MASS = 1e-30
@@ -342,31 +343,58 @@ def _coarsen(dist: LossDistribution, factor: int) -> LossDistribution:
     )
 
 
+@dataclass(frozen=True)
+class PairFamily:
+    """A family of worst-case neighbouring pairs, named by a mechanism's ``AuditPair``.
+
+    ``laws(noise, clip, k, alpha, grid)``: the Y laws of its pair with support size ``k``;
+    ``spread``: its pairs are indexed by a support size k = 1..n (the number of trained parameters),
+    scanned by :func:`lower_bound`; otherwise it has the one pair k = 1.
+    """
+
+    laws: Callable[[float, float, int, "float | None", int], ShiftLaws]
+    spread: bool = False
+
+
+#: every pair family by name (see the module docstring), each added by :func:`register_pair_family`
+PAIR_FAMILIES: dict[str, PairFamily] = {}
+
+
+def register_pair_family(name: str, family: PairFamily) -> PairFamily:
+    """Make ``family`` available to the mechanisms whose ``audit_pair`` names ``name``."""
+    if name in PAIR_FAMILIES:
+        raise InvalidParameterError(f"pair family {name!r} is already registered")
+    PAIR_FAMILIES[name] = family
+    return family
+
+
+def _dirichlet_vertex_laws(noise: float, clip: float, k: int, alpha: float | None, grid: int) -> ShiftLaws:
+    if alpha is None:
+        raise InvalidParameterError("the dirichlet-vertex pair needs alpha")
+    return dirichlet_shift_laws(noise, alpha, grid)
+
+
+register_pair_family("gaussian-shift", PairFamily(lambda noise, clip, k, alpha, grid: gaussian_shift_laws(noise, grid)))
+register_pair_family("laplace-shift", PairFamily(
+    lambda noise, clip, k, alpha, grid: laplace_shift_laws(clip / noise, 1, grid)))
+register_pair_family("laplace-spread", PairFamily(
+    lambda noise, clip, k, alpha, grid: laplace_shift_laws(clip / (np.sqrt(k) * noise), k, grid), spread=True))
+register_pair_family("dirichlet-vertex", PairFamily(_dirichlet_vertex_laws))
+
+
 def shift_laws(
     family: str, noise: float, clip: float = 1.0, k: int = 1, alpha: float | None = None,
     grid: int = 1 << 20,
 ) -> ShiftLaws:
     """The Y laws of the pair ``family`` (one of :data:`PAIR_FAMILIES`, see the module docstring)."""
+    if family not in PAIR_FAMILIES:
+        raise InvalidParameterError(f"unknown pair family {family!r}; expected one of {tuple(PAIR_FAMILIES)}")
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        laws = _shift_laws(family, noise, clip, k, alpha, grid)
+        laws = PAIR_FAMILIES[family].laws(noise, clip, k, alpha, grid)
     if not (np.isfinite(laws.step) and laws.step > 0):
         raise InvalidParameterError(
             f"noise {noise:g} (clip {clip:g}) is out of the numerical range of the {family} lower bound")
     return laws
-
-
-def _shift_laws(family: str, noise: float, clip: float, k: int, alpha: float | None, grid: int) -> ShiftLaws:
-    if family == "gaussian-shift":
-        return gaussian_shift_laws(noise, grid)
-    if family == "laplace-shift":
-        return laplace_shift_laws(clip / noise, 1, grid)
-    if family == "laplace-spread":
-        return laplace_shift_laws(clip / (np.sqrt(k) * noise), k, grid)
-    if family == "dirichlet-vertex":
-        if alpha is None:
-            raise InvalidParameterError("the dirichlet-vertex pair needs alpha")
-        return dirichlet_shift_laws(noise, alpha, grid)
-    raise InvalidParameterError(f"unknown pair family {family!r}; expected one of {PAIR_FAMILIES}")
 
 
 def epsilon_lower_bound(
@@ -416,8 +444,8 @@ def lower_bound(
 ) -> BoundResult:
     """Best exact lower bound on eps(delta) over the feasible pairs of ``mechanism``.
 
-    ``noise`` is in the mechanism's unit; the pairs are its registered ``audit_pair``.  For the
-    ``laplace-spread`` family (lap2) they are the shifts (C/sqrt(k))(1,..,1,0,..) for k in ``ks``
+    ``noise`` is in the mechanism's unit; the pairs are its registered ``audit_pair``.  For a
+    spread family (``laplace-spread``, lap2) they are the shifts (C/sqrt(k))(1,..,1,0,..) for k in ``ks``
     (default: a geometric grid up to ``params``); every other family has one pair.  Gradient
     mechanisms: both directions of add/remove adjacency; output mechanisms: replace-one adjacency
     with each sampled example's output released.  The maximum over pairs and directions is reported.
@@ -426,10 +454,13 @@ def lower_bound(
     pair = spec.audit_pair
     directions = ("replace-one",) if spec.perturbs == "outputs" else ("add", "remove")
     family, noise = pair.family, noise * pair.noise_factor
-    if family == "laplace-spread":
+    if family not in PAIR_FAMILIES:
+        raise InvalidParameterError(f"mechanism {mechanism!r} names pair family {family!r}, which is not "
+                                    f"registered; choose from {tuple(PAIR_FAMILIES)}")
+    if PAIR_FAMILIES[family].spread:
         if ks is None:
             if params is None:
-                raise InvalidParameterError("lap2 needs params (or an explicit k grid)")
+                raise InvalidParameterError(f"{mechanism} needs params (or an explicit k grid)")
             ks = default_k_grid(params)
         if params is not None and max(ks) > params:
             raise InvalidParameterError(f"k = {max(ks)} exceeds the number of parameters {params}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from dpnoise.accounting import ACCOUNTANTS, calibrate_dirichlet_r, calibrate_noise, get_mechanism_spec
+from dpnoise.accounting import ACCOUNTANTS, calibrate, get_mechanism_spec
 from dpnoise.accounting.validation import check_positive
 from dpnoise.cli.common import accountant_lines, add_setting_options, emit, resolve_setting
 from dpnoise.formatting import decimals, significant_digits
@@ -29,11 +29,7 @@ def run(args: argparse.Namespace) -> int:
     mechanism, accountant, q, steps, kwargs = resolve_setting(args)
     target = check_positive("--epsilon", args.epsilon)
     mechanism_spec = get_mechanism_spec(mechanism)
-    if mechanism_spec.uses_alpha:
-        result = calibrate_dirichlet_r(target, args.delta, q, steps, alpha=kwargs["alpha"], accountant=accountant,
-                                       num_classes=kwargs["num_classes"])
-    else:
-        result = calibrate_noise(accountant, target, args.delta, q, steps, clip=kwargs["clip"], params=kwargs["params"])
+    result = calibrate(accountant, target, args.delta, q, steps, **kwargs)
     spec = ACCOUNTANTS[accountant]
     payload = dataclasses.asdict(result) | {"sound": spec.sound, "warning": spec.warning, "scope": spec.scope,
                                             result.noise_keyword: result.noise}

@@ -1,20 +1,23 @@
-"""Torch implementations of the registered mechanisms, attached by name.
+"""Torch implementations of the registered mechanisms.
 
 What a mechanism is (noise unit, what it perturbs, clipping norm, accountants) is stated once, in
-the torch-free registry :data:`dpnoise.accounting.MECHANISMS`.  This module attaches how it runs:
-a noise sampler for the sum of clipped per-example gradients (``perturbs == "gradients"``) or a
-module wrapper whose training-mode forward perturbs each example's output (``"outputs"``).
-A new mechanism is registered there first, then implemented here with :func:`implement_mechanism`.
+the torch-free registry :data:`dpnoise.accounting.MECHANISMS`.  This module adds how it runs: a
+gradient mechanism (``perturbs == "gradients"``) adds noise of its ``noise_distribution`` to the
+sum of clipped per-example gradients (:data:`NOISE_SAMPLERS`), with nothing to register here; an
+output mechanism needs a module wrapper whose training-mode forward perturbs each example's output,
+attached by :func:`implement_mechanism`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 from torch import nn
 
+from dpnoise.accounting import MECHANISMS as SPECS
 from dpnoise.accounting import InvalidParameterError, MechanismSpec, get_mechanism_spec
 from dpnoise.mechanisms.dirichlet import DirichletOutput
 from dpnoise.mechanisms.errors import InvalidMechanismError
@@ -51,24 +54,58 @@ class Mechanism:
         return self.spec.needs_per_sample_gradients
 
 
-MECHANISMS: dict[str, Mechanism] = {}
+#: the noise on the sum of clipped gradients, by the mechanism's ``noise_distribution``
+NOISE_SAMPLERS: dict[str, NoiseSampler] = {"gaussian": gaussian_noise, "laplace": laplace_noise}
+_IMPLEMENTED: dict[str, Mechanism] = {}
+
+
+def _runnable(spec: MechanismSpec) -> Optional[Mechanism]:
+    implemented = _IMPLEMENTED.get(spec.name)
+    if implemented is not None and implemented.spec is spec:
+        return implemented
+    if spec.perturbs == "gradients" and spec.noise_distribution in NOISE_SAMPLERS:
+        return Mechanism(spec, sample_noise=NOISE_SAMPLERS[spec.noise_distribution])
+    return None
+
+
+class _Mechanisms(Mapping):
+    """Every registered mechanism that can run, by name, in registration order: the gradient mechanisms
+    whose noise law has a sampler and the output mechanisms with a module wrapper (a live view of
+    :data:`dpnoise.accounting.MECHANISMS`: a mechanism registered later appears here too)."""
+
+    def __getitem__(self, name: str) -> Mechanism:
+        spec = SPECS.get(name)
+        mechanism = None if spec is None else _runnable(spec)
+        if mechanism is None:
+            raise KeyError(name)
+        return mechanism
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([name for name, spec in SPECS.items() if _runnable(spec) is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+MECHANISMS: Mapping[str, Mechanism] = _Mechanisms()
 
 
 def implement_mechanism(name: str, *, sample_noise: Optional[NoiseSampler] = None,
                         wrap_module: Optional[ModuleWrapper] = None) -> Mechanism:
-    """Attach the torch implementation of the registered mechanism ``name`` (once)."""
+    """Attach the torch implementation of the registered mechanism ``name`` (once): the module wrapper
+    of an output mechanism, or a gradient mechanism's own noise sampler (instead of its law's)."""
     try:
         spec = get_mechanism_spec(name)
     except InvalidParameterError as err:
         raise InvalidMechanismError(f"{err}; register it in dpnoise.accounting.MECHANISMS first") from None
-    if name in MECHANISMS:
+    if name in _IMPLEMENTED and _IMPLEMENTED[name].spec is spec:
         raise InvalidMechanismError(f"mechanism {name!r} is already implemented")
     if spec.perturbs == "gradients" and (sample_noise is None or wrap_module is not None):
         raise InvalidMechanismError(f"gradient mechanism {name!r} needs a noise sampler (and no module wrapper)")
     if spec.perturbs == "outputs" and (wrap_module is None or sample_noise is not None):
         raise InvalidMechanismError(f"output mechanism {name!r} needs a module wrapper (and no noise sampler)")
-    MECHANISMS[name] = Mechanism(spec, sample_noise, wrap_module)
-    return MECHANISMS[name]
+    _IMPLEMENTED[name] = Mechanism(spec, sample_noise, wrap_module)
+    return _IMPLEMENTED[name]
 
 
 def get_mechanism(name: str) -> Mechanism:
@@ -89,8 +126,5 @@ def _wrap_penultimate(module: nn.Module, *, noise: float, clip: float, alpha: fl
     return PenultimateGaussian(module, sigma=noise, clip=clip, generator=generator)
 
 
-implement_mechanism("gaussian", sample_noise=gaussian_noise)
-implement_mechanism("lap2", sample_noise=laplace_noise)
-implement_mechanism("laplace-l1", sample_noise=laplace_noise)
 implement_mechanism("dirichlet", wrap_module=_wrap_dirichlet)
 implement_mechanism("penultimate-gaussian", wrap_module=_wrap_penultimate)

@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from dpnoise.accounting import (
-    ACCOUNTANTS,
-    CalibrationResult,
-    calibrate_dirichlet_r,
-    calibrate_noise,
-    epsilon_of_events,
-    get_mechanism_spec,
-)
+from dpnoise.accounting import CalibrationResult, calibrate, epsilon_of_events
 from dpnoise.accounting.events import DpEvent
-from dpnoise.accounting.validation import InvalidParameterError
 
 #: Upper end of the step search in :func:`steps_within_budget` (a budget never reached).
 MAX_BUDGET_STEPS = 2**40
@@ -38,16 +30,13 @@ def calibrate_training_noise(
     """Smallest noise meeting (target_epsilon, delta) after ``steps`` steps, in the mechanism's units.
 
     Gaussian mechanisms: sigma; Laplace ones: absolute b for clipping norm ``clip`` (the Lap2 paper's
-    Algorithm 1 for ``lap2``); Dirichlet: the largest admissible r.  Raises
-    ``dpnoise.accounting.UnreachableTargetError`` when the target is below the reachable floor.
-    ``releases``: events composed before the steps (gradient mechanisms only), covered by the target too.
+    Algorithm 1 for ``lap2``); a mechanism with its own calibrator (the Dirichlet r) by that
+    (:func:`dpnoise.accounting.calibrate`).  Raises ``dpnoise.accounting.UnreachableTargetError``
+    when the target is below the reachable floor.  ``releases``: events composed before the steps
+    (gradient mechanisms only), covered by the target too.
     """
-    if get_mechanism_spec(ACCOUNTANTS[accountant].mechanism).uses_alpha:
-        if releases:
-            raise InvalidParameterError("releases before training are accounted for gradient mechanisms only")
-        return calibrate_dirichlet_r(target_epsilon, delta, sample_rate, steps, alpha=alpha, accountant=accountant)
-    return calibrate_noise(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params,
-                           releases=releases)
+    return calibrate(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params,
+                     alpha=alpha, releases=releases)
 
 
 def steps_within_budget(accountant: str, step_event: DpEvent, target_epsilon: float, delta: float,

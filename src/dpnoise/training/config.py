@@ -432,9 +432,9 @@ def check_config(config: TrainingConfig) -> None:
     if privacy.epsilon is None and mech.noise is None:
         raise InvalidConfigError(lambda n: f"give {n('privacy.epsilon')} (calibrate the noise) or "
                                            f"{n('mechanism.noise')} (fixed noise), or both")
-    if opt.effective_lr is not None and (mech.name != "dirichlet" or opt.lr is not None):
+    if opt.effective_lr is not None and (not get_mechanism_spec(mech.name).effective_lr or opt.lr is not None):
         raise InvalidConfigError(lambda n: f"{n('optimizer.effective_lr')} applies to {n('mechanism.name')} "
-                                           f"dirichlet without {n('optimizer.lr')}")
+                                           f"{' or '.join(EFFECTIVE_LR_MECHANISMS())} without {n('optimizer.lr')}")
     check_declared(config)
     if opt.momentum != 0 and opt.name != "sgd":  # refused rather than silently ignored
         raise InvalidConfigError(lambda n: f"{n('optimizer.momentum')} applies to {n('optimizer.name')} sgd only, "

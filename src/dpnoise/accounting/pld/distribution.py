@@ -36,21 +36,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 from scipy.signal import lfilter
 
-from dpnoise.accounting.events import (
-    DirichletEvent,
-    DpEvent,
-    GaussianEvent,
-    Lap2Event,
-    LaplaceEvent,
-    PoissonSampledEvent,
-)
-from dpnoise.accounting.pld.dirichlet import two_class_domain_problem, two_class_loss_range, two_class_vertex_pld
-from dpnoise.accounting.pld.gdp import lap2_gdp_mu
+from dpnoise.accounting.events import DpEvent, PoissonSampledEvent
 from dpnoise.accounting.pld.roundoff import (
     composition_relative_error,
     convolution_entry_error,
@@ -59,6 +50,7 @@ from dpnoise.accounting.pld.roundoff import (
     summation_error_factor,
 )
 from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
+from dpnoise.accounting.validation import InvalidParameterError
 
 #: Value grid of the first pass: fine enough (about 0.1% of epsilon) from epsilon ~ 3 up.
 COARSE_DISCRETIZATION = 1e-3
@@ -79,17 +71,48 @@ _EXCESS_MASS_PER_STEP = 1e-6
 _GAUSSIAN_TAIL = math.sqrt(100.0)
 
 
-def gaussian_noise_multiplier(event: DpEvent) -> Optional[float]:
-    """The sensitivity-1 Gaussian noise multiplier whose PLD bounds ``event``'s (None if none)."""
-    if isinstance(event, GaussianEvent):
-        return event.noise_multiplier
-    if isinstance(event, Lap2Event):
-        mu = lap2_gdp_mu(event.noise_multiplier, event.num_params)
-        return 1.0 / mu if mu > 0 else math.inf
+#: the single-step PLD of a Poisson-sampled mechanism event: (event, q, discretization) -> dp_accounting PLD
+SingleStepPld = Callable[[Any, float, float], Any]
+
+
+def _always_available(event: Any) -> Optional[str]:
     return None
 
 
-def _sampled_loss_range(q: float, max_loss: float) -> float:
+@dataclass(frozen=True)
+class PldRoute:
+    """How a mechanism event type is accounted by a PLD (its plugin registers it, :func:`register_pld`).
+
+    ``loss_width(event, q)``: the width of the single-step privacy-loss support the grid must cover,
+    or the reason the route is not attempted at these parameters (e.g. outside dp_accounting's range);
+    ``single_step(event, q, discretization)``: its pessimistic single-step PLD;
+    ``unavailable(event)``: why there is no PLD whatever the parameters and step count (None: there is).
+    """
+
+    loss_width: Callable[[Any, float], Union[float, str]]
+    single_step: SingleStepPld
+    unavailable: Callable[[Any], Optional[str]] = _always_available
+
+
+_PLD_ROUTES: dict[type, PldRoute] = {}
+
+
+def register_pld(event_type: type, route: PldRoute) -> PldRoute:
+    """Register the PLD route of ``event_type`` (one per type)."""
+    if event_type in _PLD_ROUTES:
+        raise InvalidParameterError(f"a PLD route of {event_type.__name__} is already registered")
+    _PLD_ROUTES[event_type] = route
+    return route
+
+
+def unregister_pld(event_type: type) -> None:
+    """Remove the PLD route of ``event_type`` (and the cached PLDs)."""
+    _PLD_ROUTES.pop(event_type, None)
+    for cached in (composed_pld, pld_epsilon, pld_delta):
+        cached.cache_clear()
+
+
+def sampled_loss_range(q: float, max_loss: float) -> float:
     """Width of the privacy-loss support of a q-sampled mechanism whose loss is at most ``max_loss``.
 
     Sampling maps a loss L to log(1 - q + q e^L) (and its negative in the other direction).
@@ -97,44 +120,57 @@ def _sampled_loss_range(q: float, max_loss: float) -> float:
     return 2.0 * float(np.logaddexp(np.log1p(-q), np.log(q) + max_loss)) if q < 1 else 2.0 * max_loss
 
 
+def gaussian_loss_width(noise_multiplier: float, q: float) -> Union[float, str]:
+    """:attr:`PldRoute.loss_width` of the Poisson-sampled Gaussian mechanism (sensitivity 1)."""
+    if not 1e-100 < noise_multiplier < 1e100:  # dp_accounting squares sigma
+        return f"noise multiplier {noise_multiplier:g} out of the PLD route's range"
+    # dp_accounting truncates the Gaussian at |x| <= 10 sigma: loss up to 10/sigma + 1/(2 sigma^2).
+    return sampled_loss_range(q, _GAUSSIAN_TAIL / noise_multiplier + 0.5 / noise_multiplier / noise_multiplier)
+
+
+def gaussian_pld(noise_multiplier: float, q: float, discretization: float) -> Any:
+    """dp_accounting's pessimistic PLD of the Poisson-sampled Gaussian mechanism (add/remove)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib  # noqa: PLC0415 (slow import)
+
+    return pld_lib.from_gaussian_mechanism(noise_multiplier, pessimistic_estimate=True,
+                                           value_discretization_interval=discretization, sampling_prob=q)
+
+
+def laplace_loss_width(noise_multiplier: float, q: float) -> Union[float, str]:
+    """:attr:`PldRoute.loss_width` of the Poisson-sampled Laplace mechanism (sensitivity 1)."""
+    max_loss = 1.0 / noise_multiplier
+    if max_loss > _MAX_LAPLACE_LOSS:
+        return f"Laplace loss 1/{noise_multiplier:g} overflows dp_accounting"
+    return sampled_loss_range(q, max_loss)
+
+
+def laplace_pld(noise_multiplier: float, q: float, discretization: float) -> Any:
+    """dp_accounting's pessimistic PLD of the Poisson-sampled Laplace mechanism (add/remove)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib  # noqa: PLC0415 (slow import)
+
+    return pld_lib.from_laplace_mechanism(noise_multiplier, pessimistic_estimate=True,
+                                          value_discretization_interval=discretization, sampling_prob=q)
+
+
 def pld_unavailable(mechanism: DpEvent) -> Optional[str]:
     """Why ``mechanism`` (a mechanism event) has no PLD at all, whatever its parameters and step count
-    (None when it has one: Gaussian, Laplace, Lap2 through GDP, the two-class Dirichlet mechanism)."""
-    if isinstance(mechanism, DirichletEvent):
-        if mechanism.num_classes != 2:
-            return f"no PLD for DirichletEvent with num_classes={mechanism.num_classes} (two classes only)"
-        return None
-    if gaussian_noise_multiplier(mechanism) is None and not isinstance(mechanism, LaplaceEvent):
+    (None when its plugin registered a PLD route that applies to it)."""
+    route = _PLD_ROUTES.get(type(mechanism))
+    if route is None:
         return f"no PLD for {type(mechanism).__name__}"
-    return None
+    return route.unavailable(mechanism)
 
 
 def pld_feasibility(event: DpEvent, count: int, discretization: float) -> Optional[str]:
     """Why the PLD route is not attempted for ``count`` x ``event`` (None when it is)."""
     if not isinstance(event, PoissonSampledEvent):
         return f"PLD route covers Poisson-sampled mechanisms only, not {type(event).__name__}"
-    mechanism = event.event
-    unavailable = pld_unavailable(mechanism)
+    unavailable = pld_unavailable(event.event)
     if unavailable is not None:
         return unavailable
-    sigma = gaussian_noise_multiplier(mechanism)
-    if sigma is not None:
-        if not 1e-100 < sigma < 1e100:  # dp_accounting squares sigma
-            return f"noise multiplier {sigma:g} out of the PLD route's range"
-        # dp_accounting truncates the Gaussian at |x| <= 10 sigma: loss up to 10/sigma + 1/(2 sigma^2).
-        width = _sampled_loss_range(event.sampling_probability, _GAUSSIAN_TAIL / sigma + 0.5 / sigma / sigma)
-    elif isinstance(mechanism, LaplaceEvent):
-        max_loss = 1.0 / mechanism.noise_multiplier
-        if max_loss > _MAX_LAPLACE_LOSS:
-            return f"Laplace loss 1/{mechanism.noise_multiplier:g} overflows dp_accounting"
-        width = _sampled_loss_range(event.sampling_probability, max_loss)
-    else:  # the two-class Dirichlet mechanism (pld_unavailable)
-        problem = two_class_domain_problem(mechanism.r, mechanism.alpha)
-        if problem is not None:
-            return problem
-        # the changed example's inclusion is visible: sampling does not shrink its loss range
-        low, high = two_class_loss_range(mechanism.r, mechanism.alpha)
-        width = high - low
+    width = _PLD_ROUTES[type(event.event)].loss_width(event.event, event.sampling_probability)
+    if isinstance(width, str):
+        return width
     if count > MAX_COMPOSITIONS:
         return f"{count} steps > {MAX_COMPOSITIONS} (PLD composition too costly)"
     points = width / discretization
@@ -144,20 +180,7 @@ def pld_feasibility(event: DpEvent, count: int, discretization: float) -> Option
 
 
 def _single_step_pld(event: PoissonSampledEvent, discretization: float) -> Any:
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib  # noqa: PLC0415 (slow import)
-
-    q = event.sampling_probability
-    if isinstance(event.event, DirichletEvent):  # two classes (pld_feasibility): replace-one, inclusion visible
-        return two_class_vertex_pld(q, event.event.r, event.event.alpha, discretization)
-    sigma = gaussian_noise_multiplier(event.event)
-    if sigma is not None:
-        return pld_lib.from_gaussian_mechanism(
-            sigma, pessimistic_estimate=True, value_discretization_interval=discretization, sampling_prob=q
-        )
-    return pld_lib.from_laplace_mechanism(
-        event.event.noise_multiplier, pessimistic_estimate=True,
-        value_discretization_interval=discretization, sampling_prob=q,
-    )
+    return _PLD_ROUTES[type(event.event)].single_step(event.event, event.sampling_probability, discretization)
 
 
 def checked_pld(pld: Any, source: str) -> Any:

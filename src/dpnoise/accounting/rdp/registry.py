@@ -1,118 +1,87 @@
-"""RDP of each DP event, by event type: a registry so that new mechanisms plug in.
+"""RDP of each DP event, by event type and route: a registry that mechanism plugins fill.
 
-``register_rdp(EventType)`` registers ``fn(event, q, orders, methods) -> rdp`` giving the RDP of
-``event`` applied to a Poisson subsample with rate ``q`` (q = 1: no subsampling).
+A mechanism plugin (:mod:`dpnoise.accounting.plugins`) registers, for its event type, one or more
+named RDP routes ``fn(event, q, orders) -> rdp``, each the RDP of ``event`` applied to a Poisson
+subsample with rate ``q`` (q = 1: no subsampling).  The first route registered for a type is its
+default; an accountant names another (``AccountantSpec.rdp_route``, e.g. the published Lap2 bound)
+where a mechanism has several.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Literal
+from typing import Any, Callable, Optional
 
 import numpy as np
 
-from dpnoise.accounting.events import (
-    ComposedEvent,
-    DirichletEvent,
-    DpEvent,
-    GaussianEvent,
-    Lap2Event,
-    LaplaceEvent,
-    PoissonSampledEvent,
-    SelfComposedEvent,
-)
+from dpnoise.accounting.events import ComposedEvent, DpEvent, PoissonSampledEvent, SelfComposedEvent
 from dpnoise.accounting.rdp.curve import checked_rdp_curve
-from dpnoise.accounting.rdp.dirichlet import (
-    DirichletBase,
-    DirichletSubsampling,
-    sampled_dirichlet_rdp,
-)
-from dpnoise.accounting.rdp.gaussian import sampled_gaussian_rdp, shared_inclusion_gaussian_rdp
-from dpnoise.accounting.rdp.lap2 import lap2_add_only_rdp, lap2_paper_rdp, lap2_sound_rdp
-from dpnoise.accounting.rdp.laplace import sampled_laplace_rdp
+from dpnoise.accounting.validation import InvalidParameterError
 
-Lap2Method = Literal["sound", "paper", "add-only"]
-#: "add-remove": the noisy sum of a batch (DP-SGD); "replace-one": each sampled example's own noisy
-#: output released (the penultimate-layer baseline), replace-one adjacency
-GaussianRelease = Literal["add-remove", "replace-one"]
+RdpFunction = Callable[[Any, float, np.ndarray], np.ndarray]
+#: event type -> {route name: RDP function}, in registration order (the first is the default)
+_RDP_ROUTES: dict[type, dict[str, RdpFunction]] = {}
 
 
-@dataclass(frozen=True)
-class AccountingMethods:
-    """Which bound to use where a mechanism has several (defaults: the proven ones)."""
-
-    lap2: Lap2Method = "sound"
-    gaussian_release: GaussianRelease = "add-remove"
-    dirichlet_base: DirichletBase = "exact-vertex"
-    dirichlet_subsampling: DirichletSubsampling = "replace-one"
-
-
-RdpFunction = Callable[[object, float, np.ndarray, AccountingMethods], np.ndarray]
-_RDP_FUNCTIONS: dict[type, RdpFunction] = {}
-
-
-def register_rdp(event_type: type) -> Callable[[RdpFunction], RdpFunction]:
-    """Decorator registering the (subsampled) RDP function of a mechanism event type."""
+def register_rdp(event_type: type, route: str) -> Callable[[RdpFunction], RdpFunction]:
+    """Decorator registering ``route``, an RDP function of the (Poisson-subsampled) ``event_type``;
+    the first route of a type is its default.  A route already registered is refused."""
 
     def decorator(fn: RdpFunction) -> RdpFunction:
-        _RDP_FUNCTIONS[event_type] = fn
+        routes = _RDP_ROUTES.setdefault(event_type, {})
+        if route in routes:
+            raise InvalidParameterError(f"RDP route {route!r} of {event_type.__name__} is already registered")
+        routes[route] = fn
         return fn
 
     return decorator
 
 
-@register_rdp(GaussianEvent)
-def _gaussian(event: GaussianEvent, q: float, orders: np.ndarray, methods: AccountingMethods) -> np.ndarray:
-    if methods.gaussian_release == "replace-one":
-        return shared_inclusion_gaussian_rdp(q, event.noise_multiplier, orders)
-    return sampled_gaussian_rdp(q, event.noise_multiplier, orders)
+def unregister_rdp(event_type: type, route: str) -> None:
+    """Remove ``route`` of ``event_type`` (and the type, with its last route)."""
+    routes = _RDP_ROUTES.get(event_type, {})
+    routes.pop(route, None)
+    if not routes:
+        _RDP_ROUTES.pop(event_type, None)
+    _mechanism_rdp.cache_clear()
 
 
-@register_rdp(LaplaceEvent)
-def _laplace(event: LaplaceEvent, q: float, orders: np.ndarray, _: AccountingMethods) -> np.ndarray:
-    return sampled_laplace_rdp(q, event.noise_multiplier, orders)
+def rdp_routes(event_type: type) -> tuple[str, ...]:
+    """The RDP routes registered for ``event_type``, the default first (empty: it has no RDP)."""
+    return tuple(_RDP_ROUTES.get(event_type, ()))
 
 
-@register_rdp(Lap2Event)
-def _lap2(event: Lap2Event, q: float, orders: np.ndarray, methods: AccountingMethods) -> np.ndarray:
-    fn = {"sound": lap2_sound_rdp, "paper": lap2_paper_rdp, "add-only": lap2_add_only_rdp}
-    return fn[methods.lap2](q, event.noise_multiplier, event.num_params, orders)
-
-
-@register_rdp(DirichletEvent)
-def _dirichlet(
-    event: DirichletEvent, q: float, orders: np.ndarray, methods: AccountingMethods
-) -> np.ndarray:
-    return sampled_dirichlet_rdp(
-        q, event.r, event.alpha, orders, methods.dirichlet_base, methods.dirichlet_subsampling
-    )
+def _route_function(event_type: type, route: Optional[str]) -> RdpFunction:
+    """``route`` of ``event_type`` where it has it, else its default: an accountant's route names a
+    bound of its own mechanism, and the other events it composes (releases before training) take
+    their sound default."""
+    routes = _RDP_ROUTES.get(event_type)
+    if not routes:
+        raise NotImplementedError(f"no RDP accountant registered for {event_type.__name__}")
+    return routes.get(route, next(iter(routes.values())))
 
 
 @lru_cache(maxsize=256)
-def _mechanism_rdp(
-    event: DpEvent, q: float, orders: tuple[float, ...], methods: AccountingMethods
-) -> np.ndarray:
-    fn = _RDP_FUNCTIONS.get(type(event))
-    if fn is None:
-        raise NotImplementedError(f"no RDP accountant registered for {type(event).__name__}")
-    out = checked_rdp_curve(orders, fn(event, q, np.asarray(orders), methods), f"{event} at q={q:g}")
+def _mechanism_rdp(event: DpEvent, q: float, orders: tuple[float, ...], route: Optional[str]) -> np.ndarray:
+    fn = _route_function(type(event), route)
+    out = checked_rdp_curve(orders, fn(event, q, np.asarray(orders)), f"{event} at q={q:g}")
     out.setflags(write=False)
     return out
 
 
-def event_rdp(event: DpEvent, orders: np.ndarray, methods: AccountingMethods) -> np.ndarray:
-    """RDP curve (Renyi divergence at each order) of an arbitrary composed / subsampled event."""
+def event_rdp(event: DpEvent, orders: np.ndarray, route: Optional[str] = None) -> np.ndarray:
+    """RDP curve (Renyi divergence at each order) of an arbitrary composed / subsampled event, each
+    mechanism event by its ``route`` where it has one, else by its default route."""
     key = tuple(float(a) for a in np.asarray(orders, dtype=float))
     if isinstance(event, PoissonSampledEvent):
-        if type(event.event) not in _RDP_FUNCTIONS:
+        if type(event.event) not in _RDP_ROUTES:
             raise NotImplementedError(f"no RDP accountant registered for {type(event.event).__name__} (Poisson "
                                       f"sampling is accounted around a single mechanism event)")
-        return _mechanism_rdp(event.event, event.sampling_probability, key, methods)
+        return _mechanism_rdp(event.event, event.sampling_probability, key, route)
     if isinstance(event, SelfComposedEvent):
         if event.count == 0:
             return np.zeros(len(key))
-        return event.count * event_rdp(event.event, orders, methods)
+        return event.count * event_rdp(event.event, orders, route)
     if isinstance(event, ComposedEvent):
-        return sum((event_rdp(e, orders, methods) for e in event.events), np.zeros(len(key)))
-    return _mechanism_rdp(event, 1.0, key, methods)
+        return sum((event_rdp(e, orders, route) for e in event.events), np.zeros(len(key)))
+    return _mechanism_rdp(event, 1.0, key, route)

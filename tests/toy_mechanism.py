@@ -1,0 +1,75 @@
+"""A mechanism added as a contributor would, in one module: its event, its RDP and PLD routes, its
+spec and its accountants in one :class:`MechanismPlugin` (registered by the tests that use it,
+:func:`registered`).
+
+The toy is the Gaussian mechanism under its own event type with twice the noise of its "noise
+multiplier" (std 2 sigma C): its epsilon at sigma is the Gaussian's at 2 sigma, which the tests check.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpnoise.accounting import AccountantSpec, MechanismPlugin, MechanismSpec, register_plugin, unregister_plugin
+from dpnoise.accounting.mechanisms import NOISE_MULTIPLIER, AuditPair, EventContext
+from dpnoise.accounting.pld.distribution import PldRoute, gaussian_loss_width, gaussian_pld
+from dpnoise.accounting.rdp.gaussian import sampled_gaussian_rdp
+from dpnoise.accounting.validation import check_positive
+
+
+@dataclass(frozen=True)
+class ToyEvent:
+    """Gaussian noise of std ``2 noise_multiplier`` at sensitivity 1."""
+
+    noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        check_positive("noise_multiplier", self.noise_multiplier)
+
+
+def toy_event(noise: float, context: EventContext) -> ToyEvent:
+    return ToyEvent(check_positive("noise_multiplier", noise))
+
+
+def toy_rdp(event: ToyEvent, q: float, orders: np.ndarray) -> np.ndarray:
+    return sampled_gaussian_rdp(q, 2.0 * event.noise_multiplier, orders)
+
+
+#: std 2 sigma C at sensitivity C: the Gaussian pair at multiplier 2 sigma
+TOY_NOISE_FACTOR = 2.0
+
+PLUGIN = MechanismPlugin(
+    mechanism=MechanismSpec(
+        name="toy", description="The Gaussian mechanism with twice the noise, under its own event type",
+        noise=NOISE_MULTIPLIER, perturbs="gradients", noise_distribution="gaussian", clip_norm_ord=2,
+        event=toy_event, event_type=ToyEvent, accountants=("toy", "toy-pld", "toy-rdp"),
+        audit_pair=AuditPair("gaussian-shift", noise_factor=TOY_NOISE_FACTOR),
+    ),
+    rdp={"add-remove": toy_rdp},
+    pld=PldRoute(loss_width=lambda event, q: gaussian_loss_width(2.0 * event.noise_multiplier, q),
+                 single_step=lambda event, q, grid: gaussian_pld(2.0 * event.noise_multiplier, q, grid)),
+    accountants=(
+        AccountantSpec("toy-pld", "toy", True, "The toy's sampled Gaussian PLD.", kind="pld"),
+        AccountantSpec("toy-rdp", "toy", True, "The toy's sampled Gaussian RDP."),
+        AccountantSpec("toy-rdp-unsound", "toy", False, "The toy's RDP, flagged unsound.",
+                       warning="toy-rdp-unsound is flagged unsound to exercise the warning."),
+        AccountantSpec("toy", "toy", True, "The smaller of toy-pld and toy-rdp.", kind="minimum",
+                       routes=("toy-pld", "toy-rdp")),
+    ),
+)
+
+#: the toy's accountants in the order the registry lists them (a minimum before its routes)
+ACCOUNTANT_NAMES = ("toy", "toy-pld", "toy-rdp", "toy-rdp-unsound")
+
+
+@contextmanager
+def registered():
+    """The toy mechanism registered (one call), and every registry as it was afterwards."""
+    register_plugin(PLUGIN)
+    try:
+        yield PLUGIN
+    finally:
+        unregister_plugin(PLUGIN)
