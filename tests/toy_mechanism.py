@@ -2,8 +2,9 @@
 spec and its accountants in one :class:`MechanismPlugin` (registered by the tests that use it,
 :func:`registered`).
 
-The toy is the Gaussian mechanism under its own event type with twice the noise of its "noise
-multiplier" (std 2 sigma C): its epsilon at sigma is the Gaussian's at 2 sigma, which the tests check.
+The toy is DP-SGD's Gaussian mechanism (std sigma C on the sum of L2-clipped gradients) under its own
+name and event type, accounted by its own routes: every number it gives must be the Gaussian's, which
+the tests check layer by layer (accountants, command line, calibration, audit, training engine).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dpnoise.accounting.validation import check_positive
 
 @dataclass(frozen=True)
 class ToyEvent:
-    """Gaussian noise of std ``2 noise_multiplier`` at sensitivity 1."""
+    """Gaussian noise of std ``noise_multiplier`` at sensitivity 1."""
 
     noise_multiplier: float
 
@@ -35,22 +36,19 @@ def toy_event(noise: float, context: EventContext) -> ToyEvent:
 
 
 def toy_rdp(event: ToyEvent, q: float, orders: np.ndarray) -> np.ndarray:
-    return sampled_gaussian_rdp(q, 2.0 * event.noise_multiplier, orders)
+    return sampled_gaussian_rdp(q, event.noise_multiplier, orders)
 
-
-#: std 2 sigma C at sensitivity C: the Gaussian pair at multiplier 2 sigma
-TOY_NOISE_FACTOR = 2.0
 
 PLUGIN = MechanismPlugin(
     mechanism=MechanismSpec(
-        name="toy", description="The Gaussian mechanism with twice the noise, under its own event type",
+        name="toy", description="The Gaussian mechanism under its own name and event type",
         noise=NOISE_MULTIPLIER, perturbs="gradients", noise_distribution="gaussian", clip_norm_ord=2,
         event=toy_event, event_type=ToyEvent, accountants=("toy", "toy-pld", "toy-rdp"),
-        audit_pair=AuditPair("gaussian-shift", noise_factor=TOY_NOISE_FACTOR),
+        audit_pair=AuditPair("gaussian-shift"),
     ),
     rdp={"add-remove": toy_rdp},
-    pld=PldRoute(loss_width=lambda event, q: gaussian_loss_width(2.0 * event.noise_multiplier, q),
-                 single_step=lambda event, q, grid: gaussian_pld(2.0 * event.noise_multiplier, q, grid)),
+    pld=PldRoute(loss_width=lambda event, q: gaussian_loss_width(event.noise_multiplier, q),
+                 single_step=lambda event, q, grid: gaussian_pld(event.noise_multiplier, q, grid)),
     accountants=(
         AccountantSpec("toy-pld", "toy", True, "The toy's sampled Gaussian PLD.", kind="pld"),
         AccountantSpec("toy-rdp", "toy", True, "The toy's sampled Gaussian RDP."),

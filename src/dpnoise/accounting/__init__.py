@@ -33,6 +33,7 @@ from dpnoise.accounting.calibration import (
     calibrate,
     calibrate_noise,
     clip_from_gradient_norms,
+    step_event_factory,
     steps_from_epochs,
 )
 from dpnoise.accounting.mechanisms import (
@@ -90,5 +91,6 @@ __all__ = [
     "register_mechanism",
     "register_plugin",
     "unregister_plugin",
+    "step_event_factory",
     "steps_from_epochs",
 ]

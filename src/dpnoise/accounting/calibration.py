@@ -15,9 +15,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from scipy.optimize import brentq
 
-from dpnoise.accounting.accountant import UnsoundAccountantWarning, accountant_holding, epsilon_after, flat_ledger
-from dpnoise.accounting.events import DpEvent
-from dpnoise.accounting.mechanisms import get_mechanism_spec, noise_keywords
+from dpnoise.accounting.accountant import UnsoundAccountantWarning, accountant_holding, epsilon_of_events, flat_ledger
+from dpnoise.accounting.events import DpEvent, PoissonSampledEvent
+from dpnoise.accounting.mechanisms import get_mechanism_spec
 from dpnoise.accounting.pld.distribution import pld_epsilon
 from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
 from dpnoise.accounting.registry import accountants_for_mechanism, get_spec
@@ -195,11 +195,29 @@ class CalibrationResult:
         return {self.noise_keyword: self.noise}
 
 
-def epsilon_at_noise(name: str, noise: float, q: float, steps: int, delta: float, **kw: object) -> float:
-    """Epsilon of ``name`` at ``noise`` in its mechanism's unit (no unsound-accountant warning);
-    ``kw``: the other step arguments, and ``releases`` composed before the steps."""
-    return epsilon_after(name, steps=steps, delta=delta, sample_rate=q,
-                         **noise_keywords(get_spec(name).mechanism, noise), **kw)
+#: noise in the mechanism's unit -> the DP event of one training step: what the calibrators search
+StepEventFactory = Callable[[float], DpEvent]
+
+
+def step_event_factory(mechanism: str, sample_rate: float, *, clip: float = 1.0, params: Optional[int] = None,
+                       alpha: Optional[float] = None, num_classes: Optional[int] = None) -> StepEventFactory:
+    """``noise -> PoissonSampledEvent(sample_rate, the mechanism's event at that noise)`` for a run with
+    these settings (:meth:`~dpnoise.accounting.mechanisms.MechanismSpec.build_event`, checked once here)."""
+    spec = get_mechanism_spec(mechanism)
+    q = check_sample_rate("sample_rate", sample_rate)
+    spec.build_event(1.0, clip, params, alpha, num_classes)  # refuses settings the mechanism does not take
+
+    def step_event(noise: float) -> DpEvent:
+        return PoissonSampledEvent(q, spec.build_event(noise, clip, params, alpha, num_classes))
+
+    return step_event
+
+
+def epsilon_at_noise(accountant: str, step_event: StepEventFactory, noise: float, steps: int, delta: float,
+                     releases: Sequence[DpEvent] = ()) -> float:
+    """Epsilon of ``accountant`` after ``releases`` and ``steps`` x ``step_event(noise)`` (no unsound-accountant
+    warning)."""
+    return epsilon_of_events(accountant, step_event(noise), steps=steps, delta=delta, releases=releases)
 
 
 def validated_target(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> tuple[float, float, float, int]:
@@ -251,17 +269,18 @@ def calibrate_noise(
     if not spec.sound:
         warnings.warn(spec.warning or "", UnsoundAccountantWarning, stacklevel=2)
     clip = check_positive("clip", clip)
+    step_event = step_event_factory(spec.mechanism, q, clip=clip, params=params)
     if releases:
-        spent = epsilon_at_noise(accountant, 1.0, q, 0, delta, clip=clip, params=params, releases=releases)  # no step
+        spent = epsilon_at_noise(accountant, step_event, 1.0, 0, delta, releases)  # no step
         if spent >= eps_t:
             raise UnreachableTargetError(f"epsilon={eps_t:g} is unreachable: the releases before training alone "
                                          f"cost epsilon={spent:.4g} under {accountant} (delta={delta:g})")
     scale = _noise_scale(accountant, clip)
     guess = gaussian_initial_noise(eps_t, delta, q, steps)
-    ratio = _smallest_ratio(accountant, eps_t, delta, q, steps, clip, params, max(guess, 1e-3), releases)
+    ratio = _smallest_ratio(accountant, step_event, scale, eps_t, delta, steps, max(guess, 1e-3), releases)
     noise = ratio * scale
     by_acc = {
-        name: epsilon_at_noise(name, noise, q, steps, delta, clip=clip, params=params, releases=releases)
+        name: epsilon_at_noise(name, step_event, noise, steps, delta, releases)
         for name in dict.fromkeys([accountant, *(accountants_for_mechanism(spec.mechanism) if compare else [])])
     }
     if by_acc[accountant] > eps_t:  # every route checks its answer; this guards the combination
@@ -273,10 +292,11 @@ def calibrate_noise(
 
 
 def _smallest_ratio(
-    accountant: str, target: float, delta: float, q: float, steps: int, clip: float,
-    params: Optional[int], initial: float, releases: tuple[DpEvent, ...] = (), slope: float = -1.0,
+    accountant: str, step_event: StepEventFactory, scale: float, target: float, delta: float, steps: int,
+    initial: float, releases: tuple[DpEvent, ...] = (), slope: float = -1.0,
 ) -> float:
-    """Smallest noise / scale reaching ``target`` under ``accountant`` (Laplace: b / C; else sigma).
+    """Smallest noise / ``scale`` (Laplace: b / C; else sigma) whose ``steps`` x ``step_event(noise)``, after
+    ``releases``, reaches ``target`` under ``accountant``.
 
     ``initial``: where the search starts; ``slope``: a guess of d log epsilon / d log ratio there.
 
@@ -289,24 +309,20 @@ def _smallest_ratio(
     * an RDP accountant: directly.
     """
     spec = get_spec(accountant)
-    scale = _noise_scale(accountant, clip)
-    noise_keyword = get_mechanism_spec(spec.mechanism).noise.keyword
 
     def ledger(ratio: float):
-        acc = accountant_holding(accountant, releases).step(sample_rate=q, clip=clip, params=params, steps=steps,
-                                                            **{noise_keyword: ratio * scale})
-        return flat_ledger(acc.history)
+        return flat_ledger(accountant_holding(accountant, releases).compose(step_event(ratio * scale), steps).history)
 
     if spec.kind == "minimum":
         def route_epsilon(route: str, ratio: float) -> float:
-            return epsilon_at_noise(route, ratio * scale, q, steps, delta, clip=clip, params=params, releases=releases)
+            return epsilon_at_noise(route, step_event, ratio * scale, steps, delta, releases)
 
         answers, failure = [], None
         for route in sorted(spec.routes, key=lambda r: get_spec(r).kind != "rdp"):
             if answers and route_epsilon(route, min(answers)) > target:
                 continue  # not below target where another route already is: its answer is not smaller
             try:
-                answers.append(_smallest_ratio(route, target, delta, q, steps, clip, params,
+                answers.append(_smallest_ratio(route, step_event, scale, target, delta, steps,
                                                min(answers) if answers else initial, releases, slope))
             except UnreachableTargetError as err:
                 failure = err
@@ -326,7 +342,7 @@ def _smallest_ratio(
         return _solve_costly(lambda r: pld_epsilon(ledger(r), delta)[0], target, coarse, 1.05, slope)[0]
 
     def eps_of(ratio: float) -> float:
-        return epsilon_at_noise(accountant, ratio * scale, q, steps, delta, clip=clip, params=params, releases=releases)
+        return epsilon_at_noise(accountant, step_event, ratio * scale, steps, delta, releases)
 
     return solve_smallest(eps_of, target, initial=initial)
 

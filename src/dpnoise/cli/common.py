@@ -19,8 +19,10 @@ from dpnoise.accounting.validation import (
 )
 from dpnoise.formatting import decimals
 
-#: --mechanism: a mechanism, or an accountant name standing for its mechanism and that accountant
-MECHANISM_CHOICES = [*MECHANISMS, *(name for name in ACCOUNTANTS if name not in MECHANISMS)]
+def mechanism_choices() -> list[str]:
+    """--mechanism: a registered mechanism, or an accountant name standing for its mechanism and that
+    accountant (read when the parser is built: a mechanism registered before is offered)."""
+    return [*MECHANISMS, *(name for name in ACCOUNTANTS if name not in MECHANISMS)]
 
 
 def mechanism_help() -> str:
@@ -41,7 +43,7 @@ def accountant_names() -> list[str]:
 
 def add_setting_options(p: argparse.ArgumentParser) -> None:
     """--mechanism, sampling, steps, delta, clip, params, alpha, classes, json."""
-    p.add_argument("--mechanism", required=True, choices=MECHANISM_CHOICES, metavar="MECHANISM",
+    p.add_argument("--mechanism", required=True, choices=mechanism_choices(), metavar="MECHANISM",
                    help=f"{mechanism_help()}. An accountant name (e.g. lap2-paper) stands for its "
                    "mechanism with --accountant NAME")
     p.add_argument("--accountant", choices=sorted(ACCOUNTANTS), metavar="NAME",

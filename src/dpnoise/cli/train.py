@@ -16,7 +16,7 @@ from dataclasses import MISSING
 from dpnoise import checks
 from dpnoise.accounting import MECHANISMS
 from dpnoise.cli.common import accountant_names, mechanism_help, noise_help
-from dpnoise.training.config import OPTION_GROUPS, OPTIONS, Option
+from dpnoise.training.config import OPTION_GROUPS, OPTIONS, Option, effective_lr_applies, effective_lr_mechanisms
 from dpnoise.training.recipes import RECIPES, apply_recipe
 
 EXAMPLES = """examples:
@@ -96,8 +96,9 @@ def check_options(args: argparse.Namespace) -> None:
     """Check every option before any work, without torch; errors name the flag."""
     if args.epsilon is None and args.noise is None and args.recipe is None:
         raise checks.InvalidParameterError("give --epsilon (calibrate the noise) or --noise (fixed noise), or both")
-    if args.effective_lr is not None and (args.mechanism != "dirichlet" or args.lr is not None):
-        raise checks.InvalidParameterError("--effective-lr applies to --mechanism dirichlet without --lr")
+    if args.effective_lr is not None and (not effective_lr_applies(args.mechanism) or args.lr is not None):
+        raise checks.InvalidParameterError(f"--effective-lr applies to --mechanism {' or '.join(effective_lr_mechanisms())} "
+                                           "without --lr")
     if args.alpha is not None and not MECHANISMS[args.mechanism].uses_alpha:  # refused rather than ignored
         users = ", ".join(name for name, spec in MECHANISMS.items() if spec.uses_alpha)
         raise checks.InvalidParameterError(f"--alpha does not apply to --mechanism {args.mechanism} (only to {users})")

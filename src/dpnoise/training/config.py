@@ -44,6 +44,15 @@ EVAL_SPLITS = ("test", "dev")
 #: the mechanisms secure mode serves (``secure_mode``: exact integer noise from the OS's CSPRNG,
 #: :mod:`dpnoise.mechanisms.secure_noise`): the gradient mechanisms whose noise is added to the clipped sum, those
 #: whose MechanismSpec names a secure_noise sampler
+def effective_lr_mechanisms() -> list[str]:
+    """The mechanisms whose learning rate may be given as an effective one (``MechanismSpec.effective_lr``)."""
+    return [name for name, spec in MECHANISMS.items() if spec.effective_lr]
+
+
+def effective_lr_applies(mechanism: str) -> bool:
+    return mechanism in MECHANISMS and MECHANISMS[mechanism].effective_lr
+
+
 SECURE_MODE_MECHANISMS = tuple(sorted(name for name, spec in MECHANISMS.items() if spec.secure_noise is not None))
 
 #: renders a field's dotted path (``privacy.epsilon``) as a front end names it
@@ -432,9 +441,9 @@ def check_config(config: TrainingConfig) -> None:
     if privacy.epsilon is None and mech.noise is None:
         raise InvalidConfigError(lambda n: f"give {n('privacy.epsilon')} (calibrate the noise) or "
                                            f"{n('mechanism.noise')} (fixed noise), or both")
-    if opt.effective_lr is not None and (not get_mechanism_spec(mech.name).effective_lr or opt.lr is not None):
+    if opt.effective_lr is not None and (not effective_lr_applies(mech.name) or opt.lr is not None):
         raise InvalidConfigError(lambda n: f"{n('optimizer.effective_lr')} applies to {n('mechanism.name')} "
-                                           f"{' or '.join(EFFECTIVE_LR_MECHANISMS())} without {n('optimizer.lr')}")
+                                           f"{' or '.join(effective_lr_mechanisms())} without {n('optimizer.lr')}")
     check_declared(config)
     if opt.momentum != 0 and opt.name != "sgd":  # refused rather than silently ignored
         raise InvalidConfigError(lambda n: f"{n('optimizer.momentum')} applies to {n('optimizer.name')} sgd only, "

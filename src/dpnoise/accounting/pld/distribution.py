@@ -12,6 +12,9 @@ dp_accounting for epsilon(delta); each composed PLD carries a proven bound on th
 delta(epsilon) *with the bound added* is at most delta.  Where the bound alone exceeds delta,
 the route answers +inf and the default accountants use their RDP route.
 
+Each mechanism event type has at most one PLD route (:class:`PldRoute`), registered by the
+mechanism's plugin (:mod:`dpnoise.accounting.plugins`); the built-in ones:
+
 * Gaussian and penultimate-gaussian: ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma))``;
 * Laplace with L1 clipping: ``PoissonSampledDpEvent(q, LaplaceDpEvent(b / C))`` (the worst case of
   the L1 ball is a one-coordinate shift of C);

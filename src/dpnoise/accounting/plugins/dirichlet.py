@@ -23,6 +23,7 @@ from dpnoise.accounting.calibration import (
     UnreachableTargetError,
     epsilon_at_noise,
     solve_smallest,
+    step_event_factory,
     validated_target,
 )
 from dpnoise.accounting.events import DirichletEvent
@@ -91,8 +92,10 @@ def calibrate_dirichlet_r(
     if not spec.sound:
         warnings.warn(spec.warning or "", UnsoundAccountantWarning, stacklevel=2)
 
+    step_event = step_event_factory("dirichlet", q, alpha=alpha, num_classes=num_classes)
+
     def eps_of_inverse(inv_r: float) -> float:
-        return epsilon_at_noise(accountant, 1.0 / inv_r, q, steps, delta, alpha=alpha, num_classes=num_classes)
+        return epsilon_at_noise(accountant, step_event, 1.0 / inv_r, steps, delta)
 
     # h(r) is non-decreasing in r, i.e. non-increasing in 1/r; r < alpha keeps order 2 admissible.
     try:
