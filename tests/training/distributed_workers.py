@@ -59,7 +59,7 @@ def private(mechanism: str, grad_sample_mode: str = "auto", **options):
 
 
 def clipped_sums(rank: int, world_size: int) -> dict:
-    """Noise switched off (the test hook: ``optimizer.sample_noise``), one step on this rank's part of the
+    """Noise switched off (the test hook: ``optimizer.noisy_sum.sample_noise``), one step on this rank's part of the
     union batch; the gradient each rank applies, for every mechanism, gradient source and split."""
     x, y = TRAIN.tensors[0][:UNION], TRAIN.tensors[1][:UNION]
     grads = {}
@@ -67,7 +67,7 @@ def clipped_sums(rank: int, world_size: int) -> dict:
         for source in ("bookkeeping", "hooks"):
             for split in SPLITS:
                 module, optimizer, _ = private(mechanism, source)
-                optimizer.sample_noise = torch.zeros_like
+                optimizer.noisy_sum.sample_noise = torch.zeros_like
                 batch = (local_part(x, split, rank, world_size), local_part(y, split, rank, world_size))
                 local_step(module, optimizer, batch, PIECES[rank] if split == "halves in pieces" else None)
                 grads[mechanism, source, split] = [p.grad.clone() for p in optimizer.params]
@@ -91,7 +91,7 @@ def noise_shares(rank: int) -> dict:
     shares = {}
     for mechanism in ("lap2", "gaussian"):
         _, optimizer, _ = private(mechanism)
-        shares[mechanism] = optimizer.sample_noise(torch.zeros(SHARE_SAMPLES, dtype=torch.float64))
+        shares[mechanism] = optimizer.noisy_sum.sample_noise(torch.zeros(SHARE_SAMPLES, dtype=torch.float64))
     return shares
 
 
@@ -101,7 +101,7 @@ def refusals(rank: int) -> dict:
     x, y = TRAIN.tensors[0][:UNION], TRAIN.tensors[1][:UNION]
     messages = {}
     module, optimizer, _ = private("lap2")
-    optimizer.adds_share = rank == 0  # rank 1 "forgets" its share
+    optimizer.noisy_sum.adds_share = rank == 0  # rank 1 "forgets" its share
     try:
         train_step(module, optimizer, (x[rank::2], y[rank::2]), F.cross_entropy)
     except DistributedError as err:

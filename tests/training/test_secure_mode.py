@@ -43,14 +43,15 @@ def build(dataset, mechanism="gaussian", secure_mode=True, model=None, **options
 
 
 def released_gradients(optimizer) -> list[list[torch.Tensor]]:
-    """Records p.grad right after every noise step (before the scaling and the parameter update)."""
-    released, add_noise = [], optimizer.add_noise
+    """Records every step's released sums (before the scaling and the parameter update)."""
+    released, release = [], optimizer.noisy_sum.release
 
-    def recording() -> None:
-        add_noise()
-        released.append([p.grad.detach().clone() for p in optimizer.params])
+    def recording(params, gate) -> list[torch.Tensor]:
+        sums = release(params, gate)
+        released.append([value.detach().clone() for value in sums])
+        return sums
 
-    optimizer.add_noise = recording
+    optimizer.noisy_sum.release = recording
     return released
 
 
