@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Optional, Union, get_args, get_origin
 from dpnoise import checks
 from dpnoise.accounting import MECHANISMS
 from dpnoise.accounting.validation import InvalidParameterError
+from dpnoise.training.execution import NOISE_SHARES
 
 #: learning rate of each optimiser when none is given
 DEFAULT_LR = {"adam": 1e-3, "sgd": 0.1}
@@ -36,7 +37,6 @@ CHECKPOINT_NAME = "checkpoint.pt"
 #: devices a run can be given ("auto": CUDA when torch sees a GPU, else the CPU)
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 #: who adds the noise in a distributed run: every rank one of K shares, or rank 0 all of it
-NOISE_SHARES = ("split", "rank0")
 #: learning-rate schedules over the planned steps: constant, or cosine decay to 0 (Loshchilov & Hutter, arXiv 1608.03983)
 LR_SCHEDULES = ("constant", "cosine")
 #: the splits a run can be evaluated on ("dev" where the dataset has one: sst2)

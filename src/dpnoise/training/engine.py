@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import asdict
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -38,14 +38,15 @@ from dpnoise.accounting import (
 )
 from dpnoise.accounting.events import DpEvent, PoissonSampledEvent, event_to_dict
 from dpnoise.accounting.secure_noise import DiscreteGaussianPlan, plan_discrete_gaussian, plan_discrete_laplace
-from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
+from dpnoise.accounting.validation import InvalidParameterError, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.secure_noise import Plan
 from dpnoise.training.batches import check_batch_format
 from dpnoise.training.bookkeeping import BookkeepingModule, broadcast_inputs_over_batch, unsupported_bookkeeping_layers
-from dpnoise.training.config import NOISE_SHARES, SECURE_MODE_MECHANISMS
+from dpnoise.training.config import SECURE_MODE_MECHANISMS
 from dpnoise.training.devices import DeviceLike, module_device, module_float_dtype, resolve_device, seeded_generator
 from dpnoise.training.distributed import RankGroup, current_group, generator_seeds
+from dpnoise.training.execution import ExecutionOptions, GradSampleMode
 from dpnoise.training.randomness import (
     ReproducibleNoiseWarning,
     generator_state_tag,
@@ -71,8 +72,6 @@ from dpnoise.training.validation import check_optimizer_trains, check_supported_
 
 logger = logging.getLogger(__name__)
 
-GradSampleMode = Literal["auto", "bookkeeping", "hooks"]
-GRAD_SAMPLE_MODES: tuple[str, ...] = ("auto", "bookkeeping", "hooks")
 
 
 def count_trainable_parameters(module: nn.Module) -> int:
@@ -236,65 +235,71 @@ class PrivacyEngine:
                 sampling and for parameters whose dtype cannot hold the grid.
         """
         # Every argument is checked here, before any work (errors name the parameter).
-        if self.setup is not None:
-            raise EngineStateError("this PrivacyEngine already made a model private; create a new one")
-        check_optimizer_trains(module, optimizer)
-        if grad_sample_mode not in GRAD_SAMPLE_MODES:
-            raise InvalidTrainingOptionError(
-                f"grad_sample_mode must be one of {', '.join(GRAD_SAMPLE_MODES)}, got {grad_sample_mode!r}")
-        if max_physical_batch_size is not None:
-            max_physical_batch_size = check_count("max_physical_batch_size", max_physical_batch_size, 1)
-            if not poisson_sampling:
-                raise InvalidTrainingOptionError("max_physical_batch_size splits Poisson batches; it needs "
-                                                 "poisson_sampling=True")
-        if noise_shares not in NOISE_SHARES:
-            raise InvalidTrainingOptionError(
-                f"noise_shares must be one of {', '.join(NOISE_SHARES)}, got {noise_shares!r}")
-        device = module_device(module) if device is None else resolve_device(device)
-        group = current_group(device)
-        if not poisson_sampling and (group is not None or device.type != "cpu"):
-            raise InvalidTrainingOptionError("poisson_sampling=False (shuffled batches, not covered by the "
-                                             "accountants) is only available in one process on the CPU")
-        mech = get_mechanism(mechanism)
-        options = PrivacyOptions(
+        if self.setup is None:
+            get_mechanism(mechanism)  # an unknown or unimplemented mechanism: InvalidMechanismError
+        privacy = PrivacyOptions(
             mechanism=mechanism, delta=delta, target_epsilon=target_epsilon, epochs=epochs, max_grad_norm=max_grad_norm,
             alpha=alpha, accountant=accountant, calibrate_with=calibrate_with, data_releases=data_releases,
             on_budget_exhausted=on_budget_exhausted, secure_mode=secure_mode,
             noise=noise_from_keywords(mechanism, required=False, noise_multiplier=noise_multiplier,
                                       laplace_scale=laplace_scale, concentration=concentration),
-        )
+        ) if self.setup is None else None
+        execution = ExecutionOptions(poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode,
+                                     device=device, noise_shares=noise_shares,
+                                     max_physical_batch_size=max_physical_batch_size)
+        return self.make_private_with_options(module, optimizer, data_loader, privacy=privacy, execution=execution)
+
+    def make_private_with_options(
+        self, module: nn.Module, optimizer: Optimizer, data_loader: DataLoader, *, privacy: PrivacyOptions,
+        execution: ExecutionOptions = ExecutionOptions(),
+    ) -> tuple[nn.Module, Optimizer, DataLoader]:
+        """:meth:`make_private` with its options as the two checked dataclasses: what is released
+        (:class:`~dpnoise.training.privacy_plan.PrivacyOptions`) and how the run executes
+        (:class:`~dpnoise.training.execution.ExecutionOptions`), e.g. both built once from a
+        configuration."""
+        if self.setup is not None:
+            raise EngineStateError("this PrivacyEngine already made a model private; create a new one")
+        check_optimizer_trains(module, optimizer)
+        device = module_device(module) if execution.device is None else resolve_device(execution.device)
+        group = current_group(device)
+        poisson_sampling = execution.poisson_sampling
+        if not poisson_sampling and (group is not None or device.type != "cpu"):
+            raise InvalidTrainingOptionError("poisson_sampling=False (shuffled batches, not covered by the "
+                                             "accountants) is only available in one process on the CPU")
+        mech = get_mechanism(privacy.mechanism)
         if data_loader.batch_size is None:
             raise InvalidTrainingOptionError("the data loader needs a batch_size (the expected batch size)")
         if len(data_loader.dataset) == 0:
             raise InvalidTrainingOptionError("the data loader's dataset is empty")
-        check_step_count(options.epochs, check_sample_rate("data_loader.batch_size / len(dataset)",
+        check_step_count(privacy.epochs, check_sample_rate("data_loader.batch_size / len(dataset)",
                                                            data_loader.batch_size / len(data_loader.dataset)))
         check_batch_format(data_loader, perturbs_gradients=mech.needs_per_sample_gradients)
         check_training_mode(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
-        self._check_secure_mode(secure_mode, mech, group, poisson_sampling, module)
+        self._check_secure_mode(privacy.secure_mode, mech, group, poisson_sampling, module)
 
         module.to(device)
         self.device, self.group = device, group
         self._create_generators()
         self.logical_batches = LogicalBatchTracker()
         private_loader = self._private_loader(data_loader, poisson_sampling, float_dtype=module_float_dtype(module),
-                                              max_physical_batch_size=max_physical_batch_size)
+                                              max_physical_batch_size=execution.max_physical_batch_size)
         sample_rate = self._sample_rate(private_loader, data_loader)
-        self.plan = resolve(options, sample_rate=sample_rate, params=count_trainable_parameters(module))
+        self.plan = resolve(privacy, sample_rate=sample_rate, params=count_trainable_parameters(module))
         self.mechanism = mech
-        if secure_mode:
+        if privacy.secure_mode:
             self.secure_plan = self._secure_noise_plan(module)
         if group is not None:
-            group.check_same_setup({**asdict(self.setup), "noise_shares": noise_shares, "seed": self.seed})
+            group.check_same_setup({**asdict(self.setup), "noise_shares": execution.noise_shares, "seed": self.seed})
             group.broadcast_module(module)
         self.accountants = {name: accountant_holding(name, self.data_releases) for name in self.setup.accountants}
-        self.ledger = StepLedger(self.plan.step_event, self.accountants, self.plan.max_steps, on_budget_exhausted,
-                                 budget=f"epsilon={target_epsilon} (delta={self.setup.delta}, accountant "
+        self.ledger = StepLedger(self.plan.step_event, self.accountants, self.plan.max_steps,
+                                 privacy.on_budget_exhausted,
+                                 budget=f"epsilon={privacy.target_epsilon} (delta={self.setup.delta}, accountant "
                                         f"{self.setup.accountant})")
         private_module, private_optimizer = self._wrap(
             module, optimizer, expected_batch_size=sample_rate * len(data_loader.dataset),
-            grad_sample_mode=grad_sample_mode, noise_shares=noise_shares,
+            grad_sample_mode=execution.grad_sample_mode, noise_shares=execution.noise_shares,
         )
         return private_module, private_optimizer, private_loader
 

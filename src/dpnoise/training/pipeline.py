@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Optional
 from dpnoise.accounting.mechanisms import get_mechanism_spec
 from dpnoise.formatting import decimals
 from dpnoise.training.config import CHECKPOINT_NAME, InvalidConfigError, TrainingConfig, check_config
+from dpnoise.training.execution import ExecutionOptions
 from dpnoise.training.preparation import (
     apply_dirichlet_learning_rate,
     batch_collation,
@@ -38,6 +39,7 @@ from dpnoise.training.preparation import (
     prepare_model_and_data,
     standardize_features,
 )
+from dpnoise.training.privacy_plan import PrivacyOptions
 from dpnoise.training.summary import TrainingResult, summarize
 
 if TYPE_CHECKING:  # annotations only
@@ -150,25 +152,34 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
     return result
 
 
+def privacy_options(config: TrainingConfig, releases: tuple[DpEvent, ...] = ()) -> PrivacyOptions:
+    """The configuration's privacy options (mechanism, noise, target, clipping; the training data's
+    ``releases`` made before training), checked once."""
+    mechanism, privacy = config.mechanism, config.privacy
+    return PrivacyOptions(
+        mechanism=mechanism.name, delta=privacy.delta, noise=mechanism.noise, target_epsilon=privacy.epsilon,
+        epochs=config.schedule.epochs, max_grad_norm=mechanism.clip,
+        alpha=mechanism.alpha if get_mechanism_spec(mechanism.name).uses_alpha else None,
+        accountant=privacy.accountant, calibrate_with=privacy.calibrate_with, on_budget_exhausted="stop",
+        data_releases=releases, secure_mode=config.secure_mode,
+    )
+
+
+def execution_options(config: TrainingConfig, device: torch.device) -> ExecutionOptions:
+    """The configuration's execution options on ``device``."""
+    return ExecutionOptions(grad_sample_mode=config.mechanism.grad_sample_mode, device=device,
+                            noise_shares=config.mechanism.noise_shares,
+                            max_physical_batch_size=config.schedule.physical_batch_size)
+
+
 def make_private(
     engine: PrivacyEngine, config: TrainingConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
     loader: DataLoader, device: torch.device, releases: tuple[DpEvent, ...] = (),
 ) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
-    """``engine.make_private`` with the configuration's mechanism, noise and target (the one call), and the
-    training data's ``releases`` made before it."""
-    from dpnoise.accounting import noise_keywords
-
-    mechanism, privacy = config.mechanism, config.privacy
-    return engine.make_private(
-        model, optimizer, loader,
-        mechanism=mechanism.name, delta=privacy.delta, **noise_keywords(mechanism.name, mechanism.noise),
-        target_epsilon=privacy.epsilon, epochs=config.schedule.epochs, max_grad_norm=mechanism.clip,
-        alpha=mechanism.alpha if get_mechanism_spec(mechanism.name).uses_alpha else None,
-        accountant=privacy.accountant, calibrate_with=privacy.calibrate_with, on_budget_exhausted="stop",
-        grad_sample_mode=mechanism.grad_sample_mode, device=device, noise_shares=mechanism.noise_shares,
-        max_physical_batch_size=config.schedule.physical_batch_size, data_releases=releases,
-        secure_mode=config.secure_mode,
-    )
+    """The engine's ``make_private`` with the configuration's options (the one call), and the training
+    data's ``releases`` made before it."""
+    return engine.make_private_with_options(model, optimizer, loader, privacy=privacy_options(config, releases),
+                                            execution=execution_options(config, device))
 
 
 class PostProcessing:

@@ -34,7 +34,7 @@ def check_against_registries(config: TrainingConfig) -> None:
     from dpnoise.data import DATASETS, dataset_info
     from dpnoise.mechanisms import MECHANISMS
     from dpnoise.models import MODELS, TRAINABLE_PARTS
-    from dpnoise.training.engine import GRAD_SAMPLE_MODES
+    from dpnoise.training.execution import GRAD_SAMPLE_MODES
 
     data, mechanism, privacy, schedule = config.data, config.mechanism, config.privacy, config.schedule
     for path, value, known in (("data.name", data.name, sorted(DATASETS)), ("model", config.model, MODELS),
