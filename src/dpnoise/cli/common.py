@@ -120,8 +120,9 @@ def accountant_lines(epsilon_by_accountant: dict[str, float]) -> list[str]:
     rounded up at its last printed decimal (never below the bound it prints)."""
     if len(epsilon_by_accountant) < 2:
         return []
+    width = max(26, *(len(name) for name in epsilon_by_accountant))
     return [
-        f"  {name:<26} epsilon = {decimals(value, 4, 'up')}  "
+        f"  {name:<{width}} epsilon = {decimals(value, 4, 'up')}  "
         f"({'sound' if ACCOUNTANTS[name].sound else 'NOT a valid bound in general'})"
         for name, value in epsilon_by_accountant.items()
     ]

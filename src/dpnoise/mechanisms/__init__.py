@@ -1,7 +1,8 @@
 """Torch privacy mechanisms: per-example clipping, noise samplers, Dirichlet and penultimate outputs.
 
 What each mechanism is (noise unit, accountants) is registered in :data:`dpnoise.accounting.MECHANISMS`;
-:mod:`dpnoise.mechanisms.registry` attaches the torch implementations by name.
+:mod:`dpnoise.mechanisms.registry` lists the ones that can run: a gradient mechanism by its noise law,
+an output mechanism by the module wrapper its own module here attaches (:func:`implement_mechanism`).
 """
 
 from dpnoise.mechanisms.clipping import clip_factors, clipped_sum, per_example_norms

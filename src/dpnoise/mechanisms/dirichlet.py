@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpnoise.accounting.validation import check_positive
+from dpnoise.mechanisms.registry import implement_mechanism
 
 #: The Dirichlet-mechanism paper's reference value of the true-class probability for the effective learning rate.
 KAPPA_REFERENCE_PROBABILITY = 0.9
@@ -99,3 +100,12 @@ class DirichletOutput(nn.Module):
         if not self.training:
             return torch.log_softmax(logits, dim=-1)
         return dirichlet_log_sample(logits, self.r, self.alpha, self.generator)
+
+
+def wrap_dirichlet(module: nn.Module, *, noise: float, clip: float, alpha: float, generator) -> nn.Module:
+    """The Dirichlet mechanism's torch side: ``module``'s training-mode outputs released as samples."""
+    del clip  # softmax outputs are bounded by construction
+    return DirichletOutput(module, r=noise, alpha=alpha, generator=generator)
+
+
+implement_mechanism("dirichlet", wrap_module=wrap_dirichlet)

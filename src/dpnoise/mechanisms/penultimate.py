@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from dpnoise.accounting.validation import check_positive
+from dpnoise.mechanisms.registry import implement_mechanism
 from dpnoise.mechanisms.clipping import clip_factors
 from dpnoise.mechanisms.errors import InvalidMechanismError
 from dpnoise.mechanisms.noise import gaussian_noise
@@ -66,3 +67,12 @@ class PenultimateGaussian(nn.Module):
 
     def forward(self, *args, **kwargs) -> torch.Tensor:
         return self.module(*args, **kwargs)
+
+
+def wrap_penultimate(module: nn.Module, *, noise: float, clip: float, alpha: float, generator) -> nn.Module:
+    """The penultimate-layer Gaussian's torch side: clipped, noised activations in training mode."""
+    del alpha
+    return PenultimateGaussian(module, sigma=noise, clip=clip, generator=generator)
+
+
+implement_mechanism("penultimate-gaussian", wrap_module=wrap_penultimate)

@@ -19,10 +19,8 @@ from torch import nn
 
 from dpnoise.accounting import MECHANISMS as SPECS
 from dpnoise.accounting import InvalidParameterError, MechanismSpec, get_mechanism_spec
-from dpnoise.mechanisms.dirichlet import DirichletOutput
 from dpnoise.mechanisms.errors import InvalidMechanismError
 from dpnoise.mechanisms.noise import gaussian_noise, laplace_noise
-from dpnoise.mechanisms.penultimate import PenultimateGaussian
 
 #: (reference tensor, noise, clip, generator, shares) -> noise tensor shaped like the reference: one of
 #: ``shares`` independent shares whose sum is the mechanism's noise (the whole noise for ``shares=1``).
@@ -114,17 +112,3 @@ def get_mechanism(name: str) -> Mechanism:
         return MECHANISMS[name]
     except KeyError:
         raise InvalidMechanismError(f"unknown mechanism {name!r}; known: {', '.join(sorted(MECHANISMS))}") from None
-
-
-def _wrap_dirichlet(module: nn.Module, *, noise: float, clip: float, alpha: float, generator) -> nn.Module:
-    del clip  # softmax outputs are bounded by construction
-    return DirichletOutput(module, r=noise, alpha=alpha, generator=generator)
-
-
-def _wrap_penultimate(module: nn.Module, *, noise: float, clip: float, alpha: float, generator) -> nn.Module:
-    del alpha
-    return PenultimateGaussian(module, sigma=noise, clip=clip, generator=generator)
-
-
-implement_mechanism("dirichlet", wrap_module=_wrap_dirichlet)
-implement_mechanism("penultimate-gaussian", wrap_module=_wrap_penultimate)
