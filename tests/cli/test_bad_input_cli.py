@@ -475,12 +475,12 @@ def test_light_choice_lists_match_the_registries():
 
     assert OPTIONS["data.name"].choices == tuple(sorted(DATASETS))
     assert OPTIONS["model"].choices == tuple(MODELS)
-    assert OPTIONS["mechanism.name"].choices == tuple(sorted(MECHANISMS))
+    assert OPTIONS["mechanism.name"].allowed() == tuple(sorted(MECHANISMS))
     assert OPTIONS["mechanism.grad_sample_mode"].choices == tuple(GRAD_SAMPLE_MODES)
     assert OPTIONS["trainable"].choices == TRAINABLE_PARTS
     for path, declared in OPTIONS.items():  # every registry a field names holds its choices
         if declared.registry is not None:
             module, _, name = declared.registry.rpartition(".")
-            assert set(declared.choices) == set(getattr(importlib.import_module(module), name)), path
+            assert set(declared.allowed()) == set(getattr(importlib.import_module(module), name)), path
     assert set(TEXT_MODELS) <= set(MODELS)
     assert audit_cli.GRADIENT_MECHANISMS == [m for m in sorted(MECHANISMS) if MECHANISMS[m].needs_per_sample_gradients]

@@ -70,3 +70,13 @@ def test_the_engine_trains_with_the_new_mechanism_as_with_the_gaussian(toy_regis
     toy_eps, gaussian_eps = runs["toy"][1], runs["gaussian"][1]
     assert toy_eps == {"toy": gaussian_eps["gaussian"], "toy-pld": gaussian_eps["gaussian-pld"],
                        "toy-rdp": gaussian_eps["gaussian-rdp"]}
+
+
+def test_dpnoise_train_runs_the_new_mechanism_as_the_gaussian(toy_registered, capsys):
+    common = ["train", "--dataset", "digits", "--model", "cnn", "--delta", "1e-5", "--batch-size", "64", "--epochs", "1",
+              "--epsilon", "2", "--threads", "1", "--no-progress", "--seed", "0", "--noise-seed", "0", "--json"]
+    reports = {m: cli_json(capsys, *common, "--mechanism", m) for m in ("toy", "gaussian")}
+    toy_report, gaussian_report = reports["toy"], reports["gaussian"]
+    assert toy_report["mechanism"] == "toy" and toy_report["accountant"] == "toy"
+    assert (toy_report["noise"], toy_report["epsilon"], toy_report["test_accuracy"]) == (
+        gaussian_report["noise"], gaussian_report["epsilon"], gaussian_report["test_accuracy"])

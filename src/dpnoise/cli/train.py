@@ -73,7 +73,7 @@ def add_option(group: argparse._ArgumentGroup, declared: Option, registry_help: 
     if declared.type is bool:
         group.add_argument(declared.flag, action="store_false" if declared.default else "store_true", help=help_text)
     else:
-        group.add_argument(declared.flag, type=declared.type, choices=declared.choices, required=declared.required,
+        group.add_argument(declared.flag, type=declared.type, choices=declared.allowed(), required=declared.required,
                            metavar=declared.metavar, help=help_text)
 
 

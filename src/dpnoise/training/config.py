@@ -95,7 +95,8 @@ class Option:
     #: the heading the command line lists the flag under (one of :data:`OPTION_GROUPS`)
     group: str
     check: tuple[Any, ...] = ()
-    choices: Optional[tuple[str, ...]] = None
+    #: the values, or a function giving them when the command line is built (a registry that grows)
+    choices: Union[tuple[str, ...], Callable[[], tuple[str, ...]], None] = None
     registry: Optional[str] = None
     metavar: Optional[str] = None
     #: the command line needs the flag (a field without a default may instead come from a ``--recipe``)
@@ -104,6 +105,10 @@ class Option:
     path: str = ""
     type: Any = None
     default: Any = None
+
+    def allowed(self) -> Optional[tuple[str, ...]]:
+        """The accepted values now (None: any value that passes the check)."""
+        return self.choices() if callable(self.choices) else self.choices
 
 
 def option(default: Any = MISSING, **declared: Any) -> Any:
@@ -162,7 +167,7 @@ class MechanismConfig:
     """The mechanism (``dpnoise.mechanisms.MECHANISMS``), its noise and clipping."""
 
     name: str = option(flag="--mechanism", group=_PRIVACY, required=True, registry="dpnoise.mechanisms.MECHANISMS",
-                       choices=tuple(sorted(MECHANISMS)),
+                       choices=lambda: tuple(sorted(MECHANISMS)),
                        help="{mechanisms}. Output mechanisms protect the released outputs, not the parameters "
                        "(docs/theory/dirichlet.md §5)")
     #: in the mechanism's own unit (:data:`dpnoise.accounting.MECHANISMS`); None: calibrated from the privacy target
@@ -418,8 +423,8 @@ def check_declared(config: TrainingConfig) -> None:
             continue
         if declared.check:
             check_field(path, declared.check[0], value, *declared.check[1:])
-        if declared.choices is not None and declared.registry is None and value not in declared.choices:
-            raise InvalidConfigError(lambda n, path=path, value=value, choices=declared.choices:
+        if declared.choices is not None and declared.registry is None and value not in declared.allowed():
+            raise InvalidConfigError(lambda n, path=path, value=value, choices=declared.allowed():
                                      f"{n(path)} must be one of {', '.join(choices)}, got {value!r}")
 
 
