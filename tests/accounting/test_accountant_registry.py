@@ -61,3 +61,29 @@ def test_the_registries_agree_on_each_mechanism_s_accountants(monkeypatch, mecha
     monkeypatch.setitem(MECHANISMS, mechanism, replace(MECHANISMS[mechanism], accountants=accountants))
     with pytest.raises(InvalidParameterError, match=match):
         check_reported_accountants(mechanism)
+
+
+def test_each_event_type_s_default_rdp_route_is_the_sound_one():
+    from dpnoise.accounting.events import DirichletEvent, GaussianEvent, Lap2Event, LaplaceEvent
+    from dpnoise.accounting.rdp.registry import rdp_routes
+
+    # the Gaussian event's default is add/remove (a release composed before training), not the
+    # penultimate-layer baseline's replace-one route registered after it
+    assert [rdp_routes(t)[0] for t in (GaussianEvent, LaplaceEvent, Lap2Event, DirichletEvent)] == [
+        "add-remove", "add-remove", "sound", "replace-one"]
+
+
+def test_an_accountant_s_rdp_route_applies_to_its_own_event_type_only():
+    import numpy as np
+
+    from dpnoise.accounting.events import GaussianEvent, PoissonSampledEvent
+    from dpnoise.accounting.rdp.registry import event_rdp
+
+    orders = np.array([2.0, 8.0, 32.0])
+    step = PoissonSampledEvent(0.1, GaussianEvent(1.0))
+    replace_one = ACCOUNTANTS["penultimate-gaussian-replace-one-rdp"].rdp_route_key
+    lap2_paper = ACCOUNTANTS["lap2-paper"].rdp_route_key
+    assert (event_rdp(step, orders, replace_one) > event_rdp(step, orders)).all()  # its own bound
+    assert (event_rdp(step, orders, lap2_paper) == event_rdp(step, orders)).all()  # another type's: the default
+    with pytest.raises(NotImplementedError, match="RDP route 'tight' of GaussianEvent is not registered"):
+        event_rdp(step, orders, (GaussianEvent, "tight"))

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from dpnoise.accounting import noise_keywords
 from dpnoise.mechanisms import dirichlet, penultimate
 from dpnoise.training import make_private, train_steps
-from dpnoise.training.errors import InvalidTrainingOptionError
+from dpnoise.training.errors import InvalidTrainingOptionError, PrivacyBudgetExceededError
 from dpnoise.training.sampling import LogicalBatchTracker, PoissonShardSampler
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
@@ -128,7 +128,21 @@ def test_budget_stop_after_accumulated_physical_batches_leaves_nothing_behind():
     history = train_steps(module, optimizer, iter(loader), engine, 10)
     assert engine.budget_exhausted and len(history) == engine.max_steps == engine.steps
     optimizer.zero_grad()
-    assert all(getattr(p, "summed_grad", None) is None for p in net.parameters())
+    assert optimizer.noisy_sum.sums is None
+
+
+def test_a_step_refused_by_raising_leaves_no_clipped_sum_behind():
+    """The refused logical batch's clipped sum must not reach a later step (it would then carry two
+    Poisson batches under the noise of one)."""
+    net = model()
+    module, optimizer, loader = make_private(
+        net, torch.optim.SGD(net.parameters(), lr=0.5), DataLoader(data(), batch_size=60), mechanism="gaussian",
+        noise_multiplier=2.0, target_epsilon=0.9, max_grad_norm=0.5, delta=1e-5, seed=3, noise_seed=3,
+        max_physical_batch_size=13)
+    engine = optimizer.privacy_engine
+    with pytest.raises(PrivacyBudgetExceededError):
+        train_steps(module, optimizer, iter(loader), engine, 10)
+    assert engine.steps == engine.max_steps and optimizer.noisy_sum.sums is None
 
 
 def test_train_steps_reports_logical_batches():

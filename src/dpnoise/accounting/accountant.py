@@ -239,13 +239,13 @@ class RdpAccountant(PrivacyAccountant):
         self.orders = DEFAULT_ORDERS.copy() if orders is None else check_orders("orders", orders)
 
     def _check_supported(self, event: DpEvent) -> None:
-        event_rdp(event, self.orders[:1], self.spec.rdp_route)
+        event_rdp(event, self.orders[:1], self.spec.rdp_route_key)
 
     def get_rdp(self) -> np.ndarray:
         """Total RDP curve over ``self.orders`` (checked: no NaN, >= 0, non-decreasing)."""
         total = np.zeros_like(self.orders)
         for event, count in self._history:
-            total = total + event_rdp(SelfComposedEvent(event, count), self.orders, self.spec.rdp_route)
+            total = total + event_rdp(SelfComposedEvent(event, count), self.orders, self.spec.rdp_route_key)
         return checked_rdp_curve(self.orders, total, f"accountant {self.name}")
 
     def get_epsilon_and_order(self, delta: float) -> tuple[float, float]:

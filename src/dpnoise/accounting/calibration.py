@@ -364,8 +364,6 @@ def clip_from_gradient_norms(norms: np.ndarray, percentile: float = 50.0) -> flo
     return check_positive("clip (percentile of norms)", float(np.percentile(norms, percentile)))
 
 
-
-
 def calibrate(
     accountant: str,
     target_epsilon: float,

@@ -15,6 +15,7 @@ from dpnoise.accounting.events import EVENT_TYPES, register_event_type
 from dpnoise.accounting.mechanisms import MECHANISMS, MechanismSpec, register_mechanism
 from dpnoise.accounting.pld.distribution import PldRoute, register_pld, unregister_pld
 from dpnoise.accounting.rdp.registry import RdpFunction, rdp_routes, register_rdp, unregister_rdp
+from dpnoise.accounting.release_count import release_count_delta, release_count_epsilon
 from dpnoise.accounting.registry import ACCOUNTANTS, AccountantSpec, check_reported_accountants, register_accountant
 from dpnoise.accounting.validation import InvalidParameterError
 
@@ -82,6 +83,8 @@ def unregister_plugin(plugin: MechanismPlugin) -> None:
 
 def _remove(plugin: MechanismPlugin, event_type: bool, routes: list[str], pld: bool) -> None:
     spec = plugin.mechanism
+    for cached in (release_count_epsilon, release_count_delta):  # they may hold the plugin's numbers
+        cached.cache_clear()
     for accountant in plugin.accountants:
         if ACCOUNTANTS.get(accountant.name) is accountant:
             del ACCOUNTANTS[accountant.name]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional, get_args
 
 from dpnoise.accounting.mechanisms import MECHANISMS, get_mechanism_spec
-from dpnoise.accounting.rdp.registry import rdp_routes
+from dpnoise.accounting.rdp.registry import RdpRoute, rdp_routes
 from dpnoise.accounting.validation import InvalidParameterError
 
 
@@ -35,6 +35,12 @@ class AccountantSpec:
     kind: AccountantKind = "rdp"
     routes: tuple[str, ...] = ()
     rdp_route: Optional[str] = None
+
+    @property
+    def rdp_route_key(self) -> RdpRoute:
+        """The route as :func:`~dpnoise.accounting.rdp.registry.event_rdp` takes it: (the mechanism's
+        event type, ``rdp_route``), or None for the defaults."""
+        return None if self.rdp_route is None else (get_mechanism_spec(self.mechanism).event_type, self.rdp_route)
 
     @property
     def scope(self) -> Optional[str]:

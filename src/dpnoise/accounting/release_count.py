@@ -39,7 +39,7 @@ from scipy.special import gammaln, log_ndtr, logsumexp, xlog1py
 from dpnoise.accounting.accountant import PrivacyAccountant, flat_ledger
 from dpnoise.accounting.events import DpEvent, GaussianEvent, MechanismEvent, PoissonSampledEvent
 from dpnoise.accounting.rdp.orders import DEFAULT_ORDERS
-from dpnoise.accounting.rdp.registry import event_rdp
+from dpnoise.accounting.rdp.registry import RdpRoute, event_rdp
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
 
 _ULP = float(np.finfo(float).eps)
@@ -238,7 +238,7 @@ def rdp_log_profile(epsilon: float, counts: np.ndarray, orders: np.ndarray, rdp:
 LogProfile = Callable[[float, np.ndarray], np.ndarray]
 
 
-def base_log_profile(event: MechanismEvent, route: Optional[str], orders: np.ndarray) -> LogProfile:
+def base_log_profile(event: MechanismEvent, route: RdpRoute, orders: np.ndarray) -> LogProfile:
     """(eps, counts) -> upper bounds on log delta_k(eps) of k releases of ``event``: exact for a
     Gaussian release, else from its RDP curve at ``orders`` (by the RDP ``route``, None: the default)."""
     if isinstance(event, GaussianEvent):
@@ -278,7 +278,7 @@ def smallest_epsilon(log_delta_of: Callable[[float], float], delta: float) -> fl
     return float(epsilon)
 
 
-def _mixture(event: PoissonSampledEvent, steps: int, log_tail: float, route: Optional[str],
+def _mixture(event: PoissonSampledEvent, steps: int, log_tail: float, route: RdpRoute,
              orders: tuple[float, ...]) -> tuple[Optional[Callable[[float], float]], str]:
     """(eps -> an upper bound on log delta(eps), the bound's name), or (None, why it is not computed)."""
     counts = release_counts(steps, event.sampling_probability, log_tail)
@@ -291,7 +291,7 @@ def _mixture(event: PoissonSampledEvent, steps: int, log_tail: float, route: Opt
 
 
 @lru_cache(maxsize=1024)
-def release_count_epsilon(event: PoissonSampledEvent, steps: int, delta: float, route: Optional[str],
+def release_count_epsilon(event: PoissonSampledEvent, steps: int, delta: float, route: RdpRoute,
                           orders: tuple[float, ...] = tuple(DEFAULT_ORDERS)) -> tuple[float, str]:
     """(epsilon(delta), the bound) of ``steps`` releases of ``event`` by release count, or (+inf, reason);
     the counts above the window carry at most :data:`TAIL_FRACTION` of ``delta``."""
@@ -301,7 +301,7 @@ def release_count_epsilon(event: PoissonSampledEvent, steps: int, delta: float, 
 
 
 @lru_cache(maxsize=1024)
-def release_count_delta(event: PoissonSampledEvent, steps: int, epsilon: float, route: Optional[str],
+def release_count_delta(event: PoissonSampledEvent, steps: int, epsilon: float, route: RdpRoute,
                         orders: tuple[float, ...] = tuple(DEFAULT_ORDERS)) -> float:
     """delta(epsilon) of ``steps`` releases of ``event`` by release count (1.0 where not computed)."""
     log_delta_of, _ = _mixture(event, steps, LOG_TAIL_WITHOUT_TARGET, route, orders)
@@ -329,7 +329,7 @@ class ReleaseCountAccountant(PrivacyAccountant):
     def _check_supported(self, event: DpEvent) -> None:
         for sampled, _ in flat_ledger([(event, 1)]):
             if not isinstance(sampled.event, GaussianEvent):
-                event_rdp(sampled.event, DEFAULT_ORDERS[:1], self.spec.rdp_route)
+                event_rdp(sampled.event, DEFAULT_ORDERS[:1], self.spec.rdp_route_key)
 
     def repeated_release(self) -> tuple[Optional[PoissonSampledEvent], int, Optional[str]]:
         """(the one repeated release, its count, None), or (None, 0, why the route does not apply)."""
@@ -344,13 +344,13 @@ class ReleaseCountAccountant(PrivacyAccountant):
         event, steps, reason = self.repeated_release()
         if event is None:
             return math.inf, f"not computed: {reason}"
-        return release_count_epsilon(event, steps, delta, self.spec.rdp_route)
+        return release_count_epsilon(event, steps, delta, self.spec.rdp_route_key)
 
     def _delta(self, epsilon: float) -> float:
         event, steps, _ = self.repeated_release()
         if event is None:
             return 1.0
-        return release_count_delta(event, steps, epsilon, self.spec.rdp_route)
+        return release_count_delta(event, steps, epsilon, self.spec.rdp_route_key)
 
 
 __all__ = [

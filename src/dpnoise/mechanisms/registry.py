@@ -54,16 +54,35 @@ class Mechanism:
 
 #: the noise on the sum of clipped gradients, by the mechanism's ``noise_distribution``
 NOISE_SAMPLERS: dict[str, NoiseSampler] = {"gaussian": gaussian_noise, "laplace": laplace_noise}
+#: whether each sampler's noise is an absolute scale (the Laplace b), not a multiple of C (sigma): a
+#: mechanism's noise unit (``NoiseParameter.per_clip``) must agree, or its noise would not be the one accounted
+SAMPLER_TAKES_ABSOLUTE_SCALE = {"gaussian": False, "laplace": True}
 _IMPLEMENTED: dict[str, Mechanism] = {}
 
 
+def _not_runnable(spec: MechanismSpec) -> Optional[str]:
+    """Why ``spec`` has no torch implementation (None: it has one)."""
+    implemented = _IMPLEMENTED.get(spec.name)
+    if implemented is not None and implemented.spec is spec:
+        return None
+    if spec.perturbs == "outputs":
+        return "an output mechanism needs its module wrapper: implement_mechanism(name, wrap_module=...)"
+    if spec.noise_distribution not in NOISE_SAMPLERS:
+        return (f"no noise sampler for {spec.noise_distribution!r} (samplers: {', '.join(NOISE_SAMPLERS)}); "
+                f"implement_mechanism(name, sample_noise=...)")
+    if SAMPLER_TAKES_ABSOLUTE_SCALE[spec.noise_distribution] != spec.noise.per_clip:
+        return (f"its noise {spec.noise.keyword!r} ({spec.noise.unit}) is not in the unit of the "
+                f"{spec.noise_distribution} sampler; implement_mechanism(name, sample_noise=...)")
+    return None
+
+
 def _runnable(spec: MechanismSpec) -> Optional[Mechanism]:
+    if _not_runnable(spec) is not None:
+        return None
     implemented = _IMPLEMENTED.get(spec.name)
     if implemented is not None and implemented.spec is spec:
         return implemented
-    if spec.perturbs == "gradients" and spec.noise_distribution in NOISE_SAMPLERS:
-        return Mechanism(spec, sample_noise=NOISE_SAMPLERS[spec.noise_distribution])
-    return None
+    return Mechanism(spec, sample_noise=NOISE_SAMPLERS[spec.noise_distribution])
 
 
 class _Mechanisms(Mapping):
@@ -111,4 +130,6 @@ def get_mechanism(name: str) -> Mechanism:
     try:
         return MECHANISMS[name]
     except KeyError:
+        if name in SPECS:
+            raise InvalidMechanismError(f"mechanism {name!r} cannot run: {_not_runnable(SPECS[name])}") from None
         raise InvalidMechanismError(f"unknown mechanism {name!r}; known: {', '.join(sorted(MECHANISMS))}") from None

@@ -36,14 +36,12 @@ MAX_LENGTH_RANGE = (2, 512)
 CHECKPOINT_NAME = "checkpoint.pt"
 #: devices a run can be given ("auto": CUDA when torch sees a GPU, else the CPU)
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
-#: who adds the noise in a distributed run: every rank one of K shares, or rank 0 all of it
 #: learning-rate schedules over the planned steps: constant, or cosine decay to 0 (Loshchilov & Hutter, arXiv 1608.03983)
 LR_SCHEDULES = ("constant", "cosine")
 #: the splits a run can be evaluated on ("dev" where the dataset has one: sst2)
 EVAL_SPLITS = ("test", "dev")
-#: the mechanisms secure mode serves (``secure_mode``: exact integer noise from the OS's CSPRNG,
-#: :mod:`dpnoise.mechanisms.secure_noise`): the gradient mechanisms whose noise is added to the clipped sum, those
-#: whose MechanismSpec names a secure_noise sampler
+
+
 def effective_lr_mechanisms() -> list[str]:
     """The mechanisms whose learning rate may be given as an effective one (``MechanismSpec.effective_lr``)."""
     return [name for name, spec in MECHANISMS.items() if spec.effective_lr]
@@ -53,6 +51,9 @@ def effective_lr_applies(mechanism: str) -> bool:
     return mechanism in MECHANISMS and MECHANISMS[mechanism].effective_lr
 
 
+#: the mechanisms secure mode serves (``secure_mode``: exact integer noise from the OS's CSPRNG,
+#: :mod:`dpnoise.mechanisms.secure_noise`): the gradient mechanisms whose noise is added to the clipped sum, those
+#: whose MechanismSpec names a secure_noise sampler
 SECURE_MODE_MECHANISMS = tuple(sorted(name for name, spec in MECHANISMS.items() if spec.secure_noise is not None))
 
 #: renders a field's dotted path (``privacy.epsilon``) as a front end names it

@@ -235,15 +235,16 @@ class PrivacyEngine:
                 sampling and for parameters whose dtype cannot hold the grid.
         """
         # Every argument is checked here, before any work (errors name the parameter).
-        if self.setup is None:
-            get_mechanism(mechanism)  # an unknown or unimplemented mechanism: InvalidMechanismError
+        if self.setup is not None:
+            raise EngineStateError("this PrivacyEngine already made a model private; create a new one")
+        get_mechanism(mechanism)  # an unknown or unimplemented mechanism: InvalidMechanismError
         privacy = PrivacyOptions(
             mechanism=mechanism, delta=delta, target_epsilon=target_epsilon, epochs=epochs, max_grad_norm=max_grad_norm,
             alpha=alpha, accountant=accountant, calibrate_with=calibrate_with, data_releases=data_releases,
             on_budget_exhausted=on_budget_exhausted, secure_mode=secure_mode,
             noise=noise_from_keywords(mechanism, required=False, noise_multiplier=noise_multiplier,
                                       laplace_scale=laplace_scale, concentration=concentration),
-        ) if self.setup is None else None
+        )
         execution = ExecutionOptions(poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode,
                                      device=device, noise_shares=noise_shares,
                                      max_physical_batch_size=max_physical_batch_size)

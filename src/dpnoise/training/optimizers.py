@@ -86,9 +86,17 @@ class WrappedOptimizer(Optimizer):
     def state(self):
         return self.original_optimizer.state
 
+    @state.setter
+    def state(self, state) -> None:
+        self.original_optimizer.state = state
+
     @property
     def defaults(self) -> dict:
         return self.original_optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, defaults: dict) -> None:
+        self.original_optimizer.defaults = defaults
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.original_optimizer.zero_grad(set_to_none)
@@ -289,8 +297,13 @@ class NoisyGradientOptimizer(WrappedOptimizer):
             for p in params:
                 p.grad = None
             return None
-        if not self.noisy_sum.admit(self.gate, params):
-            self.noisy_sum.discard()
+        admitted = False
+        try:
+            admitted = self.noisy_sum.admit(self.gate, params)
+        finally:  # refused, or raised (over budget, another rank refused): the step's sum is gone
+            if not admitted:
+                self.noisy_sum.discard()
+        if not admitted:
             return None
         self.noisy_sum.add_batch(params, self.logical_batches.batch_size)
         for p, released in zip(params, self.noisy_sum.release(params, self.gate)):

@@ -19,6 +19,9 @@ from dpnoise.accounting.rdp.curve import checked_rdp_curve
 from dpnoise.accounting.validation import InvalidParameterError
 
 RdpFunction = Callable[[Any, float, np.ndarray], np.ndarray]
+#: an accountant's own event type and the name of the RDP route its events take (None: every event
+#: its default route); events of other types (releases composed before training) take their default
+RdpRoute = Optional[tuple[type, str]]
 #: event type -> {route name: RDP function}, in registration order (the first is the default)
 _RDP_ROUTES: dict[type, dict[str, RdpFunction]] = {}
 
@@ -32,6 +35,7 @@ def register_rdp(event_type: type, route: str) -> Callable[[RdpFunction], RdpFun
         if route in routes:
             raise InvalidParameterError(f"RDP route {route!r} of {event_type.__name__} is already registered")
         routes[route] = fn
+        _mechanism_rdp.cache_clear()
         return fn
 
     return decorator
@@ -51,27 +55,30 @@ def rdp_routes(event_type: type) -> tuple[str, ...]:
     return tuple(_RDP_ROUTES.get(event_type, ()))
 
 
-def _route_function(event_type: type, route: Optional[str]) -> RdpFunction:
-    """``route`` of ``event_type`` where it has it, else its default: an accountant's route names a
-    bound of its own mechanism, and the other events it composes (releases before training) take
-    their sound default."""
+def _route_function(event_type: type, route: RdpRoute) -> RdpFunction:
+    """The RDP function of ``event_type``: ``route``'s where it names this type (an error if that route
+    is not registered), else the type's default."""
     routes = _RDP_ROUTES.get(event_type)
     if not routes:
         raise NotImplementedError(f"no RDP accountant registered for {event_type.__name__}")
-    return routes.get(route, next(iter(routes.values())))
+    if route is not None and route[0] is event_type:
+        if route[1] not in routes:
+            raise NotImplementedError(f"RDP route {route[1]!r} of {event_type.__name__} is not registered")
+        return routes[route[1]]
+    return next(iter(routes.values()))
 
 
 @lru_cache(maxsize=256)
-def _mechanism_rdp(event: DpEvent, q: float, orders: tuple[float, ...], route: Optional[str]) -> np.ndarray:
+def _mechanism_rdp(event: DpEvent, q: float, orders: tuple[float, ...], route: RdpRoute) -> np.ndarray:
     fn = _route_function(type(event), route)
     out = checked_rdp_curve(orders, fn(event, q, np.asarray(orders)), f"{event} at q={q:g}")
     out.setflags(write=False)
     return out
 
 
-def event_rdp(event: DpEvent, orders: np.ndarray, route: Optional[str] = None) -> np.ndarray:
-    """RDP curve (Renyi divergence at each order) of an arbitrary composed / subsampled event, each
-    mechanism event by its ``route`` where it has one, else by its default route."""
+def event_rdp(event: DpEvent, orders: np.ndarray, route: RdpRoute = None) -> np.ndarray:
+    """RDP curve (Renyi divergence at each order) of an arbitrary composed / subsampled event, the
+    mechanism events of ``route``'s type by that route, every other one by its default route."""
     key = tuple(float(a) for a in np.asarray(orders, dtype=float))
     if isinstance(event, PoissonSampledEvent):
         if type(event.event) not in _RDP_ROUTES:
