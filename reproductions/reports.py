@@ -110,12 +110,14 @@ def finetune_full_report(results_dir: Path, figures_dir: Path) -> list[Path]:
                            "(MiniLM-L6)", tables.finetune_full_markdown(rows)),
             write_markdown(figures_dir / "summary_finetune_full.md", "Lap2 paper, Table III at full dimension: "
                            "summary", tables.finetune_full_summary_markdown(rows)),
-            figures.accuracy_vs_epsilon([r for r in rows if r.get("trainable") == "all"], ["sst2"],
-                                        plans.FINETUNE_FULL_COLUMNS,
-                                        {"sst2": plans.FINETUNE_FULL_PUBLISHED},
-                                        figures_dir / "finetune_full_accuracy_vs_epsilon.png",
-                                        "MiniLM-L6, all 22.7M trained (paper: RoBERTa-base)",
-                                        references=finetune_full_reference(results_dir))]
+            *(figures.accuracy_vs_epsilon(
+                [r for r in rows if r.get("trainable") == "all" and r.get("steps_planned") == steps], ["sst2"],
+                plans.FINETUNE_FULL_COLUMNS, {"sst2": plans.FINETUNE_FULL_PUBLISHED},
+                figures_dir / ("finetune_full_accuracy_vs_epsilon"
+                               + ("" if steps == plans.FINETUNE_FULL_STEPS else f"_T{steps}") + ".png"),
+                f"MiniLM-L6, all 22.7M trained, T = {steps} (paper: RoBERTa-base)",
+                references=finetune_full_reference(results_dir) if steps == plans.FINETUNE_FULL_STEPS else {})
+              for steps in sorted({r.get("steps_planned") for r in rows if r.get("trainable") == "all"}))]
 
 
 #: the not-private reference run of finetune-full (the same settings with almost no noise), if it was run

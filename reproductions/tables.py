@@ -462,14 +462,17 @@ def finetune_full_epsilons(rows: Sequence[Row]) -> list[float]:
 
 
 def by_trainable(rows: Sequence[Row]) -> list[tuple[str, list[Row]]]:
-    """The rows of each set of trained parameters (every parameter first), with a caption naming it and its size."""
-    parts = sorted({r.get("trainable") for r in rows}, key=lambda part: (part != "all", str(part)))
+    """The rows of each set of trained parameters and run length (every parameter first, then the fewest
+    steps first), with a caption naming the parameters, their number and the steps T."""
+    keys = sorted({(r.get("trainable"), r.get("steps_planned")) for r in rows},
+                  key=lambda key: (key[0] != "all", str(key[0]), key[1] or 0))
     groups = []
-    for part in parts:
-        members = [r for r in rows if r.get("trainable") == part]
+    for part, steps in keys:
+        members = [r for r in rows if (r.get("trainable"), r.get("steps_planned")) == (part, steps)]
         sizes = sorted({r["params"] for r in members if r.get("params")})
         size = f" ({', '.join(f'{n:,}' for n in sizes)} parameters trained)" if sizes else ""
-        groups.append((("every parameter" if part == "all" else f"--trainable {part}") + size, members))
+        length = "" if steps is None else f", T = {steps} steps"
+        groups.append((("every parameter" if part == "all" else f"--trainable {part}") + size + length, members))
     return groups
 
 
@@ -485,7 +488,7 @@ FINETUNE_FULL_SUMMARY_NOTE = (
     "SST-2 dev accuracy in % (872 sentences), mean ± std over seeds (n seeds), and the calibrated noise relative to "
     "the clipping norm C (σ: the Gaussian noise multiplier; b/C: the Laplace scale per coordinate over C, as σ is; "
     "the records hold the absolute b), MiniLM-L6 (the parameters trained above each table) "
-    f"for T = {FINETUNE_FULL_SETTINGS['steps']} steps at batch {FINETUNE_FULL_SETTINGS['batch_size']}, sentences "
+    f"for the T steps named above each table at batch {FINETUNE_FULL_SETTINGS['batch_size']}, sentences "
     f"cut to {FINETUNE_FULL_SETTINGS['max_length']} tokens, clipping norm {FINETUNE_FULL_SETTINGS['clip']:g}, Adam "
     f"lr {FINETUNE_FULL_SETTINGS['lr']:g}. *{PAPER_LINE}*: the Lap2 paper's Table III (RoBERTa-base, 125M parameters, "
     "its Gaussian and Laplace-L1 accounted by RDP). *Lap2 − Gaussian*: points, paired by seed, at the same sound ε, "

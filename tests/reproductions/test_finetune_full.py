@@ -110,3 +110,12 @@ def test_figure_reference_line_is_the_not_private_runs_accuracy_when_it_was_run(
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"summary": {"noise": 0.001, "steps": 30, "test_accuracy": 0.75}}))
     assert finetune_full_reference(tmp_path) == {"sst2": ("not private (σ 0.001), same 30 steps", 75.0)}
+
+
+def test_each_run_length_gets_its_own_table_the_fewest_steps_first():
+    gaussian = plans.FINETUNE_FULL_COLUMNS[0]
+    rows = [dict(aggregated(gaussian, 0.73, 0.5, 3.74), steps_planned=300),
+            dict(aggregated(gaussian, 0.51, 1.0, 3.74), steps_planned=30)]
+    text = finetune_full_summary_markdown(rows)
+    short, long = (text.index(f"**every parameter (22,713,986 parameters trained), T = {t} steps**") for t in (30, 300))
+    assert short < long and "73.00 (n=1)" in text[long:] and "73.00" not in text[:long]
