@@ -469,13 +469,13 @@ def test_refusing_bad_input_imports_no_torch():
 
 def test_light_choice_lists_match_the_registries():
     from dpnoise.data import DATASETS
-    from dpnoise.mechanisms import MECHANISMS
+    from dpnoise.mechanisms import RUNNABLE_MECHANISMS
     from dpnoise.models import MODELS, TRAINABLE_PARTS
     from dpnoise.training import GRAD_SAMPLE_MODES
 
     assert OPTIONS["data.name"].choices == tuple(sorted(DATASETS))
     assert OPTIONS["model"].choices == tuple(MODELS)
-    assert OPTIONS["mechanism.name"].allowed() == tuple(sorted(MECHANISMS))
+    assert OPTIONS["mechanism.name"].allowed() == tuple(sorted(RUNNABLE_MECHANISMS))
     assert OPTIONS["mechanism.grad_sample_mode"].choices == tuple(GRAD_SAMPLE_MODES)
     assert OPTIONS["trainable"].choices == TRAINABLE_PARTS
     for path, declared in OPTIONS.items():  # every registry a field names holds its choices
@@ -483,4 +483,5 @@ def test_light_choice_lists_match_the_registries():
             module, _, name = declared.registry.rpartition(".")
             assert set(declared.allowed()) == set(getattr(importlib.import_module(module), name)), path
     assert set(TEXT_MODELS) <= set(MODELS)
-    assert audit_cli.GRADIENT_MECHANISMS == [m for m in sorted(MECHANISMS) if MECHANISMS[m].needs_per_sample_gradients]
+    assert audit_cli.GRADIENT_MECHANISMS == [m for m in sorted(RUNNABLE_MECHANISMS)
+                                             if RUNNABLE_MECHANISMS[m].needs_per_sample_gradients]

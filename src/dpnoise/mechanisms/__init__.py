@@ -16,10 +16,10 @@ from dpnoise.mechanisms.dirichlet import (
 from dpnoise.mechanisms.errors import InvalidMechanismError
 from dpnoise.mechanisms.noise import gaussian_noise, laplace_noise
 from dpnoise.mechanisms.penultimate import PenultimateGaussian
-from dpnoise.mechanisms.registry import MECHANISMS, Mechanism, get_mechanism, implement_mechanism
+from dpnoise.mechanisms.registry import RUNNABLE_MECHANISMS, Mechanism, get_mechanism, implement_mechanism
 
 __all__ = [
-    "MECHANISMS",
+    "RUNNABLE_MECHANISMS",
     "DirichletOutput",
     "InvalidMechanismError",
     "Mechanism",

@@ -104,7 +104,7 @@ class _Mechanisms(Mapping):
         return sum(1 for _ in self)
 
 
-MECHANISMS: Mapping[str, Mechanism] = _Mechanisms()
+RUNNABLE_MECHANISMS: Mapping[str, Mechanism] = _Mechanisms()
 
 
 def implement_mechanism(name: str, *, sample_noise: Optional[NoiseSampler] = None,
@@ -128,8 +128,8 @@ def implement_mechanism(name: str, *, sample_noise: Optional[NoiseSampler] = Non
 def get_mechanism(name: str) -> Mechanism:
     """The implemented mechanism ``name``; a clear error lists the known ones."""
     try:
-        return MECHANISMS[name]
+        return RUNNABLE_MECHANISMS[name]
     except KeyError:
         if name in SPECS:
             raise InvalidMechanismError(f"mechanism {name!r} cannot run: {_not_runnable(SPECS[name])}") from None
-        raise InvalidMechanismError(f"unknown mechanism {name!r}; known: {', '.join(sorted(MECHANISMS))}") from None
+        raise InvalidMechanismError(f"unknown mechanism {name!r}; known: {', '.join(sorted(RUNNABLE_MECHANISMS))}") from None

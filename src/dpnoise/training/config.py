@@ -165,9 +165,9 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class MechanismConfig:
-    """The mechanism (``dpnoise.mechanisms.MECHANISMS``), its noise and clipping."""
+    """The mechanism (``dpnoise.mechanisms.RUNNABLE_MECHANISMS``), its noise and clipping."""
 
-    name: str = option(flag="--mechanism", group=_PRIVACY, required=True, registry="dpnoise.mechanisms.MECHANISMS",
+    name: str = option(flag="--mechanism", group=_PRIVACY, required=True, registry="dpnoise.mechanisms.RUNNABLE_MECHANISMS",
                        choices=lambda: tuple(sorted(MECHANISMS)),
                        help="{mechanisms}. Output mechanisms protect the released outputs, not the parameters "
                        "(docs/theory/dirichlet.md §5)")

@@ -122,9 +122,9 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
     average = parameter_average(model, config.optimizer.ema_decay) if config.optimizer.ema_decay else None
     engine = PrivacyEngine(seed=config.seed, noise_seed=config.noise_seed)
     model.train()  # pretrained models may come in eval mode (Hugging Face's from_pretrained)
-    module, optimizer, loader = make_private(engine, config, model, optimizer,
-                                             DataLoader(train_set, batch_size=config.schedule.batch_size,
-                                                        **batch_collation(train_set)), device, releases)
+    module, optimizer, loader = make_private_from_config(engine, config, model, optimizer,
+                                                         DataLoader(train_set, batch_size=config.schedule.batch_size,
+                                                                    **batch_collation(train_set)), device, releases)
     apply_dirichlet_learning_rate(config, optimizer, engine)
     total_steps = min(engine.planned_steps, config.schedule.max_steps or engine.planned_steps)
     extras = PostProcessing(model, average.to(engine.device) if average is not None else None,
@@ -172,7 +172,7 @@ def execution_options(config: TrainingConfig, device: torch.device) -> Execution
                             max_physical_batch_size=config.schedule.physical_batch_size)
 
 
-def make_private(
+def make_private_from_config(
     engine: PrivacyEngine, config: TrainingConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
     loader: DataLoader, device: torch.device, releases: tuple[DpEvent, ...] = (),
 ) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:

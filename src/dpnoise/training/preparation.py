@@ -32,13 +32,13 @@ def check_against_registries(config: TrainingConfig) -> None:
     """The checks that need the registries: names, the dataset's sizes, the mechanism's accountants."""
     from dpnoise.accounting import accountants_for_mechanism
     from dpnoise.data import DATASETS, dataset_info
-    from dpnoise.mechanisms import MECHANISMS
+    from dpnoise.mechanisms import RUNNABLE_MECHANISMS
     from dpnoise.models import MODELS, TRAINABLE_PARTS
     from dpnoise.training.execution import GRAD_SAMPLE_MODES
 
     data, mechanism, privacy, schedule = config.data, config.mechanism, config.privacy, config.schedule
     for path, value, known in (("data.name", data.name, sorted(DATASETS)), ("model", config.model, MODELS),
-                               ("mechanism.name", mechanism.name, sorted(MECHANISMS)),
+                               ("mechanism.name", mechanism.name, sorted(RUNNABLE_MECHANISMS)),
                                ("mechanism.grad_sample_mode", mechanism.grad_sample_mode, GRAD_SAMPLE_MODES)):
         if value not in known:
             raise InvalidConfigError(lambda n, path=path, value=value, known=known:
@@ -53,7 +53,7 @@ def check_against_registries(config: TrainingConfig) -> None:
         raise InvalidConfigError(lambda n: f"{n('trainable')} applies to {n('model')} {', '.join(TRAINABLE_MODELS)} "
                                            f"and is one of {', '.join(TRAINABLE_PARTS)}; got {config.trainable!r} "
                                            f"with {config.model}")
-    if config.model in TRAINABLE_MODELS and MECHANISMS[mechanism.name].spec.scope is not None:
+    if config.model in TRAINABLE_MODELS and RUNNABLE_MECHANISMS[mechanism.name].spec.scope is not None:
         raise InvalidConfigError(lambda n: f"{n('model')} {config.model} trains on dict batches, with the gradient "
                                            f"mechanisms only; {n('mechanism.name')} {mechanism.name} perturbs the "
                                            f"outputs (for it, use minilm-features)")
@@ -71,7 +71,7 @@ def check_against_registries(config: TrainingConfig) -> None:
                                            f"set's size; q = batch / N <= 1), got {schedule.batch_size}")
     check_field("schedule.epochs", "finite_steps", schedule.epochs, schedule.batch_size / train_size)
     if data.feature_statistics_noise is not None and (config.model not in STANDARDIZED_MODELS
-                                                      or MECHANISMS[mechanism.name].spec.scope is not None):
+                                                      or RUNNABLE_MECHANISMS[mechanism.name].spec.scope is not None):
         raise InvalidConfigError(lambda n: f"{n('data.feature_statistics_noise')} applies to the models "
                                            f"{', '.join(STANDARDIZED_MODELS)} with a gradient mechanism, not "
                                            f"{config.model} with {mechanism.name}")

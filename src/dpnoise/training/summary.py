@@ -140,7 +140,7 @@ def summarize(
 ) -> TrainingResult:
     """The run's result, read from the engine, the optimizer and the history."""
     from dpnoise.accounting import ACCOUNTANTS
-    from dpnoise.mechanisms import MECHANISMS, kappa
+    from dpnoise.mechanisms import RUNNABLE_MECHANISMS, kappa
     from dpnoise.mechanisms.dirichlet import KAPPA_REFERENCE_PROBABILITY
 
     setup = engine.setup
@@ -162,7 +162,7 @@ def summarize(
         train_size=train_size,
         params=setup.params,
         noise=setup.noise,
-        noise_unit=MECHANISMS[setup.mechanism].spec.noise.unit,
+        noise_unit=RUNNABLE_MECHANISMS[setup.mechanism].spec.noise.unit,
         clip=setup.clip,
         sample_rate=setup.sample_rate,
         batch_size=config.schedule.batch_size,
