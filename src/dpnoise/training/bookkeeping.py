@@ -8,7 +8,7 @@ Hugging Face's ``Conv1D``, ``nn.Embedding``, ``nn.LayerNorm``) runs its forward 
 function that back-propagates to its input only, so that autograd never computes the batch's
 summed parameter gradients that DP training discards; its per-example gradients stay factorised
 (:mod:`dpnoise.training.per_example_gradients`: ghost norms of sequences, the outer-product
-factorisation of 2-D inputs, token-id sums of embeddings).  Convolutions (``Conv2d``, groups 1,
+factorisation of 2-D inputs, token-id sums of embeddings).  Convolutions (``Conv2d``, any groups,
 zero padding) get exact per-example gradients from one batched matmul over a channels-last
 sliding-window view (:func:`conv2d_per_example_gradients`), other convolutions and GroupNorm from
 Opacus's registered grad samplers, as :class:`opacus.GradSampleModule` would compute them.
@@ -94,30 +94,33 @@ def factorised_clipped_sum(activations: torch.Tensor, backprops: torch.Tensor,
 
 def conv2d_per_example_gradients(layer: nn.Conv2d, activations: torch.Tensor,
                                  backprops: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-example (weight, bias) gradients of a ``Conv2d`` with groups 1 and zero padding.
+    """Per-example (weight, bias) gradients of a ``Conv2d`` with zero padding (any ``groups``).
 
-    Weight: ``G_i[o, u, v, c] = sum_{h,w} g_i[o, h, w] x_i[c, s_h h + d_h u, s_w w + d_w v]`` on the
-    zero-padded input ``x_i``, returned as ``(batch, out, kh, kw, in)`` (see
-    :data:`CONV_WEIGHT_PERMUTATION`); bias: ``sum_{h,w} g_i[o, h, w]``, ``(batch, out)``.  One batched
-    matmul over a channels-last sliding-window view: the windows are copied once, contiguous along
-    channels, and the result needs no transpose (Opacus's ``unfold2d`` + einsum copies both).
+    Weight: ``G_i[o, u, v, c] = sum_{h,w} g_i[o, h, w] x_i[k c_o + c, s_h h + d_h u, s_w w + d_w v]`` on
+    the zero-padded input ``x_i``, ``k`` input channels per group and ``c_o`` the group of ``o``,
+    returned as ``(batch, out, kh, kw, k)`` (see :data:`CONV_WEIGHT_PERMUTATION`); bias:
+    ``sum_{h,w} g_i[o, h, w]``, ``(batch, out)``.  One batched matmul per (example, group) over a
+    channels-last sliding-window view: the windows are copied once, contiguous along channels, and
+    the result needs no transpose (Opacus's ``unfold2d`` + einsum copies both, and its grouped einsum
+    is two orders of magnitude slower on depthwise convolutions).
     """
     n, out_channels, out_h, out_w = backprops.shape
     (kh, kw), (sh, sw), (dh, dw), (ph, pw) = layer.kernel_size, layer.stride, layer.dilation, layer.padding
+    groups = layer.groups
+    in_per_group = layer.in_channels // groups
     padded = F.pad(activations, (pw, pw, ph, ph)).permute(0, 2, 3, 1).contiguous()
     stride_n, stride_h, stride_w, stride_c = padded.stride()
     windows = padded.as_strided(
-        (n, out_h, out_w, kh, kw, layer.in_channels),
-        (stride_n, stride_h * sh, stride_w * sw, stride_h * dh, stride_w * dw, stride_c),
-    )
-    weight = torch.bmm(backprops.reshape(n, out_channels, out_h * out_w), windows.reshape(n, out_h * out_w, -1))
-    return weight.view(n, out_channels, kh, kw, layer.in_channels), backprops.sum(dim=(2, 3))
+        (n, out_h, out_w, kh, kw, groups, in_per_group),
+        (stride_n, stride_h * sh, stride_w * sw, stride_h * dh, stride_w * dw, stride_c * in_per_group, stride_c),
+    ).permute(0, 5, 1, 2, 3, 4, 6).reshape(n * groups, out_h * out_w, kh * kw * in_per_group)
+    weight = torch.bmm(backprops.reshape(n * groups, out_channels // groups, out_h * out_w), windows)
+    return weight.view(n, out_channels, kh, kw, in_per_group), backprops.sum(dim=(2, 3))
 
 
 def has_channels_last_conv_gradients(layer: nn.Module) -> bool:
     """True for the convolutions :func:`conv2d_per_example_gradients` handles."""
-    return (type(layer) is nn.Conv2d and layer.groups == 1 and layer.padding_mode == "zeros"
-            and not isinstance(layer.padding, str))
+    return (type(layer) is nn.Conv2d and layer.padding_mode == "zeros" and not isinstance(layer.padding, str))
 
 
 def unsupported_bookkeeping_layers(module: nn.Module) -> list[str]:

@@ -32,6 +32,8 @@ DEFAULT_LR = {"adam": 1e-3, "sgd": 0.1}
 TEXT_MODELS = ("minilm", "minilm-features")
 #: MiniLM-L6 has 512 positions; [CLS] and [SEP] take two
 MAX_LENGTH_RANGE = (2, 512)
+#: the image sides the EfficientNet models accept (``resolution``)
+RESOLUTION_RANGE = (32, 512)
 #: file name of the checkpoint written into the output folder after every epoch
 CHECKPOINT_NAME = "checkpoint.pt"
 #: devices a run can be given ("auto": CUDA when torch sees a GPU, else the CPU)
@@ -289,14 +291,16 @@ class TrainingConfig:
     schedule: Schedule
     model: str = option(
         "cnn", flag="--model", group=_WHAT, registry="dpnoise.models.MODELS",
-        choices=("cnn", "resnet-gn", "resnet-gn-small", "minilm", "minilm-features", "efficientnet-lite0-features",
-                 "scatternet-linear", "scatternet-cnn"),
+        choices=("cnn", "resnet-gn", "resnet-gn-small", "minilm", "minilm-features", "efficientnet-lite0",
+                 "efficientnet-lite0-features", "scatternet-linear", "scatternet-cnn"),
         help="cnn: the TensorFlow Privacy tutorial's 4-layer CNN (default); resnet-gn: GroupNorm ResNet (0.31M "
         "parameters; resnet-gn-small: half width, 78k); minilm: MiniLM-L6 for sst2, Hugging Face's "
         "BertForSequenceClassification fine-tuned on the tokenizer's ids and attention masks (which parameters: "
         "--trainable); minilm-features: frozen MiniLM-L6 sentence embeddings (mean pooled, computed once and cached), "
-        "only a linear head is trained (sst2); efficientnet-lite0-features: frozen ImageNet backbone, features cached, "
-        "only the linear head is trained (RGB datasets); scatternet-linear / scatternet-cnn: frozen ScatterNet "
+        "only a linear head is trained (sst2); efficientnet-lite0: ImageNet EfficientNet-Lite0 with a new linear head, "
+        "every parameter fine-tuned (3.38M with 10 classes), BatchNorm frozen at its ImageNet statistics (a per-channel "
+        "affine map whose scale and shift train), RGB datasets; efficientnet-lite0-features: frozen ImageNet backbone, "
+        "features cached, only the linear head is trained (RGB datasets); scatternet-linear / scatternet-cnn: frozen ScatterNet "
         "features (kymatio, J=2, L=8, computed once and cached) under GroupNorm and a linear or small CNN head "
         "(Tramer & Boneh 2021; needs the train extra)")
     #: None: last-block
@@ -312,6 +316,12 @@ class TrainingConfig:
     lora_rank: Optional[int] = option(None, flag="--lora-rank", group=_WHAT, check=("check_count", 1), metavar="R",
                                       help="--trainable lora only: the rank of the adapters (default 8; scaling "
                                       "alpha / R = 2)")
+    #: None: DEFAULT_RESOLUTION of dpnoise.models.efficientnet_lite
+    resolution: Optional[int] = option(None, flag="--resolution", group=_WHAT, check=("count_in", *RESOLUTION_RANGE),
+                                       metavar="PIXELS",
+                                       help="efficientnet models only: images are resized to this side (bilinear) "
+                                       f"before the backbone ({RESOLUTION_RANGE[0]} to {RESOLUTION_RANGE[1]}; default "
+                                       "128; EfficientNet-Lite0 was trained at 224; the compute grows with its square)")
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     #: the public seed (not the private randomness)

@@ -13,6 +13,10 @@ from dpnoise.training.config import DEFAULT_LR, TEXT_MODELS, InvalidConfigError,
 
 #: models with a choice of trainable parameters (``trainable``, ``lora_rank``), on dict batches
 TRAINABLE_MODELS = ("minilm",)
+#: models that take RGB images in [0, 1] and scale them themselves (the dataset is not normalised)
+UNIT_PIXEL_MODELS = ("efficientnet-lite0",)
+#: models with an input ``resolution``
+RESOLUTION_MODELS = ("efficientnet-lite0", "efficientnet-lite0-features")
 #: models whose head starts with a ``norm`` layer that ``data.feature_statistics_noise`` replaces
 STANDARDIZED_MODELS = ("scatternet-linear", "scatternet-cnn")
 #: the statistics' noise generator is seeded from the run's seed plus this (not the engine's streams)
@@ -47,8 +51,11 @@ def check_against_registries(config: TrainingConfig) -> None:
     if (config.model in TEXT_MODELS) != (info.modality == "text"):
         raise InvalidConfigError(lambda n: f"{n('model')} {config.model} cannot be trained on the {info.modality} "
                                            f"dataset {data.name}")
-    if config.model == "efficientnet-lite0-features" and info.input_shape[0] != 3:
+    if config.model in RESOLUTION_MODELS and info.input_shape[0] != 3:
         raise InvalidConfigError(lambda n: f"{n('model')} {config.model} needs RGB images; {data.name} is not RGB")
+    if config.resolution is not None and config.model not in RESOLUTION_MODELS:
+        raise InvalidConfigError(lambda n: f"{n('resolution')} applies to {n('model')} {', '.join(RESOLUTION_MODELS)}, "
+                                           f"not {config.model}")
     if config.trainable is not None and (config.model not in TRAINABLE_MODELS or config.trainable not in TRAINABLE_PARTS):
         raise InvalidConfigError(lambda n: f"{n('trainable')} applies to {n('model')} {', '.join(TRAINABLE_MODELS)} "
                                            f"and is one of {', '.join(TRAINABLE_PARTS)}; got {config.trainable!r} "
@@ -114,6 +121,8 @@ def model_for_dataset(config: TrainingConfig) -> nn.Module:
     if config.model in TRAINABLE_MODELS:
         options = {name: value for name, value in (("trainable", config.trainable), ("lora_rank", config.lora_rank))
                    if value is not None}
+    if config.model in RESOLUTION_MODELS and config.resolution is not None:
+        options["resolution"] = config.resolution
     return build_model(config.model, num_classes=info.num_classes,
                        in_channels=info.input_shape[0] if image else None,
                        input_size=info.input_shape[-1] if image else None, **options)
@@ -147,7 +156,7 @@ def prepare_model_and_data(config: TrainingConfig) -> tuple[nn.Module, Dataset, 
 
     model = model_for_dataset(config)
     if not isinstance(model, FeatureClassifier):
-        return (model, *load_splits(config))
+        return (model, *load_splits(config, normalize=config.model not in UNIT_PIXEL_MODELS))
     return (model.head, *frozen_features(model, config))
 
 

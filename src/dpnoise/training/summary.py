@@ -85,9 +85,11 @@ class TrainingResult:
     #: secure mode's release (``PrivacyEngine.secure_noise``: sampler, grid, inflated clip, inflation,
     #: noise in use); None outside secure mode
     secure_noise: Optional[dict[str, Any]] = None
-    #: which of the model's parameters were trained (minilm), the LoRA rank, and the evaluated split
+    #: which of the model's parameters were trained (minilm), the LoRA rank, the image side (efficientnet
+    #: models) and the evaluated split
     trainable: Optional[str] = None
     lora_rank: Optional[int] = None
+    resolution: Optional[int] = None
     eval_split: str = "test"
     #: the curves: per-step (loss, batch accuracy, quick epsilon) and per-epoch (test accuracy,
     #: epsilon by accountant) records
@@ -131,7 +133,7 @@ SUMMARY_FIELDS = (
 OPTIONAL_FIELDS = {"momentum": 0.0, "lr_schedule": "constant", "ema_decay": None, "physical_batch_size": None,
                    "feature_statistics_noise": None, "private_randomness": "secret"}
 #: the same, printed with the model
-MODEL_FIELDS = {"trainable": None, "lora_rank": None, "eval_split": "test"}
+MODEL_FIELDS = {"trainable": None, "lora_rank": None, "resolution": None, "eval_split": "test"}
 
 
 def summarize(
@@ -189,6 +191,7 @@ def summarize(
         secure_noise=engine.secure_noise,
         trainable=config.trainable,
         lora_rank=config.lora_rank,
+        resolution=config.resolution,
         eval_split=config.data.eval_split,
         history=history,
     )
