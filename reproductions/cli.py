@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", required=True, choices=EXPERIMENT_CHOICES)
     p.add_argument("--dataset", nargs="+",
                    help="datasets (default: table2 fashion-mnist mnist; dirichlet mnist fashion-mnist cifar10-jpeg; "
-                   "finetune cifar10-jpeg sst2; finetune-full sst2; scatternet fashion-mnist mnist cifar10-jpeg)")
+                   "finetune cifar10-jpeg sst2; finetune-full sst2 cifar10-jpeg; scatternet fashion-mnist mnist cifar10-jpeg)")
     p.add_argument("--quick", action="store_true", help="one seed and two epsilons per table")
     p.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2; --quick: 0)")
     p.add_argument("--epsilons", type=float, nargs="+", help="target epsilons (default: the experiment's)")
@@ -144,8 +144,8 @@ def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
         specs = plans.scatternet_specs(choose(args.dataset, plans.SCATTERNET_DATASETS),
                                        choose(args.epsilons, plans.SCATTERNET_EPSILONS, quick), seeds, args.steps)
     elif args.experiment == "finetune-full":
-        specs = plans.finetune_full_specs(choose(args.epsilons, plans.FINETUNE_FULL_EPSILONS, quick), seeds,
-                                          args.steps)
+        specs = plans.finetune_full_specs(choose(args.dataset, tuple(plans.FINETUNE_FULL_TASKS)), args.epsilons,
+                                          seeds, args.steps, quick)
     else:
         specs = plans.finetune_specs(choose(args.dataset, tuple(plans.FINETUNE_TASKS)), args.epsilons, seeds,
                                      args.steps, quick)
@@ -187,7 +187,7 @@ def check_options(args: argparse.Namespace) -> None:
         from reproductions import plans
 
         # table2, dirichlet and scatternet train image models
-        offered = {"finetune": tuple(plans.FINETUNE_TASKS), "finetune-full": ("sst2",)}.get(
+        offered = {"finetune": tuple(plans.FINETUNE_TASKS), "finetune-full": tuple(plans.FINETUNE_FULL_TASKS)}.get(
             args.experiment, tuple(d for d in sorted(DATASETS) if d != "sst2"))
         for dataset in args.dataset:
             if dataset not in offered:

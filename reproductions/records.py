@@ -17,7 +17,7 @@ from typing import Any, Iterable, Optional
 GROUP_KEYS = (
     "experiment", "dataset", "model", "mechanism", "calibrated_with", "target_epsilon",
     "steps_planned", "optimizer", "alpha", "effective_lr", "momentum", "lr_schedule", "ema_decay",
-    "feature_statistics_noise", "trainable", "max_length", "eval_split",
+    "feature_statistics_noise", "trainable", "max_length", "eval_split", "resolution",
 )
 
 
@@ -65,6 +65,8 @@ class RunSpec:
     max_length: Optional[int] = None
     #: the split evaluated (``--eval-split``, e.g. sst2's ``dev``); None: the test split
     eval_split: Optional[str] = None
+    #: efficientnet models: the image side (``--resolution``); None: the library's default
+    resolution: Optional[int] = None
 
     @property
     def name(self) -> str:
@@ -90,6 +92,8 @@ class RunSpec:
             parts.append(f"L{self.max_length}")
         if self.eval_split is not None:
             parts.append(f"eval-{self.eval_split}")
+        if self.resolution is not None:
+            parts.append(f"px{self.resolution}")
         parts.append(f"seed{self.seed}")
         return "_".join(parts)
 

@@ -112,7 +112,7 @@ def finetune_full_report(results_dir: Path, figures_dir: Path) -> list[Path]:
                            "summary", tables.finetune_full_summary_markdown(rows)),
             *(figures.accuracy_vs_epsilon(
                 [r for r in rows if r.get("trainable") == "all" and r.get("steps_planned") == steps], ["sst2"],
-                plans.FINETUNE_FULL_COLUMNS, {"sst2": plans.FINETUNE_FULL_PUBLISHED},
+                plans.FINETUNE_FULL_COLUMNS, plans.FINETUNE_FULL_PUBLISHED,
                 figures_dir / ("finetune_full_accuracy_vs_epsilon"
                                + ("" if steps == plans.FINETUNE_FULL_STEPS else f"_T{steps}") + ".png"),
                 f"MiniLM-L6, all 22.7M trained, T = {steps} (paper: RoBERTa-base)",

@@ -90,6 +90,8 @@ def train_argv(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> 
         argv += ["--max-length", str(spec.max_length)]
     if spec.eval_split is not None:
         argv += ["--eval-split", spec.eval_split]
+    if spec.resolution is not None:
+        argv += ["--resolution", str(spec.resolution)]
     return argv
 
 
@@ -108,6 +110,7 @@ def train_config(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -
                         else float(spec.feature_statistics_noise), **text),
         model=spec.model,
         trainable=spec.trainable,
+        resolution=spec.resolution,
         mechanism=MechanismConfig(spec.mechanism, clip=float(spec.clip), **alpha),
         privacy=PrivacyTarget(delta=float(spec.delta), epsilon=float(spec.target_epsilon),
                               accountant=spec.calibrated_with, calibrate_with=spec.calibrated_with),

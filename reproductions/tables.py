@@ -480,7 +480,7 @@ def finetune_full_markdown(rows: Sequence[Row]) -> str:
     """Fine-tuning of MiniLM-L6 on SST-2, one line per run configuration, next to the paper's RoBERTa-base; one table
     per set of trained parameters."""
     return "\n\n".join(f"### {caption}\n\n" + long_table(members, "sst2", finetune_full_epsilons(members),
-                                                         FINETUNE_FULL_COLUMNS, FINETUNE_FULL_PUBLISHED)
+                                                         FINETUNE_FULL_COLUMNS, FINETUNE_FULL_PUBLISHED["sst2"])
                         for caption, members in by_trainable(rows))
 
 
@@ -504,7 +504,7 @@ def finetune_full_summary_markdown(rows: Sequence[Row]) -> str:
     tables = []
     for caption, members in by_trainable(relative):
         grid = SummaryGrid(members, "sst2", finetune_full_epsilons(members), FINETUNE_FULL_COLUMNS,
-                           FINETUNE_FULL_PUBLISHED)
+                           FINETUNE_FULL_PUBLISHED["sst2"])
         tables.append(f"**{caption}**\n\n" + grid.markdown([
             grid.ours("gaussian", "σ"), grid.paper("gaussian"),
             grid.ours("lap2", "b/C"), grid.gain("Lap2 − Gaussian", "lap2", "gaussian"),

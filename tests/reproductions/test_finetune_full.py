@@ -11,7 +11,7 @@ from reproductions.tables import finetune_full_summary_markdown
 
 
 def test_plan_runs_every_column_at_the_epsilons_in_the_given_order_with_the_same_settings():
-    specs = plans.finetune_full_specs([3.74, 0.54], seeds=[0])
+    specs = plans.finetune_full_specs(["sst2"], [3.74, 0.54], seeds=[0])
     assert [(s.target_epsilon, s.calibrated_with) for s in specs] == [
         (eps, c.calibrated_with) for eps in (3.74, 0.54) for c in plans.FINETUNE_FULL_COLUMNS]
     assert {(s.model, s.trainable, s.max_length, s.eval_split, s.steps, s.batch_size, s.clip, s.lr)
@@ -31,7 +31,7 @@ def test_recorded_command_builds_the_configuration_the_runner_trains(tmp_path):
     from dpnoise.cli.train import configuration_fields
     from dpnoise.training import TrainingConfig
 
-    spec = plans.finetune_full_specs([0.54], seeds=[1], steps=7)[2]
+    spec = plans.finetune_full_specs(["sst2"], [0.54], seeds=[1], steps=7)[2]
     argv = runner.train_argv(spec, tmp_path / "out")
     assert argv[argv.index("--trainable") + 1] == "all" and argv[argv.index("--eval-split") + 1] == "dev"
     config = runner.train_config(spec, tmp_path / "out")
@@ -41,10 +41,26 @@ def test_recorded_command_builds_the_configuration_the_runner_trains(tmp_path):
 
 
 def test_dry_run_lists_the_plan(capsys, tmp_path):
-    assert main(["--experiment", "finetune-full", "--seeds", "0", "--epsilons", "3.74", "0.54", "--dry-run",
-                 "--results-dir", str(tmp_path)]) == 0
+    assert main(["--experiment", "finetune-full", "--dataset", "sst2", "--seeds", "0", "--epsilons", "3.74", "0.54",
+                 "--dry-run", "--results-dir", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 8 and all(line.startswith("todo  sst2_minilm_") for line in lines)
+
+
+def test_cifar10_runs_fine_tune_efficientnet_at_the_papers_sampling_rate(tmp_path):
+    from dpnoise.cli.main import build_parser
+    from dpnoise.cli.train import configuration_fields
+    from dpnoise.training import TrainingConfig
+
+    specs = plans.finetune_full_specs(["cifar10-jpeg"], None, seeds=[0])
+    assert [s.target_epsilon for s in specs] == [0.75] * 4 + [0.5] * 4
+    assert {(s.model, s.resolution) for s in specs} == {("efficientnet-lite0", 64)}
+    assert all(abs(s.batch_size / s.train_limit - 0.01668) < 1e-4 for s in specs)
+    assert specs[0].name.endswith("_N10000_px64_seed0")
+    argv = runner.train_argv(specs[1], tmp_path / "out")
+    assert argv[argv.index("--resolution") + 1] == "64"
+    args = build_parser().parse_args(["train", *argv])
+    assert TrainingConfig.from_fields(configuration_fields(args)) == runner.train_config(specs[1], tmp_path / "out")
 
 
 def aggregated(column: plans.Column, accuracy: float, noise: float, eps: float, trainable: str = "all",
