@@ -102,22 +102,41 @@ def finetune_report(results_dir: Path, figures_dir: Path) -> list[Path]:
 
 
 def finetune_full_report(results_dir: Path, figures_dir: Path) -> list[Path]:
-    """Full fine-tuning of MiniLM-L6 on SST-2 against the paper's Table III, and accuracy vs epsilon."""
+    """Full fine-tuning (MiniLM-L6 on SST-2, EfficientNet-Lite0 on CIFAR-10) against the paper's Tables III and II,
+    and accuracy vs epsilon for each task and run length with every parameter trained."""
     rows = annotate_lower_bounds(aggregate(load_records(results_dir, "finetune-full")), results_dir / "finetune-full")
     if not rows:
         return []
-    return [write_markdown(figures_dir / "finetune_full.md", "Lap2 paper, Table III at full dimension "
-                           "(MiniLM-L6)", tables.finetune_full_markdown(rows)),
-            write_markdown(figures_dir / "summary_finetune_full.md", "Lap2 paper, Table III at full dimension: "
-                           "summary", tables.finetune_full_summary_markdown(rows)),
-            *(figures.accuracy_vs_epsilon(
-                [r for r in rows if r.get("trainable") == "all" and r.get("steps_planned") == steps], ["sst2"],
-                plans.FINETUNE_FULL_COLUMNS, plans.FINETUNE_FULL_PUBLISHED,
-                figures_dir / ("finetune_full_accuracy_vs_epsilon"
-                               + ("" if steps == plans.FINETUNE_FULL_STEPS else f"_T{steps}") + ".png"),
-                f"MiniLM-L6, all 22.7M trained, T = {steps} (paper: RoBERTa-base)",
-                references=finetune_full_reference(results_dir) if steps == plans.FINETUNE_FULL_STEPS else {})
-              for steps in sorted({r.get("steps_planned") for r in rows if r.get("trainable") == "all"}))]
+    return [write_markdown(figures_dir / "finetune_full.md", "Lap2 paper, Tables III and II at full dimension",
+                           tables.finetune_full_markdown(rows)),
+            write_markdown(figures_dir / "summary_finetune_full.md", "Lap2 paper, Tables III and II at full "
+                           "dimension: summary", tables.finetune_full_summary_markdown(rows)),
+            *(finetune_full_figure(rows, dataset, steps, results_dir, figures_dir)
+              for dataset, steps in sorted({(r["dataset"], r.get("steps_planned")) for r in rows
+                                            if (r.get("trainable") or "all") == "all"},
+                                           key=lambda key: (key[0] != "sst2", key)))]
+
+
+#: the paper's model each finetune-full task stands in for
+FINETUNE_FULL_PAPER_MODELS = {"sst2": "RoBERTa-base", "cifar10-jpeg": "ViT"}
+
+
+def finetune_full_figure(rows: list[dict], dataset: str, steps: int, results_dir: Path, figures_dir: Path) -> Path:
+    """Accuracy vs epsilon of ``dataset``'s runs of ``steps`` steps with every parameter trained (SST-2 at its
+    planned steps: ``finetune_full_accuracy_vs_epsilon.png``, with the not-private reference line)."""
+    settings = plans.FINETUNE_FULL_TASKS[dataset][0]
+    planned = steps == settings["steps"]
+    stem = "finetune_full_accuracy_vs_epsilon" + ("" if dataset == "sst2" else f"_{dataset}")
+    stem += "" if planned else f"_T{steps}"
+    trained = [r for r in rows if r["dataset"] == dataset and (r.get("trainable") or "all") == "all"
+               and r.get("steps_planned") == steps]
+    sizes = sorted({r["params"] for r in trained if r.get("params")})
+    size = f"{sizes[0] / 1e6:.1f}M" if sizes else "every parameter"
+    model = tables.FINETUNE_FULL_MODELS[dataset].split(", ")[1]
+    return figures.accuracy_vs_epsilon(
+        trained, [dataset], plans.FINETUNE_FULL_COLUMNS, plans.FINETUNE_FULL_PUBLISHED, figures_dir / f"{stem}.png",
+        f"{model}, all {size} trained, T = {steps} (paper: {FINETUNE_FULL_PAPER_MODELS[dataset]})",
+        references=finetune_full_reference(results_dir) if dataset == "sst2" and planned else {})
 
 
 #: the not-private reference run of finetune-full (the same settings with almost no noise), if it was run

@@ -19,7 +19,7 @@ from reproductions.plans import (
     FINETUNE_COLUMNS,
     FINETUNE_FULL_COLUMNS,
     FINETUNE_FULL_PUBLISHED,
-    FINETUNE_FULL_SETTINGS,
+    FINETUNE_FULL_TASKS,
     FINETUNE_PUBLISHED,
     SCATTERNET_COLUMNS,
     SCATTERNET_COMPARISON_DATASETS,
@@ -461,57 +461,79 @@ def finetune_full_epsilons(rows: Sequence[Row]) -> list[float]:
     return sorted({r["target_epsilon"] for r in rows}, reverse=True)
 
 
-def by_trainable(rows: Sequence[Row]) -> list[tuple[str, list[Row]]]:
-    """The rows of each set of trained parameters and run length (every parameter first, then the fewest
-    steps first), with a caption naming the parameters, their number and the steps T."""
-    keys = sorted({(r.get("trainable"), r.get("steps_planned")) for r in rows},
-                  key=lambda key: (key[0] != "all", str(key[0]), key[1] or 0))
+def by_task(rows: Sequence[Row]) -> list[tuple[str, str, list[Row]]]:
+    """(dataset, caption, its rows) for each dataset, set of trained parameters and run length (SST-2 first,
+    every parameter first, then the fewest steps first); the caption names the task, the parameters trained,
+    their number and the steps T.  Models without a choice of parameters (``trainable`` None) train them all."""
+    keys = sorted({(r["dataset"], r.get("trainable") or "all", r.get("steps_planned")) for r in rows},
+                  key=lambda key: (key[0] != "sst2", key[0], key[1] != "all", key[1], key[2] or 0))
     groups = []
-    for part, steps in keys:
-        members = [r for r in rows if (r.get("trainable"), r.get("steps_planned")) == (part, steps)]
+    for dataset, part, steps in keys:
+        members = [r for r in rows
+                   if (r["dataset"], r.get("trainable") or "all", r.get("steps_planned")) == (dataset, part, steps)]
         sizes = sorted({r["params"] for r in members if r.get("params")})
         size = f" ({', '.join(f'{n:,}' for n in sizes)} parameters trained)" if sizes else ""
         length = "" if steps is None else f", T = {steps} steps"
-        groups.append((("every parameter" if part == "all" else f"--trainable {part}") + size + length, members))
+        trained = "every parameter" if part == "all" else f"--trainable {part}"
+        groups.append((dataset, f"{FINETUNE_FULL_MODELS[dataset]}, {trained}{size}{length}", members))
     return groups
 
 
+#: the model each finetune-full task fine-tunes, as the captions name it
+FINETUNE_FULL_MODELS = {"sst2": "SST-2, MiniLM-L6", "cifar10-jpeg": "CIFAR-10, EfficientNet-Lite0"}
+
+
 def finetune_full_markdown(rows: Sequence[Row]) -> str:
-    """Fine-tuning of MiniLM-L6 on SST-2, one line per run configuration, next to the paper's RoBERTa-base; one table
-    per set of trained parameters."""
-    return "\n\n".join(f"### {caption}\n\n" + long_table(members, "sst2", finetune_full_epsilons(members),
-                                                         FINETUNE_FULL_COLUMNS, FINETUNE_FULL_PUBLISHED["sst2"])
-                        for caption, members in by_trainable(rows))
+    """Full fine-tuning, one line per run configuration next to the paper's fully fine-tuned RoBERTa-base or ViT;
+    one table per task, set of trained parameters and run length."""
+    return "\n\n".join(f"### {caption}\n\n" + long_table(members, dataset, finetune_full_epsilons(members),
+                                                         FINETUNE_FULL_COLUMNS, FINETUNE_FULL_PUBLISHED[dataset])
+                        for dataset, caption, members in by_task(rows))
 
 
+_SST2 = FINETUNE_FULL_TASKS["sst2"][0]
+_CIFAR = FINETUNE_FULL_TASKS["cifar10-jpeg"][0]
+FINETUNE_FULL_SUMMARY_NOTES = {
+    "sst2": (
+        "SST-2 dev accuracy in % (872 sentences), mean ± std over seeds (n seeds), and the calibrated noise relative "
+        "to the clipping norm C (σ: the Gaussian noise multiplier; b/C: the Laplace scale per coordinate over C, as σ "
+        "is; the records hold the absolute b), MiniLM-L6 (the parameters trained above each table) for the T steps "
+        f"named above each table at batch {_SST2['batch_size']}, sentences cut to {_SST2['max_length']} tokens, "
+        f"clipping norm {_SST2['clip']:g}, Adam lr {_SST2['lr']:g}. *{PAPER_LINE}*: the Lap2 paper's Table III "
+        "(RoBERTa-base, 125M parameters, its Gaussian and Laplace-L1 accounted by RDP)."),
+    "cifar10-jpeg": (
+        f"CIFAR-10 (JPEG copy) test accuracy in % ({_CIFAR['test_limit']:,} test images), mean ± std over seeds "
+        "(n seeds), and the calibrated noise relative to C as above, EfficientNet-Lite0 (ImageNet weights, every "
+        f"parameter trained, BatchNorm frozen at its ImageNet statistics) for the T steps named above each table at "
+        f"batch {_CIFAR['batch_size']} of a {_CIFAR['train_limit']:,}-image training subset (the paper's q = 0.01668), "
+        f"images at {_CIFAR['resolution']} px, clipping norm {_CIFAR['clip']:g}, Adam lr {_CIFAR['lr']:g}. "
+        f"*{PAPER_LINE}*: the Lap2 paper's Table II fine-tuning column (ViT at 224 px, 900 steps, its Gaussian and "
+        "Laplace-L1 accounted by RDP)."),
+}
 FINETUNE_FULL_SUMMARY_NOTE = (
-    "SST-2 dev accuracy in % (872 sentences), mean ± std over seeds (n seeds), and the calibrated noise relative to "
-    "the clipping norm C (σ: the Gaussian noise multiplier; b/C: the Laplace scale per coordinate over C, as σ is; "
-    "the records hold the absolute b), MiniLM-L6 (the parameters trained above each table) "
-    f"for the T steps named above each table at batch {FINETUNE_FULL_SETTINGS['batch_size']}, sentences "
-    f"cut to {FINETUNE_FULL_SETTINGS['max_length']} tokens, clipping norm {FINETUNE_FULL_SETTINGS['clip']:g}, Adam "
-    f"lr {FINETUNE_FULL_SETTINGS['lr']:g}. *{PAPER_LINE}*: the Lap2 paper's Table III (RoBERTa-base, 125M parameters, "
-    "its Gaussian and Laplace-L1 accounted by RDP). *Lap2 − Gaussian*: points, paired by seed, at the same sound ε, "
-    "and the change of the noise parameter. * `lap2-paper` is not a valid bound; "
-    f"*{TRUE_EPSILON_LINE}*: from the exact lower bound to the sound accountant's ε for its noise.")
+    "*Lap2 − Gaussian*: points, paired by seed, at the same sound ε, and the change of the noise parameter. "
+    f"* `lap2-paper` is not a valid bound; *{TRUE_EPSILON_LINE}*: from the exact lower bound to the sound "
+    "accountant's ε for its noise.")
 
 
 def finetune_full_summary_markdown(rows: Sequence[Row]) -> str:
-    """Full fine-tuning, compact: every column at every epsilon run, the paper's numbers below ours."""
+    """Full fine-tuning, compact: per task, every column at every epsilon run, the paper's numbers below ours."""
     # the Laplace scales relative to C, so that they read (and the gain line compares them) as the multiplier σ
     relative = [dict(r, noise=r["noise"] / r["clip"]) if r["status"] == "ok" and r["mechanism"] != "gaussian" else r
                 for r in rows]
+    groups = by_task(relative)
+    notes = [FINETUNE_FULL_SUMMARY_NOTES[d] for d in dict.fromkeys(dataset for dataset, _, _ in groups)]
     tables = []
-    for caption, members in by_trainable(relative):
-        grid = SummaryGrid(members, "sst2", finetune_full_epsilons(members), FINETUNE_FULL_COLUMNS,
-                           FINETUNE_FULL_PUBLISHED["sst2"])
+    for dataset, caption, members in groups:
+        grid = SummaryGrid(members, dataset, finetune_full_epsilons(members), FINETUNE_FULL_COLUMNS,
+                           FINETUNE_FULL_PUBLISHED[dataset])
         tables.append(f"**{caption}**\n\n" + grid.markdown([
             grid.ours("gaussian", "σ"), grid.paper("gaussian"),
             grid.ours("lap2", "b/C"), grid.gain("Lap2 − Gaussian", "lap2", "gaussian"),
             grid.ours("lap2-paper", "b/C"), grid.paper("lap2-paper"), grid.true_epsilon("lap2-paper"),
             grid.ours("laplace-l1", "b/C"), grid.paper("laplace-l1"),
         ]))
-    return join_summary(FINETUNE_FULL_SUMMARY_NOTE, tables)
+    return join_summary(" ".join([*notes, FINETUNE_FULL_SUMMARY_NOTE]), tables)
 
 
 def alpha_grid_summary_markdown(rows: Sequence[Row]) -> str:

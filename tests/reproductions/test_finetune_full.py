@@ -64,9 +64,9 @@ def test_cifar10_runs_fine_tune_efficientnet_at_the_papers_sampling_rate(tmp_pat
 
 
 def aggregated(column: plans.Column, accuracy: float, noise: float, eps: float, trainable: str = "all",
-               params: int = 22_713_986) -> dict:
+               params: int = 22_713_986, dataset: str = "sst2") -> dict:
     mean, std = mean_std([accuracy])
-    return dict(dataset="sst2", target_epsilon=eps, mechanism=column.mechanism, calibrated_with=column.calibrated_with,
+    return dict(dataset=dataset, target_epsilon=eps, mechanism=column.mechanism, calibrated_with=column.calibrated_with,
                 status="ok", seeds=[0], accuracies=[accuracy], accuracy_mean=mean, accuracy_std=std, n_seeds=1,
                 noise=noise, clip=0.1, trainable=trainable, params=params)
 
@@ -98,8 +98,8 @@ def test_each_set_of_trained_parameters_gets_its_own_table_every_parameter_first
     gaussian = plans.FINETUNE_FULL_COLUMNS[0]
     rows = [aggregated(gaussian, 0.6, 1.0, 3.74, trainable="head", params=148_610), aggregated(gaussian, 0.5, 1.0, 3.74)]
     text = finetune_full_summary_markdown(rows)
-    full, head = text.index("**every parameter (22,713,986 parameters trained)**"), text.index(
-        "**--trainable head (148,610 parameters trained)**")
+    full, head = text.index("**SST-2, MiniLM-L6, every parameter (22,713,986 parameters trained)**"), text.index(
+        "**SST-2, MiniLM-L6, --trainable head (148,610 parameters trained)**")
     assert full < head
     assert "60.00 (n=1)" in text[head:] and "60.00" not in text[:head]
 
@@ -133,5 +133,17 @@ def test_each_run_length_gets_its_own_table_the_fewest_steps_first():
     rows = [dict(aggregated(gaussian, 0.73, 0.5, 3.74), steps_planned=300),
             dict(aggregated(gaussian, 0.51, 1.0, 3.74), steps_planned=30)]
     text = finetune_full_summary_markdown(rows)
-    short, long = (text.index(f"**every parameter (22,713,986 parameters trained), T = {t} steps**") for t in (30, 300))
+    short, long = (text.index(f"**SST-2, MiniLM-L6, every parameter (22,713,986 parameters trained), T = {t} steps**") for t in (30, 300))
     assert short < long and "73.00 (n=1)" in text[long:] and "73.00" not in text[:long]
+
+
+def test_each_task_gets_its_own_tables_and_note_sst2_first():
+    gaussian = plans.FINETUNE_FULL_COLUMNS[0]
+    rows = [aggregated(gaussian, 0.3, 2.0, 0.75, trainable=None, params=3_383_818, dataset="cifar10-jpeg"),
+            aggregated(gaussian, 0.5, 1.0, 3.74)]
+    text = finetune_full_summary_markdown(rows)
+    sst2 = text.index("**SST-2, MiniLM-L6, every parameter")
+    cifar = text.index("**CIFAR-10, EfficientNet-Lite0, every parameter (3,383,818 parameters trained)**")
+    assert sst2 < cifar and "30.00 (n=1)" in text[cifar:] and "30.00" not in text[:cifar]
+    assert "SST-2 dev accuracy" in text and "CIFAR-10 (JPEG copy) test accuracy" in text
+    assert "97.17" in text[cifar:]  # the paper's ViT, Gaussian at eps 0.75
