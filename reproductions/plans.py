@@ -269,14 +269,14 @@ def scatternet_spec(dataset: str, model: str, column: Column, epsilon: float, se
     from dpnoise.training.recipes import RECIPES
 
     fields = RECIPES["scatternet"].fields(dataset, model)
-    batch_size, lr, clip = fields["schedule.batch_size"], fields["optimizer.lr"], fields["mechanism.clip"]
-    planned = math.ceil(fields["schedule.epochs"] * dataset_info(dataset).train_size / batch_size)
+    batch_size, lr, clip = fields["schedule.batch_size"], fields["optimizer.lr"], fields["privacy.max_grad_norm"]
+    planned = math.ceil(fields["privacy.epochs"] * dataset_info(dataset).train_size / batch_size)
     spec = RunSpec(
         experiment="scatternet", dataset=dataset, model=model, mechanism=column.mechanism,
         calibrated_with=column.calibrated_with, target_epsilon=epsilon, seed=seed, steps=steps or planned,
         batch_size=batch_size, delta=fields["privacy.delta"], clip=clip, optimizer=fields["optimizer.name"],
         lr=lr * clip if column.mechanism == "dirichlet" else lr, momentum=fields["optimizer.momentum"],
-        physical_batch_size=fields["schedule.physical_batch_size"],
+        physical_batch_size=fields["execution.max_physical_batch_size"],
     )
     return with_alpha(spec, 1.0)
 

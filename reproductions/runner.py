@@ -98,7 +98,7 @@ def train_argv(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> 
 def train_config(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> TrainingConfig:
     """The configuration that :func:`train_argv`'s command line builds (the same values: numbers are
     floats, as the command line parses them)."""
-    from dpnoise.training import (DataConfig, MechanismConfig, OptimizerConfig, OutputConfig, PrivacyTarget,
+    from dpnoise.training import (DataConfig, ExecutionOptions, OptimizerConfig, OutputConfig, PrivacyOptions,
                                   Schedule, TrainingConfig)
 
     alpha = {} if spec.alpha is None else {"alpha": float(spec.alpha)}
@@ -111,11 +111,11 @@ def train_config(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -
         model=spec.model,
         trainable=spec.trainable,
         resolution=spec.resolution,
-        mechanism=MechanismConfig(spec.mechanism, clip=float(spec.clip), **alpha),
-        privacy=PrivacyTarget(delta=float(spec.delta), epsilon=float(spec.target_epsilon),
-                              accountant=spec.calibrated_with, calibrate_with=spec.calibrated_with),
-        schedule=Schedule(epochs=epochs_for_steps(spec), batch_size=spec.batch_size,
-                          physical_batch_size=spec.physical_batch_size),
+        privacy=PrivacyOptions(mechanism=spec.mechanism, max_grad_norm=float(spec.clip), delta=float(spec.delta),
+                               target_epsilon=float(spec.target_epsilon), epochs=epochs_for_steps(spec),
+                               accountant=spec.calibrated_with, calibrate_with=spec.calibrated_with, **alpha),
+        schedule=Schedule(batch_size=spec.batch_size),
+        execution=ExecutionOptions(max_physical_batch_size=spec.physical_batch_size),
         optimizer=OptimizerConfig(spec.optimizer, weight_decay=float(spec.weight_decay),
                                   label_smoothing=float(spec.label_smoothing), momentum=float(spec.momentum),
                                   lr_schedule=spec.lr_schedule,

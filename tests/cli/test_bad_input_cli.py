@@ -21,16 +21,8 @@ from dpnoise.cli import audit as audit_cli
 from dpnoise.cli import walls as walls_cli
 from dpnoise.cli.main import build_parser, main, one_line
 from dpnoise.errors import DpnoiseError
-from dpnoise.training.config import (
-    OPTIONS,
-    TEXT_MODELS,
-    DataConfig,
-    MechanismConfig,
-    OutputConfig,
-    PrivacyTarget,
-    Schedule,
-    TrainingConfig,
-)
+from dpnoise.training.config import OPTIONS, TEXT_MODELS, DataConfig, OutputConfig, Schedule, TrainingConfig
+from dpnoise.training.privacy_plan import PrivacyOptions
 
 from cli_refusals import (
     BAD_COUNT,
@@ -127,8 +119,8 @@ def test_train_options_not_given_keep_the_configuration_defaults():
     from dpnoise.cli.train import configuration_fields
 
     config = TrainingConfig.from_fields(configuration_fields(build_parser().parse_args(TRAIN)))
-    assert config == TrainingConfig(DataConfig("digits"), MechanismConfig("gaussian", noise=1.0),
-                                    PrivacyTarget(delta=1e-5), Schedule(epochs=1, batch_size=64), model="cnn",
+    assert config == TrainingConfig(DataConfig("digits"), PrivacyOptions(mechanism="gaussian", noise=1.0, delta=1e-5,
+                                                                          epochs=1), Schedule(batch_size=64), model="cnn",
                                     output=OutputConfig(progress=False), threads=1)
 
 
@@ -471,12 +463,10 @@ def test_light_choice_lists_match_the_registries():
     from dpnoise.data import DATASETS
     from dpnoise.mechanisms import RUNNABLE_MECHANISMS
     from dpnoise.models import MODELS, TRAINABLE_PARTS
-    from dpnoise.training import GRAD_SAMPLE_MODES
 
     assert OPTIONS["data.name"].choices == tuple(sorted(DATASETS))
     assert OPTIONS["model"].choices == tuple(MODELS)
-    assert OPTIONS["mechanism.name"].allowed() == tuple(sorted(RUNNABLE_MECHANISMS))
-    assert OPTIONS["mechanism.grad_sample_mode"].choices == tuple(GRAD_SAMPLE_MODES)
+    assert OPTIONS["privacy.mechanism"].allowed() == tuple(sorted(RUNNABLE_MECHANISMS))
     assert OPTIONS["trainable"].choices == TRAINABLE_PARTS
     for path, declared in OPTIONS.items():  # every registry a field names holds its choices
         if declared.registry is not None:

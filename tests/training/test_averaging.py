@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -44,8 +46,8 @@ def test_cosine_schedule_decays_to_zero_over_the_steps():
 
 
 def test_run_with_average_and_schedule_reports_them():
-    config = with_field(TINY, "optimizer", OptimizerConfig(name="sgd", lr=0.5, momentum=0.9, lr_schedule="cosine",
-                                                           ema_decay=0.9))
+    config = dataclasses.replace(TINY, optimizer=OptimizerConfig(name="sgd", lr=0.5, momentum=0.9, lr_schedule="cosine",
+                                                                 ema_decay=0.9))
     summary = train_private(config).summary()
     assert summary["lr"] == 0.5  # the lr before the schedule
     assert (summary["momentum"], summary["lr_schedule"], summary["ema_decay"]) == (0.9, "cosine", 0.9)
@@ -56,7 +58,7 @@ def test_run_with_average_and_schedule_reports_them():
 @pytest.mark.parametrize("path, value, message", [
     ("optimizer.ema_decay", 1.0, r"optimizer.ema_decay must be in \(0, 1\)"),
     ("optimizer.lr_schedule", "step", "optimizer.lr_schedule must be one of constant, cosine"),
-    ("schedule.physical_batch_size", 0, "schedule.physical_batch_size must be"),
+    ("execution.max_physical_batch_size", 0, "execution.max_physical_batch_size must be"),
 ])
 def test_bad_recipe_fields_are_refused_by_name(path, value, message):
     from dpnoise.training import InvalidConfigError

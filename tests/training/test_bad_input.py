@@ -242,14 +242,13 @@ def test_frozen_parameters_of_the_model_may_be_in_the_optimizer(digits_train):
     assert optimizer.privacy_engine.setup.params == sum(p.numel() for p in model[3].parameters())
 
 
-@pytest.mark.parametrize("section", ["data", "mechanism", "privacy", "schedule", "optimizer", "output"])
+@pytest.mark.parametrize("section", ["data", "privacy", "schedule", "execution", "optimizer", "output"])
 def test_a_configuration_section_of_the_wrong_type_is_refused_naming_it(section):
-    from dpnoise.training import train_private
-    from dpnoise.training.config import DataConfig, InvalidConfigError, MechanismConfig, PrivacyTarget, Schedule, \
-        TrainingConfig
+    from dpnoise.training import PrivacyOptions, train_private
+    from dpnoise.training.config import DataConfig, InvalidConfigError, Schedule, TrainingConfig
 
-    sections = {"data": DataConfig("digits"), "mechanism": MechanismConfig("gaussian", noise=1.0),
-                "privacy": PrivacyTarget(1e-5), "schedule": Schedule(epochs=1, batch_size=64)}
+    sections = {"data": DataConfig("digits"), "privacy": PrivacyOptions(mechanism="gaussian", noise=1.0, delta=1e-5,
+                                                                        epochs=1), "schedule": Schedule(batch_size=64)}
     wrong = {"data": "digits", "optimizer": "adam", "schedule": (1, 64)}.get(section, {"name": "x"})
     config = TrainingConfig(**{**sections, section: wrong})
     with pytest.raises(InvalidConfigError, match=f"^{section} must be a ") as caught:

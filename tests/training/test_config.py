@@ -1,6 +1,7 @@
 """The configuration's fields are the one declaration of the training options (:mod:`dpnoise.training.config`):
-each field's option metadata gives its flag, help, check and choices; :func:`check_config` runs the declared checks,
-naming the field (and, through :meth:`InvalidConfigError.named`, the command line's flag)."""
+each field's option metadata gives its flag, help, check and choices; :meth:`TrainingConfig.from_fields` and
+:func:`check_config` run the declared checks, naming the field (and, through :meth:`InvalidConfigError.named`, the
+command line's flag).  The privacy and execution sections are ``make_private``'s own option classes."""
 
 from __future__ import annotations
 
@@ -11,31 +12,32 @@ import pytest
 from cli_refusals import refused_value
 from dpnoise import checks
 from dpnoise.accounting.validation import InvalidParameterError
+from dpnoise.training import ExecutionOptions, PrivacyOptions
 from dpnoise.training.config import (
-    OPTION_GROUPS,
     OPTIONS,
     SECTIONS,
     DataConfig,
     InvalidConfigError,
-    MechanismConfig,
-    PrivacyTarget,
     Schedule,
     TrainingConfig,
     check_config,
+    field_value,
 )
+from dpnoise.training.options import OPTION_GROUPS
 
 #: a configuration every declared check accepts; dirichlet, so that alpha and effective_lr apply
-VALID = TrainingConfig(DataConfig("digits"), MechanismConfig("dirichlet"), PrivacyTarget(delta=1e-5, epsilon=1.0),
-                       Schedule(epochs=1, batch_size=64))
+VALID = TrainingConfig(DataConfig("digits"), PrivacyOptions(mechanism="dirichlet", delta=1e-5, target_epsilon=1.0,
+                                                            epochs=1), Schedule(batch_size=64))
 CHECKED = [path for path, declared in OPTIONS.items() if declared.check]
 OWN_CHOICES = [path for path, declared in OPTIONS.items() if declared.choices is not None and not declared.registry]
+#: the fields without a command-line flag: set by the training run, derived, or not offered by ``dpnoise train``
+WITHOUT_FLAG = {"privacy.data_releases", "privacy.on_budget_exhausted", "privacy.primary", "privacy.accountants",
+                "execution.poisson_sampling"}
 
 
 def with_field(config: TrainingConfig, path: str, value) -> TrainingConfig:
-    group, _, name = path.rpartition(".")
-    if not group:
-        return dataclasses.replace(config, **{name: value})
-    return dataclasses.replace(config, **{group: dataclasses.replace(getattr(config, group), **{name: value})})
+    """``config`` with the field at ``path`` replaced, built from its dotted fields (checked by name)."""
+    return TrainingConfig.from_fields({**{p: field_value(config, p) for p in OPTIONS}, path: value})
 
 
 def flags(error: InvalidConfigError) -> str:
@@ -47,7 +49,7 @@ def test_every_field_declares_its_option_once():
     for section in dataclasses.fields(TrainingConfig):
         kind = SECTIONS.get(section.name)
         paths += [f"{section.name}.{f.name}" for f in dataclasses.fields(kind)] if kind else [section.name]
-    assert list(OPTIONS) == paths  # every field, in declaration order (the order of the checks)
+    assert list(OPTIONS) == [path for path in paths if path not in WITHOUT_FLAG]  # in declaration order
     assert len({declared.flag for declared in OPTIONS.values()}) == len(OPTIONS)
     for path, declared in OPTIONS.items():
         assert declared.path == path and declared.flag.startswith("--") and declared.help, path
@@ -77,11 +79,11 @@ def test_none_is_refused_where_it_is_not_the_default(path):
 
 
 def test_none_means_not_given_where_it_is_the_default():
-    config = VALID
-    for path in CHECKED:
-        if OPTIONS[path].default is None:
-            config = with_field(config, path, None)
-    check_config(with_field(config, "privacy.epsilon", 1.0))
+    not_given = {path: None for path in CHECKED if OPTIONS[path].default is None}
+    config = TrainingConfig.from_fields({**{p: field_value(VALID, p) for p in OPTIONS}, **not_given,
+                                         "privacy.target_epsilon": 1.0})
+    check_config(config)
+    assert all(field_value(config, path) is None for path in not_given.keys() - {"privacy.alpha", "privacy.target_epsilon"})
 
 
 @pytest.mark.parametrize("path", OWN_CHOICES)
@@ -93,3 +95,31 @@ def test_each_declared_choice_list_refuses_another_value(path):
     assert flags(caught.value).startswith(f"{declared.flag} must be one of")
     for choice in declared.choices:
         check_config(with_field(VALID, path, choice))
+
+
+def test_the_privacy_and_execution_sections_are_the_options_of_make_private():
+    assert SECTIONS["privacy"] is PrivacyOptions and SECTIONS["execution"] is ExecutionOptions
+    assert isinstance(VALID.privacy, PrivacyOptions) and VALID.execution == ExecutionOptions()
+    assert VALID.privacy.alpha == 1.0 and VALID.privacy.primary == "dirichlet"  # checked and completed when built
+
+
+def test_a_section_built_directly_names_its_option_and_check_config_names_the_field():
+    with pytest.raises(InvalidParameterError, match="^max_grad_norm must be finite and > 0"):
+        dataclasses.replace(VALID.privacy, max_grad_norm=0.0)  # PrivacyOptions: the option's own name
+    with pytest.raises(InvalidConfigError, match="^privacy.max_grad_norm must be finite and > 0"):
+        with_field(VALID, "privacy.max_grad_norm", 0.0)  # from dotted fields: checked before it is built
+    with pytest.raises(InvalidConfigError, match="^data.limit must be"):
+        check_config(dataclasses.replace(VALID, data=DataConfig("digits", limit=0)))
+    with pytest.raises(InvalidConfigError, match="^privacy.epochs must be a real number, got None"):
+        check_config(dataclasses.replace(VALID, privacy=PrivacyOptions(mechanism="dirichlet", delta=1e-5, noise=1.0)))
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"privacy.alpha": 2.0, "privacy.mechanism": "lap2"}, "privacy.alpha does not apply to privacy.mechanism lap2"),
+    ({"privacy.mechanism": "laplace"}, "privacy.mechanism must be one of"),
+    ({"privacy.epochs": dataclasses.MISSING}, "give privacy.epochs"),
+])
+def test_from_fields_refuses_what_the_privacy_options_would_refuse_naming_the_fields(values, message):
+    fields = {**{p: field_value(VALID, p) for p in OPTIONS}, "privacy.alpha": None, **values}
+    with pytest.raises(InvalidConfigError, match=f"^{message}"):
+        TrainingConfig.from_fields({path: value for path, value in fields.items() if value is not dataclasses.MISSING})

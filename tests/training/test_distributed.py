@@ -33,12 +33,12 @@ from dpnoise.mechanisms import gaussian_noise, laplace_noise
 from dpnoise.training import (
     CheckpointMismatchError,
     DataConfig,
+    ExecutionOptions,
     InvalidConfigError,
     InvalidTrainingOptionError,
-    MechanismConfig,
     OptimizerConfig,
     OutputConfig,
-    PrivacyTarget,
+    PrivacyOptions,
     Schedule,
     TrainingConfig,
     endless_batches,
@@ -208,8 +208,8 @@ def test_the_run_resumes_under_torchrun_with_the_epsilon_and_accuracy_of_one_pro
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     two_ranks = json.loads(resumed.stdout)  # one report: rank 0's
     one_rank = train_private(TrainingConfig(
-        data=DataConfig("digits"), mechanism=MechanismConfig("gaussian", noise=1.0), privacy=PrivacyTarget(1e-5),
-        schedule=Schedule(epochs=5, batch_size=64, max_steps=MAX_STEPS), optimizer=OptimizerConfig(lr=1e-2),
+        data=DataConfig("digits"), privacy=PrivacyOptions(mechanism="gaussian", noise=1.0, delta=1e-5, epochs=5),
+        schedule=Schedule(batch_size=64, max_steps=MAX_STEPS), optimizer=OptimizerConfig(lr=1e-2),
         output=OutputConfig(progress=False), noise_seed=0, threads=1)).summary()
     assert two_ranks["processes"] == 2 and one_rank["processes"] == 1
     for key in ("steps", "sample_rate", "noise", "epsilon_by_accountant"):
@@ -303,9 +303,9 @@ def test_cuda_without_a_gpu_is_refused_by_name(digits_train):
     with pytest.raises(InvalidTrainingOptionError, match="device 'cuda': no CUDA device is available"):
         make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train),
                      mechanism="lap2", laplace_scale=1.0, delta=1e-5, device="cuda")
-    config = TrainingConfig(DataConfig("digits"), MechanismConfig("lap2", noise=1.0), PrivacyTarget(1e-5),
-                            Schedule(1, 64), device="cuda")
-    with pytest.raises(InvalidConfigError, match="^device 'cuda': no CUDA device is available"):
+    config = TrainingConfig(DataConfig("digits"), PrivacyOptions(mechanism="lap2", noise=1.0, delta=1e-5, epochs=1),
+                            Schedule(64), ExecutionOptions(device="cuda"))
+    with pytest.raises(InvalidConfigError, match="^execution.device 'cuda': no CUDA device is available"):
         train_private(config)
 
 

@@ -13,11 +13,12 @@ from dpnoise.cli.main import main
 from dpnoise.errors import DpnoiseError
 from dpnoise.training import (
     DataConfig,
+    ExecutionOptions,
     InvalidConfigError,
-    MechanismConfig,
     OptimizerConfig,
     OutputConfig,
-    PrivacyTarget,
+    PrivacyEngine,
+    PrivacyOptions,
     Schedule,
     TrainingConfig,
     TrainingResult,
@@ -29,9 +30,8 @@ from dpnoise.training.summary import SUMMARY_FIELDS
 #: a few seconds of training: 512 digits, 8 steps of 64
 TINY = TrainingConfig(
     data=DataConfig("digits", limit=512, test_limit=100),
-    mechanism=MechanismConfig("lap2"),
-    privacy=PrivacyTarget(delta=1e-5, epsilon=2.0),
-    schedule=Schedule(epochs=1, batch_size=64),
+    privacy=PrivacyOptions(mechanism="lap2", delta=1e-5, target_epsilon=2.0, epochs=1),
+    schedule=Schedule(batch_size=64),
     optimizer=OptimizerConfig(lr=0.01),
     output=OutputConfig(progress=False),
     noise_seed=0,  # reproducible, so that the command line's run can be compared
@@ -43,11 +43,9 @@ TINY_ARGV = ["train", "--dataset", "digits", "--limit", "512", "--test-limit", "
 
 
 def with_field(config: TrainingConfig, path: str, value) -> TrainingConfig:
-    """``config`` with the field at the dotted ``path`` replaced."""
-    group, _, name = path.rpartition(".")
-    if not group:
-        return dataclasses.replace(config, **{name: value})
-    return dataclasses.replace(config, **{group: dataclasses.replace(getattr(config, group), **{name: value})})
+    """``config`` with the field at the dotted ``path`` replaced, built from its dotted fields (checked by name)."""
+    fields = {p: config_module.field_value(config, p) for p in config_module.OPTIONS}
+    return TrainingConfig.from_fields({**fields, path: value})
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +92,11 @@ def test_result_lists_the_files_it_wrote(tiny_result):
 
 
 BAD_FIELDS = [
-    ("privacy.epsilon", float("nan"), "privacy.epsilon must"),
-    ("mechanism.noise", 0.0, "mechanism.noise must"),
+    ("privacy.target_epsilon", float("nan"), "privacy.target_epsilon must"),
+    ("privacy.noise", 0.0, "privacy.noise must"),
     ("privacy.delta", 1.0, "privacy.delta must"),
-    ("mechanism.clip", -1.0, "mechanism.clip must"),
-    ("schedule.epochs", float("inf"), "schedule.epochs must"),
+    ("privacy.max_grad_norm", -1.0, "privacy.max_grad_norm must"),
+    ("privacy.epochs", float("inf"), "privacy.epochs must"),
     ("schedule.batch_size", 0, "schedule.batch_size must"),
     ("schedule.batch_size", 513, "schedule.batch_size must be <= 512"),
     ("optimizer.momentum", 1.0, "optimizer.momentum must"),
@@ -108,12 +106,12 @@ BAD_FIELDS = [
     ("data.name", "imagenet", "data.name must be one of"),
     ("data.max_length", 1, "data.max_length must"),
     ("model", "minilm", "model minilm cannot be trained on the image dataset digits"),
-    ("privacy.accountant", "gaussian", "privacy.accountant 'gaussian' does not apply to mechanism.name lap2"),
-    ("mechanism.grad_sample_mode", "fast", "mechanism.grad_sample_mode must be one of"),
+    ("privacy.accountant", "gaussian", "privacy.accountant 'gaussian' does not apply to privacy.mechanism lap2"),
+    ("execution.grad_sample_mode", "fast", "execution.grad_sample_mode must be one of"),
     ("seed", -1, "seed must"),
     ("threads", 0, "threads must"),
-    ("device", "tpu", "device must be one of auto, cpu, cuda, got 'tpu'"),
-    ("mechanism.noise_shares", "half", "mechanism.noise_shares must be one of split, rank0"),
+    ("execution.device", "tpu", "execution.device must be one of auto, cpu, cuda, got 'tpu'"),
+    ("execution.noise_shares", "half", "execution.noise_shares must be one of split, rank0"),
 ]
 
 
@@ -143,17 +141,17 @@ def test_errors_can_name_the_fields_as_a_front_end_does(no_work):
         train_private(with_field(TINY, "privacy.calibrate_with", "dirichlet"))
     flags = caught.value.named(lambda path: config_module.OPTIONS[path].flag)
     assert flags.startswith("--calibrate-with 'dirichlet' does not apply to --mechanism lap2; choose from")
-    neither = with_field(with_field(TINY, "privacy.epsilon", None), "mechanism.noise", None)
-    with pytest.raises(InvalidConfigError, match=r"give privacy.epsilon \(calibrate the noise\) or mechanism.noise"):
-        train_private(neither)
+    with pytest.raises(InvalidConfigError, match=r"give privacy.target_epsilon \(calibrate the noise\) or "
+                                                 r"privacy.noise"):
+        with_field(TINY, "privacy.target_epsilon", None)  # privacy.noise is None too
 
 
 def test_a_run_of_no_step_or_an_uncalibrated_calibrate_with_is_refused(no_work):
-    with pytest.raises(InvalidConfigError, match=r"^schedule.epochs: .* fewer than one step"):
-        train_private(with_field(TINY, "schedule.epochs", 1e-12))  # ceil(1e-12 / q) is no step
-    fixed = with_field(with_field(TINY, "mechanism.noise", 1.0), "privacy.calibrate_with", "lap2-rdp")
+    with pytest.raises(InvalidConfigError, match=r"^privacy.epochs: .* fewer than one step"):
+        train_private(with_field(TINY, "privacy.epochs", 1e-12))  # ceil(1e-12 / q) is no step
+    fixed = with_field(TINY, "privacy.noise", 1.0)
     with pytest.raises(InvalidConfigError, match="privacy.calibrate_with applies only when the noise is calibrated"):
-        train_private(fixed)
+        train_private(with_field(fixed, "privacy.calibrate_with", "lap2-rdp"))
 
 
 def test_report_rounds_the_noise_toward_privacy_and_names_an_unevaluated_run(tiny_result):
@@ -171,7 +169,7 @@ def test_the_progress_log_and_the_report_print_each_epsilon_rounded_up(capsys):
     """Two steps at b = 4: epsilon 0.257932..., which rounded to nearest would print as 0.2579, below the bound."""
     from dpnoise.training.summary import report_lines
 
-    fixed = with_field(with_field(TINY, "privacy.epsilon", None), "mechanism.noise", 4.0)
+    fixed = with_field(with_field(TINY, "privacy.noise", 4.0), "privacy.target_epsilon", None)
     result = train_private(with_field(fixed, "schedule.max_steps", 2))
     logged = float(re.search(r"epsilon \(lap2\) (\S+)", capsys.readouterr().err).group(1))
     assert result.epsilon <= logged <= result.epsilon + 1e-4
@@ -182,11 +180,31 @@ def test_the_progress_log_and_the_report_print_each_epsilon_rounded_up(capsys):
 
 
 def test_config_from_dotted_fields():
-    config = TrainingConfig.from_fields({"data.name": "digits", "mechanism.name": "gaussian", "privacy.delta": 1e-5,
-                                         "privacy.epsilon": 1.0, "schedule.epochs": 1, "schedule.batch_size": 64,
+    config = TrainingConfig.from_fields({"data.name": "digits", "privacy.mechanism": "gaussian", "privacy.delta": 1e-5,
+                                         "privacy.target_epsilon": 1.0, "privacy.epochs": 1, "schedule.batch_size": 64,
                                          "output.folder": "runs/x", "seed": 3})
     assert config.data == DataConfig("digits") and config.seed == 3 and config.optimizer == OptimizerConfig()
     assert config.output.folder == Path("runs/x")  # strings become paths
     for unknown in ("privacy.epsilom", "learning_rate", "data", "extra.thing"):
         with pytest.raises(ValueError, match="unknown configuration field"):
             TrainingConfig.from_fields({"data.name": "digits", unknown: 1})
+
+
+def test_the_configuration_s_own_options_reach_make_private(monkeypatch):
+    """No translation: the privacy section goes to ``make_private_with_options`` with the run's data releases and
+    its stop at the budget, the execution section on the run's device."""
+    import torch
+
+    passed = {}
+
+    def make_private_with_options(self, module, optimizer, loader, *, privacy, execution):
+        passed.update(privacy=privacy, execution=execution)
+        raise AssertionError("stop here")
+
+    monkeypatch.setattr(PrivacyEngine, "make_private_with_options", make_private_with_options)
+    config = with_field(with_field(TINY, "execution.max_physical_batch_size", 16), "execution.device", "cpu")
+    with pytest.raises(AssertionError, match="stop here"):
+        train_private(config)
+    assert type(passed["privacy"]) is PrivacyOptions and type(passed["execution"]) is ExecutionOptions
+    assert passed["privacy"] == dataclasses.replace(config.privacy, on_budget_exhausted="stop")
+    assert passed["execution"] == dataclasses.replace(config.execution, device=torch.device("cpu"))

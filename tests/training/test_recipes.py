@@ -13,33 +13,33 @@ from dpnoise.training.recipes import RECIPES, apply_recipe
 
 
 def test_scatternet_recipe_sets_the_published_settings():
-    config = TrainingConfig.from_fields(apply_recipe({"data.name": "fashion-mnist", "mechanism.name": "gaussian"},
+    config = TrainingConfig.from_fields(apply_recipe({"data.name": "fashion-mnist", "privacy.mechanism": "gaussian"},
                                                      "scatternet"))
     check_config(config)
     assert config.model == "scatternet-linear"
-    assert (config.schedule.batch_size, config.optimizer.lr, config.schedule.epochs) == (8192, 16.0, 40)
-    assert (config.optimizer.name, config.optimizer.momentum, config.mechanism.clip) == ("sgd", 0.9, 0.1)
-    assert (config.privacy.epsilon, config.privacy.delta) == (3.0, 1e-5)
+    assert (config.schedule.batch_size, config.optimizer.lr, config.privacy.epochs) == (8192, 16.0, 40)
+    assert (config.optimizer.name, config.optimizer.momentum, config.privacy.max_grad_norm) == ("sgd", 0.9, 0.1)
+    assert (config.privacy.target_epsilon, config.privacy.delta) == (3.0, 1e-5)
 
 
 def test_explicit_values_win_and_none_means_not_given():
     fields = apply_recipe({"data.name": "mnist", "model": "scatternet-cnn", "optimizer.lr": 0.5,
-                           "schedule.epochs": None}, "scatternet")
-    assert fields["optimizer.lr"] == 0.5 and fields["schedule.epochs"] == 25 and fields["schedule.batch_size"] == 1024
+                           "privacy.epochs": None}, "scatternet")
+    assert fields["optimizer.lr"] == 0.5 and fields["privacy.epochs"] == 25 and fields["schedule.batch_size"] == 1024
 
 
 def test_another_optimizer_than_the_recipes_drops_its_sgd_momentum():
-    fields = apply_recipe({"data.name": "mnist", "mechanism.name": "lap2", "optimizer.name": "adam"}, "scatternet")
+    fields = apply_recipe({"data.name": "mnist", "privacy.mechanism": "lap2", "optimizer.name": "adam"}, "scatternet")
     assert "optimizer.momentum" not in fields
     check_config(TrainingConfig.from_fields(fields))  # adam refuses a momentum
-    given = apply_recipe({"data.name": "mnist", "mechanism.name": "lap2", "optimizer.momentum": 0.5}, "scatternet")
+    given = apply_recipe({"data.name": "mnist", "privacy.mechanism": "lap2", "optimizer.momentum": 0.5}, "scatternet")
     assert given["optimizer.momentum"] == 0.5 and given["optimizer.name"] == "sgd"
 
 
 def test_every_recipe_entry_is_a_valid_configuration():
     for name, recipe in RECIPES.items():
         for dataset, model in recipe.by_dataset_and_model:
-            fields = apply_recipe({"data.name": dataset, "model": model, "mechanism.name": "lap2"}, name)
+            fields = apply_recipe({"data.name": dataset, "model": model, "privacy.mechanism": "lap2"}, name)
             check_config(TrainingConfig.from_fields(fields))
 
 
@@ -54,7 +54,7 @@ def test_command_line_recipe_fills_what_is_not_given():
     args = build_parser().parse_args(["train", "--recipe", "scatternet", "--dataset", "cifar10-jpeg",
                                       "--model", "scatternet-cnn", "--mechanism", "lap2", "--epochs", "2"])
     fields = configuration_fields(args)
-    assert fields["schedule.epochs"] == 2 and fields["schedule.batch_size"] == 8192 and fields["optimizer.lr"] == 4.0
+    assert fields["privacy.epochs"] == 2 and fields["schedule.batch_size"] == 8192 and fields["optimizer.lr"] == 4.0
     args = build_parser().parse_args(["train", "--dataset", "digits", "--mechanism", "lap2", "--epsilon", "1",
                                       "--delta", "1e-5", "--batch-size", "64"])
     with pytest.raises(InvalidParameterError, match="give --epochs"):

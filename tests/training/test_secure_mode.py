@@ -2,6 +2,7 @@
 multiples of the plan's grid and no float sampler draws; the Gaussian's reported epsilons and budget
 carry the discrete Gaussian's correction; refusals before any step; checkpoints bind the mode."""
 
+import dataclasses
 import json
 import re
 import warnings
@@ -22,8 +23,7 @@ from dpnoise.training import (
     train_steps,
 )
 from dpnoise.training.checkpoint import read_checkpoint
-from dpnoise.training.config import (DataConfig, MechanismConfig, PrivacyTarget, Schedule, TrainingConfig,
-                                     check_config)
+from dpnoise.training.config import TrainingConfig, check_config
 from dpnoise.training.errors import InvalidTrainingOptionError
 from dpnoise.training.randomness import ReproducibleNoiseWarning
 
@@ -159,23 +159,25 @@ def test_checkpoints_hold_no_generator_and_bind_the_mode(digits_train, tmp_path)
 
 
 # ----------------------------------------------------------------------------- configuration and command line
-def config(**top):
-    mechanism = top.pop("mechanism", "gaussian")
-    statistics = top.pop("feature_statistics_noise", None)
-    return TrainingConfig(data=DataConfig("digits", feature_statistics_noise=statistics),
-                          mechanism=MechanismConfig(mechanism, noise=1.0), privacy=PrivacyTarget(delta=1e-5),
-                          schedule=Schedule(epochs=1, batch_size=64), **{"secure_mode": True, **top})
+SECURE = {"data.name": "digits", "privacy.mechanism": "gaussian", "privacy.noise": 1.0, "privacy.delta": 1e-5,
+          "privacy.epochs": 1, "schedule.batch_size": 64, "privacy.secure_mode": True}
 
 
 @pytest.mark.parametrize("fields,message", [
-    ({"mechanism": "dirichlet"}, "secure_mode serves mechanism.name gaussian, lap2, laplace-l1, got 'dirichlet'"),
+    ({"privacy.mechanism": "dirichlet"},
+     "privacy.secure_mode serves privacy.mechanism gaussian, lap2, laplace-l1, got 'dirichlet'"),
     ({"noise_seed": 1}, "it cannot be combined with noise_seed"),
-    ({"feature_statistics_noise": 8.0}, "secure_mode does not cover data.feature_statistics_noise"),
-    ({"secure_mode": 1}, "secure_mode must be True or False, got 1"),
+    ({"data.feature_statistics_noise": 8.0}, "privacy.secure_mode does not cover data.feature_statistics_noise"),
+    ({"privacy.secure_mode": 1}, "privacy.secure_mode must be True or False, got 1"),
 ])
 def test_config_refusals_name_the_fields(fields, message):
     with pytest.raises(InvalidConfigError, match=re.escape(message)):
-        check_config(config(**fields))
+        TrainingConfig.from_fields({**SECURE, **fields})
+    if "privacy.secure_mode" not in fields:  # a configuration built otherwise: check_config names them too
+        config = TrainingConfig.from_fields({**SECURE, "privacy.secure_mode": False, **fields})
+        privacy = dataclasses.replace(config.privacy, secure_mode=True)
+        with pytest.raises(InvalidConfigError, match=re.escape(message)):
+            check_config(dataclasses.replace(config, privacy=privacy))
 
 
 def test_cli_secure_mode_reports_the_grid(capsys):

@@ -16,7 +16,8 @@ from dataclasses import MISSING
 from dpnoise import checks
 from dpnoise.accounting import MECHANISMS
 from dpnoise.cli.common import accountant_names, mechanism_help, noise_help
-from dpnoise.training.config import OPTION_GROUPS, OPTIONS, Option, effective_lr_applies, effective_lr_mechanisms
+from dpnoise.training.config import OPTIONS, effective_lr_applies, effective_lr_mechanisms
+from dpnoise.training.options import OPTION_GROUPS, Option
 from dpnoise.training.recipes import RECIPES, apply_recipe
 
 EXAMPLES = """examples:
@@ -61,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-#: what the help of a field may name, filled in from the registries (:class:`~dpnoise.training.config.Option`)
+#: what the help of a field may name, filled in from the registries (:class:`~dpnoise.training.options.Option`)
 REGISTRY_HELP = {"mechanisms": mechanism_help, "noise_units": noise_help,
                  "accountants": lambda: ", ".join(accountant_names())}
 

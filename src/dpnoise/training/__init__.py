@@ -9,7 +9,8 @@ and the whole pipeline of ``dpnoise train`` as one call, :func:`train_private` (
 
 Noise units: ``make_private`` takes the noise under the keyword of the mechanism's unit
 (``noise_multiplier`` sigma of C for Gaussian mechanisms, ``laplace_scale`` absolute b for Laplace
-ones, ``concentration`` r for Dirichlet); ``MechanismConfig.noise`` is in that same unit.
+ones, ``concentration`` r for Dirichlet); ``PrivacyOptions.noise`` (a :class:`TrainingConfig`'s
+``privacy.noise``) is in that same unit.
 
 The names of ``__all__`` are imported from their modules on first use (PEP 562), so that importing the package, or
 its torch-free modules (the configuration :mod:`dpnoise.training.config`, :mod:`dpnoise.training.recipes`),
@@ -26,10 +27,8 @@ _EXPORTED_FROM = {
     "save_checkpoint": "checkpoint",
     "DataConfig": "config",
     "InvalidConfigError": "config",
-    "MechanismConfig": "config",
     "OptimizerConfig": "config",
     "OutputConfig": "config",
-    "PrivacyTarget": "config",
     "Schedule": "config",
     "TrainingConfig": "config",
     "ExecutionOptions": "execution",

@@ -12,7 +12,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from dpnoise.training.config import DEVICE_CHOICES
+from dpnoise.training.execution import DEVICE_CHOICES
 from dpnoise.training.errors import InvalidTrainingOptionError
 
 DeviceLike = Union[str, torch.device]

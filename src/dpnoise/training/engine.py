@@ -43,7 +43,6 @@ from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.secure_noise import Plan
 from dpnoise.training.batches import check_batch_format
 from dpnoise.training.bookkeeping import BookkeepingModule, broadcast_inputs_over_batch, unsupported_bookkeeping_layers
-from dpnoise.training.config import SECURE_MODE_MECHANISMS
 from dpnoise.training.devices import DeviceLike, module_device, module_float_dtype, resolve_device, seeded_generator
 from dpnoise.training.distributed import RankGroup, current_group, generator_seeds
 from dpnoise.training.execution import ExecutionOptions, GradSampleMode
@@ -65,7 +64,14 @@ from dpnoise.training.optimizers import (
     NoisyGradientOptimizer,
     OutputPrivateOptimizer,
 )
-from dpnoise.training.privacy_plan import PrivacyOptions, PrivacyPlan, PrivacySetup, check_step_count, resolve
+from dpnoise.training.privacy_plan import (
+    SECURE_MODE_MECHANISMS,
+    PrivacyOptions,
+    PrivacyPlan,
+    PrivacySetup,
+    check_step_count,
+    resolve,
+)
 from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
 from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
 from dpnoise.training.validation import check_optimizer_trains, check_supported_layers, check_training_mode

@@ -3,7 +3,9 @@ of per-example gradients, the device, physical batches and, in a process group, 
 
 :class:`ExecutionOptions` is frozen, keyword-only and checked when built (every error names its
 option); with :class:`~dpnoise.training.privacy_plan.PrivacyOptions` it is what
-:meth:`~dpnoise.training.engine.PrivacyEngine.make_private_with_options` takes.
+:meth:`~dpnoise.training.engine.PrivacyEngine.make_private_with_options` takes, and the ``execution``
+section of a :class:`~dpnoise.training.config.TrainingConfig`: its fields declare their command-line flags
+(:func:`~dpnoise.training.options.option`).
 """
 
 from __future__ import annotations
@@ -13,25 +15,43 @@ from typing import Any, Literal, Optional
 
 from dpnoise.accounting.validation import check_count
 from dpnoise.training.errors import InvalidTrainingOptionError
+from dpnoise.training.options import OPTIMISATION, PRIVACY, RUN, option
 
 GradSampleMode = Literal["auto", "bookkeeping", "hooks"]
 GRAD_SAMPLE_MODES: tuple[str, ...] = ("auto", "bookkeeping", "hooks")
 #: who adds the noise in a process group: every rank a share, or rank 0 all of it (docs/DISTRIBUTED.md)
 NOISE_SHARES: tuple[str, ...] = ("split", "rank0")
+#: devices a run can be given by name ("auto": CUDA when torch sees a GPU, else the CPU)
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ExecutionOptions:
     """The execution options of ``make_private`` (same names and meaning, see its docstring).
 
-    ``device``: "cpu", "cuda", "cuda:i", "auto", a ``torch.device``, or None (the module's device).
+    ``device``: "cpu", "cuda", "cuda:i", "auto", a ``torch.device``, or None: the module's device
+    (``make_private``); in a training run (:func:`~dpnoise.training.train_private`), which builds its model
+    on the CPU, None is "auto".
     """
 
+    grad_sample_mode: GradSampleMode = option(
+        "auto", flag="--grad-sample-mode", group=PRIVACY, choices=GRAD_SAMPLE_MODES,
+        help="per-example gradients of gradient mechanisms: 'hooks' (Opacus, every layer materialised), "
+        "'bookkeeping' (dense layers clipped without materialising; same clipped sums, faster) or 'auto' (default: "
+        "bookkeeping where every layer supports it)")
+    noise_shares: str = option("split", flag="--noise-shares", group=RUN, choices=NOISE_SHARES,
+                               help="under torchrun: split (default; every process adds one of K independent noise "
+                               "shares) or rank0 (rank 0 adds all the noise); docs/DISTRIBUTED.md")
+    #: under ``torchrun``, "cuda" is each rank's ``cuda:LOCAL_RANK``
+    device: Optional[Any] = option(None, flag="--device", group=RUN, choices=DEVICE_CHOICES, type=str,
+                                   help="where the model, batches, clipping, noise and sampler live: auto (default): "
+                                   "cuda when available, else cpu")
+    #: None: one physical batch
+    max_physical_batch_size: Optional[int] = option(
+        None, flag="--physical-batch-size", group=OPTIMISATION, check=("check_count", 1),
+        help="process each Poisson batch in pieces of at most this many examples: their clipped gradients are summed "
+        "and noised once, the same step in less memory (default: one piece)")
     poisson_sampling: bool = True
-    grad_sample_mode: GradSampleMode = "auto"
-    device: Optional[Any] = None
-    noise_shares: str = "split"
-    max_physical_batch_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.poisson_sampling, bool):

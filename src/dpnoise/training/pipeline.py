@@ -1,11 +1,11 @@
 """One private training run from a configuration: :func:`train_private`.
 
->>> from dpnoise.training import (DataConfig, MechanismConfig, OptimizerConfig, PrivacyTarget,
-...     Schedule, TrainingConfig, train_private)
+>>> from dpnoise.training import (DataConfig, OptimizerConfig, PrivacyOptions, Schedule, TrainingConfig,
+...     train_private)
 >>> result = train_private(TrainingConfig(
-...     data=DataConfig("digits"), mechanism=MechanismConfig("gaussian"),
-...     privacy=PrivacyTarget(delta=1e-5, epsilon=2.0), schedule=Schedule(epochs=1, batch_size=64),
-...     optimizer=OptimizerConfig(lr=0.05)))                                  # doctest: +SKIP
+...     data=DataConfig("digits"),
+...     privacy=PrivacyOptions(mechanism="gaussian", delta=1e-5, target_epsilon=2.0, epochs=1),
+...     schedule=Schedule(batch_size=64), optimizer=OptimizerConfig(lr=0.05)))  # doctest: +SKIP
 >>> result.test_accuracy, result.epsilon_by_accountant                         # doctest: +SKIP
 
 This is what ``dpnoise train`` runs: check the configuration (before any data is loaded), prepare
@@ -27,10 +27,8 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Optional
 
-from dpnoise.accounting.mechanisms import get_mechanism_spec
 from dpnoise.formatting import decimals
 from dpnoise.training.config import CHECKPOINT_NAME, InvalidConfigError, TrainingConfig, check_config
-from dpnoise.training.execution import ExecutionOptions
 from dpnoise.training.preparation import (
     apply_dirichlet_learning_rate,
     batch_collation,
@@ -39,7 +37,6 @@ from dpnoise.training.preparation import (
     prepare_model_and_data,
     standardize_features,
 )
-from dpnoise.training.privacy_plan import PrivacyOptions
 from dpnoise.training.summary import TrainingResult, summarize
 
 if TYPE_CHECKING:  # annotations only
@@ -56,7 +53,7 @@ EVAL_BATCH_SIZE = 1000
 
 
 def train_private(config: TrainingConfig) -> TrainingResult:
-    """Train ``config.model`` on ``config.data`` with ``config.mechanism`` and return the result.
+    """Train ``config.model`` on ``config.data`` with ``config.privacy.mechanism`` and return the result.
 
     Every field is checked before any work (:class:`~dpnoise.training.config.InvalidConfigError`
     names the field).  With ``config.output.folder``, metrics.json, steps.csv, epochs.csv,
@@ -88,15 +85,17 @@ def train_private(config: TrainingConfig) -> TrainingResult:
 
 
 def run_device(config: TrainingConfig) -> torch.device:
-    """``config.device`` resolved ("auto": CUDA when available); an unavailable one names the field."""
+    """``config.execution.device`` resolved ("auto", and None: the model is built on the CPU, so not its device
+    but CUDA when available); an unavailable one names the field."""
     from dpnoise.training.devices import resolve_device
     from dpnoise.training.errors import InvalidTrainingOptionError
 
+    device = config.execution.device
     try:
-        return resolve_device(config.device)
+        return resolve_device("auto" if device is None else device)
     except InvalidTrainingOptionError as err:
         problem = str(err).removeprefix("device ")
-        raise InvalidConfigError(lambda n: f"{n('device')} {problem}") from None
+        raise InvalidConfigError(lambda n: f"{n('execution.device')} {problem}") from None
 
 
 def train_on_device(config: TrainingConfig, device: torch.device, started: float) -> TrainingResult:
@@ -152,34 +151,16 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
     return result
 
 
-def privacy_options(config: TrainingConfig, releases: tuple[DpEvent, ...] = ()) -> PrivacyOptions:
-    """The configuration's privacy options (mechanism, noise, target, clipping; the training data's
-    ``releases`` made before training), checked once."""
-    mechanism, privacy = config.mechanism, config.privacy
-    return PrivacyOptions(
-        mechanism=mechanism.name, delta=privacy.delta, noise=mechanism.noise, target_epsilon=privacy.epsilon,
-        epochs=config.schedule.epochs, max_grad_norm=mechanism.clip,
-        alpha=mechanism.alpha if get_mechanism_spec(mechanism.name).uses_alpha else None,
-        accountant=privacy.accountant, calibrate_with=privacy.calibrate_with, on_budget_exhausted="stop",
-        data_releases=releases, secure_mode=config.secure_mode,
-    )
-
-
-def execution_options(config: TrainingConfig, device: torch.device) -> ExecutionOptions:
-    """The configuration's execution options on ``device``."""
-    return ExecutionOptions(grad_sample_mode=config.mechanism.grad_sample_mode, device=device,
-                            noise_shares=config.mechanism.noise_shares,
-                            max_physical_batch_size=config.schedule.physical_batch_size)
-
-
 def make_private_from_config(
     engine: PrivacyEngine, config: TrainingConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
     loader: DataLoader, device: torch.device, releases: tuple[DpEvent, ...] = (),
 ) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
-    """The engine's ``make_private`` with the configuration's options (the one call), and the training
-    data's ``releases`` made before it."""
-    return engine.make_private_with_options(model, optimizer, loader, privacy=privacy_options(config, releases),
-                                            execution=execution_options(config, device))
+    """The engine's ``make_private`` with the configuration's own options (the one call): its privacy section
+    with the training data's ``releases`` made before it and a stop at the budget, its execution section on
+    ``device``."""
+    privacy = dataclasses.replace(config.privacy, data_releases=releases, on_budget_exhausted="stop")
+    return engine.make_private_with_options(model, optimizer, loader, privacy=privacy,
+                                            execution=dataclasses.replace(config.execution, device=device))
 
 
 class PostProcessing:
@@ -241,7 +222,7 @@ def run_epochs(
         lambda logits, targets: F.cross_entropy(logits, targets, label_smoothing=label_smoothing))
     batches = endless_batches(loader)
     # Redraw rarely when stderr is a log file, not a terminal (keeps logs readable).
-    bar = tqdm(total=total_steps, initial=engine.steps, desc=config.mechanism.name, unit="step",
+    bar = tqdm(total=total_steps, initial=engine.steps, desc=config.privacy.mechanism, unit="step",
                disable=not config.output.progress or engine.rank != 0, file=sys.stderr, dynamic_ncols=True,
                mininterval=0.1 if sys.stderr.isatty() else 15.0)
 

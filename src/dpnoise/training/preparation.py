@@ -33,17 +33,14 @@ if TYPE_CHECKING:  # annotations only
 
 
 def check_against_registries(config: TrainingConfig) -> None:
-    """The checks that need the registries: names, the dataset's sizes, the mechanism's accountants."""
-    from dpnoise.accounting import accountants_for_mechanism
+    """The checks that need the registries: names, the dataset's sizes, the runnable mechanisms."""
     from dpnoise.data import DATASETS, dataset_info
     from dpnoise.mechanisms import RUNNABLE_MECHANISMS
     from dpnoise.models import MODELS, TRAINABLE_PARTS
-    from dpnoise.training.execution import GRAD_SAMPLE_MODES
 
-    data, mechanism, privacy, schedule = config.data, config.mechanism, config.privacy, config.schedule
+    data, mechanism, schedule = config.data, config.privacy.mechanism, config.schedule
     for path, value, known in (("data.name", data.name, sorted(DATASETS)), ("model", config.model, MODELS),
-                               ("mechanism.name", mechanism.name, sorted(RUNNABLE_MECHANISMS)),
-                               ("mechanism.grad_sample_mode", mechanism.grad_sample_mode, GRAD_SAMPLE_MODES)):
+                               ("privacy.mechanism", mechanism, sorted(RUNNABLE_MECHANISMS))):
         if value not in known:
             raise InvalidConfigError(lambda n, path=path, value=value, known=known:
                                      f"{n(path)} must be one of {', '.join(known)}, got {value!r}")
@@ -60,9 +57,9 @@ def check_against_registries(config: TrainingConfig) -> None:
         raise InvalidConfigError(lambda n: f"{n('trainable')} applies to {n('model')} {', '.join(TRAINABLE_MODELS)} "
                                            f"and is one of {', '.join(TRAINABLE_PARTS)}; got {config.trainable!r} "
                                            f"with {config.model}")
-    if config.model in TRAINABLE_MODELS and RUNNABLE_MECHANISMS[mechanism.name].spec.scope is not None:
+    if config.model in TRAINABLE_MODELS and RUNNABLE_MECHANISMS[mechanism].spec.scope is not None:
         raise InvalidConfigError(lambda n: f"{n('model')} {config.model} trains on dict batches, with the gradient "
-                                           f"mechanisms only; {n('mechanism.name')} {mechanism.name} perturbs the "
+                                           f"mechanisms only; {n('privacy.mechanism')} {mechanism} perturbs the "
                                            f"outputs (for it, use minilm-features)")
     if data.eval_split not in info.splits:
         raise InvalidConfigError(lambda n: f"{n('data.eval_split')} {data.eval_split} does not exist for {data.name} "
@@ -76,18 +73,12 @@ def check_against_registries(config: TrainingConfig) -> None:
     if schedule.batch_size > train_size:
         raise InvalidConfigError(lambda n: f"{n('schedule.batch_size')} must be <= {train_size} (the training "
                                            f"set's size; q = batch / N <= 1), got {schedule.batch_size}")
-    check_field("schedule.epochs", "finite_steps", schedule.epochs, schedule.batch_size / train_size)
+    check_field("privacy.epochs", "finite_steps", config.privacy.epochs, schedule.batch_size / train_size)
     if data.feature_statistics_noise is not None and (config.model not in STANDARDIZED_MODELS
-                                                      or RUNNABLE_MECHANISMS[mechanism.name].spec.scope is not None):
+                                                      or RUNNABLE_MECHANISMS[mechanism].spec.scope is not None):
         raise InvalidConfigError(lambda n: f"{n('data.feature_statistics_noise')} applies to the models "
                                            f"{', '.join(STANDARDIZED_MODELS)} with a gradient mechanism, not "
-                                           f"{config.model} with {mechanism.name}")
-    applicable = accountants_for_mechanism(mechanism.name, include_options=True)
-    for path, name in (("privacy.accountant", privacy.accountant), ("privacy.calibrate_with", privacy.calibrate_with)):
-        if name is not None and name not in applicable:
-            raise InvalidConfigError(lambda n, path=path, name=name:
-                                     f"{n(path)} {name!r} does not apply to {n('mechanism.name')} {mechanism.name}; "
-                                     f"choose from {', '.join(applicable)}")
+                                           f"{config.model} with {mechanism}")
 
 
 def load_splits(config: TrainingConfig, normalize: bool = True) -> tuple[Dataset, Dataset]:

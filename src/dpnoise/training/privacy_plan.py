@@ -2,7 +2,8 @@
 planned steps and the budget out.
 
 ``make_private`` is two halves.  This module is the first: :class:`PrivacyOptions` (frozen, keyword-only,
-checked when built: every error names its option) and :func:`resolve`, a pure function of the options
+checked when built: every error names its option; also the ``privacy`` section of a
+:class:`~dpnoise.training.config.TrainingConfig`, whose fields declare their command-line flags) and :func:`resolve`, a pure function of the options
 and two facts about the data and the model (the sample rate q and the number n of trained parameters)
 that returns the :class:`PrivacyPlan`: the setup a checkpoint must match, the DP event of one step, the
 noise (given, or calibrated to the target), the planned steps and the most steps within the budget.
@@ -24,6 +25,7 @@ from typing import Any, Callable, Optional
 
 from dpnoise.accounting import (
     ACCOUNTANTS,
+    MECHANISMS,
     CalibrationResult,
     UnsoundAccountantWarning,
     accountant_holding,
@@ -39,7 +41,13 @@ from dpnoise.accounting.secure_noise import discrete_gaussian_budget, discrete_g
 from dpnoise.accounting.validation import InvalidParameterError, check_delta, check_positive, check_sample_rate
 from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
 from dpnoise.training.errors import InvalidTrainingOptionError, PrivacyBudgetExceededError
+from dpnoise.training.options import OPTIMISATION, PRIVACY, RUN, option
 from dpnoise.training.step_ledger import BudgetPolicy
+
+#: the mechanisms secure mode serves (``secure_mode``: exact integer noise from the OS's CSPRNG,
+#: :mod:`dpnoise.mechanisms.secure_noise`): the gradient mechanisms whose noise is added to the clipped sum, those
+#: whose MechanismSpec names a secure_noise sampler
+SECURE_MODE_MECHANISMS = tuple(sorted(name for name, spec in MECHANISMS.items() if spec.secure_noise is not None))
 
 
 @dataclass(frozen=True)
@@ -71,21 +79,57 @@ class PrivacyOptions:
     ``noise_multiplier``, ``laplace_scale`` or ``concentration``); None: calibrated from
     ``target_epsilon`` and ``epochs``.  ``alpha`` defaults to 1.0 for a mechanism that takes it.
     ``primary`` and ``accountants`` are derived: the primary accountant (``accountant``, else the
-    mechanism's default) and every accountant the run records, the primary first.
+    mechanism's default) and every accountant the run records, the primary first.  The fields with a
+    command-line flag declare it (:func:`~dpnoise.training.options.option`); ``data_releases`` and
+    ``on_budget_exhausted`` have none (a training run sets them).
     """
 
-    mechanism: str
-    delta: float
-    noise: Optional[float] = None
-    target_epsilon: Optional[float] = None
-    epochs: Optional[float] = None
-    max_grad_norm: float = 1.0
-    alpha: Optional[float] = None
-    accountant: Optional[str] = None
-    calibrate_with: Optional[str] = None
+    mechanism: str = option(flag="--mechanism", group=PRIVACY, required=True,
+                            registry="dpnoise.mechanisms.RUNNABLE_MECHANISMS", choices=lambda: tuple(sorted(MECHANISMS)),
+                            help="{mechanisms}. Output mechanisms protect the released outputs, not the parameters "
+                            "(docs/theory/dirichlet.md §5)")
+    noise: Optional[float] = option(None, flag="--noise", group=PRIVACY, check=("check_positive",),
+                                    help="fixed noise instead of calibrating; {noise_units}")
+    max_grad_norm: float = option(1.0, flag="--clip", group=PRIVACY, check=("check_positive",),
+                                  help="clipping norm C: per-example gradient L2 norm (gaussian, lap2), L1 norm "
+                                  "(laplace-l1), or penultimate activation L2 norm; unused by dirichlet (default 1)")
+    alpha: Optional[float] = option(None, flag="--alpha", group=PRIVACY, check=("check_positive",),
+                                    help="Dirichlet offset alpha > 0 (dirichlet only; default 1)")
+    delta: float = option(flag="--delta", group=PRIVACY, check=("check_delta",),
+                          help="target delta, e.g. 1e-5 (required unless a --recipe sets it)")
+    target_epsilon: Optional[float] = option(None, flag="--epsilon", group=PRIVACY, check=("check_positive",),
+                                             help="target epsilon: calibrates the noise for --epochs (unless --noise "
+                                             "is given) and stops training before the budget is exceeded")
+    #: the planned length: the noise is calibrated for ceil(epochs / q) steps (a training run's length)
+    epochs: Optional[float] = option(None, flag="--epochs", group=OPTIMISATION, check=("check_positive",), needed=True,
+                                     help="epochs E; the run takes ceil(E / q) Poisson-sampled steps, q = batch/N "
+                                     "(required unless a --recipe sets it)")
+    #: None: the mechanism's sound default
+    accountant: Optional[str] = option(None, flag="--accountant", group=PRIVACY, metavar="NAME",
+                                       help="primary accountant (budget and headline epsilon); default: the sound "
+                                       "default of the mechanism. All applicable ones are reported. One of: "
+                                       "{accountants}")
+    #: only with ``noise`` None (a given noise is not calibrated); None: the primary
+    calibrate_with: Optional[str] = option(None, flag="--calibrate-with", group=PRIVACY, metavar="NAME",
+                                           help="accountant used to calibrate the noise to --epsilon (default: the "
+                                           "primary; refused with --noise, where nothing is calibrated); "
+                                           "'lap2-paper' is allowed for reproducing the Lap2 paper but warned: it is "
+                                           "not a valid bound")
+    #: gradient mechanisms of SECURE_MODE_MECHANISMS only, one process, without the engine's noise seed
+    secure_mode: bool = option(
+        False, flag="--secure-mode", group=RUN,
+        help="floating-point-safe noise nobody can predict (" + ", ".join(SECURE_MODE_MECHANISMS) + "): each step "
+        "releases grid * (round(S / grid) + Z), S the clipped sum rounded onto a power-of-two grid, Z exact integer "
+        "noise (floored Laplace; the discrete Gaussian of Canonne, Kamath & Steinke) drawn with integer arithmetic "
+        "from the operating system's cryptographically secure generator, so that neither the noise nor the low bits "
+        "of the released gradients reveal the data (docs/theory/secure_noise.md). The noise is raised by the "
+        "rounding's factor C'/C (at most 1 + 2^-10, reported with the grid); Laplace epsilons are unchanged, Gaussian "
+        "ones carry the discrete Gaussian's correction (far below double precision, rounded up). The noise is drawn "
+        "on the CPU: it adds tens of milliseconds to a step of the tutorial CNN and 10 to 25 s to one of MiniLM full "
+        "fine-tuning (benchmarks/README.md). One process only; refused with --noise-seed and "
+        "--feature-statistics-noise")
     data_releases: tuple[DpEvent, ...] = ()
     on_budget_exhausted: BudgetPolicy = "raise"
-    secure_mode: bool = False
     primary: str = field(init=False)
     accountants: tuple[str, ...] = field(init=False)
 
@@ -122,15 +166,13 @@ class PrivacyOptions:
 
 def chosen_accountants(mechanism: str, accountant: Optional[str], calibrate_with: Optional[str]
                        ) -> tuple[str, tuple[str, ...]]:
-    """(primary accountant, all recorded accountants, the primary first); warns about unsound choices."""
+    """(primary accountant, all recorded accountants, the primary first)."""
     recorded = accountants_for_mechanism(mechanism)
     applicable = accountants_for_mechanism(mechanism, include_options=True)
     for name in (accountant, calibrate_with):
         if name is not None and name not in applicable:
             raise InvalidTrainingOptionError(
                 f"accountant {name!r} does not apply to mechanism {mechanism!r}; choose from {', '.join(applicable)}")
-        if name is not None and not ACCOUNTANTS[name].sound:
-            warnings.warn(ACCOUNTANTS[name].warning, UnsoundAccountantWarning, stacklevel=5)
     primary = accountant or recorded[0]
     return primary, tuple(dict.fromkeys([primary, *recorded]))
 
@@ -212,8 +254,12 @@ def resolve(options: PrivacyOptions, *, sample_rate: float, params: int) -> Priv
     data releases) meets the target under ``calibrate_with`` (default: the primary accountant); the
     budget is the most steps whose reported epsilon stays within the target under the primary.
     Raises :class:`PrivacyBudgetExceededError` when not even one step fits, and
-    ``UnreachableTargetError`` when no noise meets the target.
+    ``UnreachableTargetError`` when no noise meets the target; warns when ``accountant`` or
+    ``calibrate_with`` is an unsound accountant (:class:`UnsoundAccountantWarning`).
     """
+    for name in dict.fromkeys((options.accountant, options.calibrate_with)):
+        if name is not None and not ACCOUNTANTS[name].sound:
+            warnings.warn(ACCOUNTANTS[name].warning, UnsoundAccountantWarning, stacklevel=3)
     sample_rate = check_sample_rate("sample_rate", sample_rate)
     check_step_count(options.epochs, sample_rate)
     planned_steps = None if options.epochs is None else steps_from_epochs(options.epochs, sample_rate)

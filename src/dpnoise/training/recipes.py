@@ -47,15 +47,15 @@ class Recipe:
 
 
 def _scatternet(batch_size: int, lr: float, epochs: float) -> dict[str, Any]:
-    return {"schedule.batch_size": batch_size, "optimizer.lr": lr, "schedule.epochs": epochs}
+    return {"schedule.batch_size": batch_size, "optimizer.lr": lr, "privacy.epochs": epochs}
 
 
 RECIPES: dict[str, Recipe] = {
     "scatternet": Recipe(
         description="Tramèr & Boneh 2021 (arXiv 2011.11660): ScatterNet features, GroupNorm, SGD momentum 0.9, "
                     "clip 0.1, large batches and learning rates, epsilon 3 at delta 1e-5",
-        common={"optimizer.name": "sgd", "optimizer.momentum": 0.9, "mechanism.clip": 0.1,
-                "schedule.physical_batch_size": 2048, "privacy.epsilon": 3.0, "privacy.delta": 1e-5},
+        common={"optimizer.name": "sgd", "optimizer.momentum": 0.9, "privacy.max_grad_norm": 0.1,
+                "execution.max_physical_batch_size": 2048, "privacy.target_epsilon": 3.0, "privacy.delta": 1e-5},
         by_dataset_and_model={
             ("fashion-mnist", "scatternet-linear"): _scatternet(8192, 16.0, 40),
             ("fashion-mnist", "scatternet-cnn"): _scatternet(2048, 4.0, 40),

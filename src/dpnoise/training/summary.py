@@ -168,7 +168,7 @@ def summarize(
         clip=setup.clip,
         sample_rate=setup.sample_rate,
         batch_size=config.schedule.batch_size,
-        epochs=config.schedule.epochs,
+        epochs=config.privacy.epochs,
         optimizer=config.optimizer.name,
         lr=optimizer.param_groups[0].get("initial_lr", optimizer.param_groups[0]["lr"]),  # before any schedule
         seed=config.seed,
@@ -185,7 +185,7 @@ def summarize(
         momentum=config.optimizer.momentum,
         lr_schedule=config.optimizer.lr_schedule,
         ema_decay=config.optimizer.ema_decay,
-        physical_batch_size=config.schedule.physical_batch_size,
+        physical_batch_size=config.execution.max_physical_batch_size,
         feature_statistics_noise=config.data.feature_statistics_noise,
         private_randomness=engine.private_randomness,
         secure_noise=engine.secure_noise,
