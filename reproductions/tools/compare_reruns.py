@@ -19,7 +19,7 @@ from pathlib import Path
 from reproductions.cli import DEFAULT_RESULTS_DIR
 from reproductions.records import load_records
 
-EXPERIMENTS = ("table2", "finetune", "dirichlet", "dirichlet-alpha")
+EXPERIMENTS = ("table2", "finetune", "finetune-full", "dirichlet", "dirichlet-alpha")
 
 
 def accuracy_by_name(results_dir: Path, experiment: str) -> dict[str, float]:

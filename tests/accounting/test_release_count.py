@@ -22,11 +22,14 @@ from dpnoise.accounting.events import DirichletEvent, GaussianEvent, PoissonSamp
 from dpnoise.accounting.rdp.dirichlet import sampled_dirichlet_rdp
 from dpnoise.accounting.rdp.orders import DEFAULT_ORDERS, INTEGER_ORDERS
 from dpnoise.accounting.release_count import (
+    EXACT_LOG_PROFILES,
     MAX_GROUPS,
     ReleaseCountAccountant,
     gaussian_log_profile,
     log_binomial_pmf_bound,
     log_binomial_tail_bound,
+    register_exact_log_profile,
+    release_count_delta,
     release_count_epsilon,
     release_counts,
 )
@@ -157,6 +160,20 @@ def test_tiny_sigma_setting_where_the_rdp_route_is_fifty_thousand_times_too_larg
     assert by_route["penultimate-gaussian-replace-one-rdp"][0] > 5e4 * exact
     epsilon, bound = get_accountant("penultimate-gaussian").step(**setting).get_epsilon_and_bound(1e-5)
     assert epsilon == exact and bound.startswith("penultimate-gaussian-exact: exact")
+
+
+def test_the_exact_profile_is_the_gaussian_plugins_and_without_it_releases_take_the_renyi_conversion(monkeypatch):
+    """The Gaussian plugin registers the k-release profile; the same accountant without it converts RDP."""
+    setting = dict(noise_multiplier=0.5, sample_rate=0.05, steps=40)
+    exact, bound = get_accountant("penultimate-gaussian-exact").step(**setting).get_epsilon_and_bound(1e-8)
+    assert "exact profile" in bound
+    with pytest.raises(InvalidParameterError, match="already has an exact release profile"):
+        register_exact_log_profile(GaussianEvent, EXACT_LOG_PROFILES[GaussianEvent])
+    monkeypatch.delitem(EXACT_LOG_PROFILES, GaussianEvent)
+    release_count_epsilon.cache_clear(), release_count_delta.cache_clear()
+    converted, bound = get_accountant("penultimate-gaussian-exact").step(**setting).get_epsilon_and_bound(1e-8)
+    release_count_epsilon.cache_clear(), release_count_delta.cache_clear()
+    assert "Renyi conversion per count" in bound and converted > exact
 
 
 @pytest.mark.parametrize("sigma", [0.3, 2.0, 10.0])

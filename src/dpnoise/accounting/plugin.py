@@ -15,7 +15,13 @@ from dpnoise.accounting.events import EVENT_TYPES, register_event_type
 from dpnoise.accounting.mechanisms import MECHANISMS, MechanismSpec, register_mechanism
 from dpnoise.accounting.pld.distribution import PldRoute, register_pld, unregister_pld
 from dpnoise.accounting.rdp.registry import RdpFunction, rdp_routes, register_rdp, unregister_rdp
-from dpnoise.accounting.release_count import release_count_delta, release_count_epsilon
+from dpnoise.accounting.release_count import (
+    ExactLogProfile,
+    register_exact_log_profile,
+    release_count_delta,
+    release_count_epsilon,
+    unregister_exact_log_profile,
+)
 from dpnoise.accounting.registry import ACCOUNTANTS, AccountantSpec, check_reported_accountants, register_accountant
 from dpnoise.accounting.validation import InvalidParameterError
 
@@ -26,14 +32,18 @@ class MechanismPlugin:
 
     ``rdp``: the RDP routes this plugin adds to its event type, by name (a new event type's first
     route is its default); ``pld``: the event type's PLD route (None: none, or one already registered
-    by the plugin of another mechanism with the same event type); ``accountants``: its named
-    accountants, the routes of a minimum before it.
+    by the plugin of another mechanism with the same event type); ``release_profile``: the exact
+    privacy profile of k releases of an event of its type, for the accountants that count an
+    example's releases (:mod:`~dpnoise.accounting.release_count`; None: none, or one already
+    registered, as for ``pld``; without one, releases are accounted by their RDP curve);
+    ``accountants``: its named accountants, the routes of a minimum before it.
     """
 
     mechanism: MechanismSpec
     accountants: tuple[AccountantSpec, ...]
     rdp: Mapping[str, RdpFunction] = field(default_factory=dict)
     pld: Optional[PldRoute] = None
+    release_profile: Optional[ExactLogProfile] = None
 
 
 def _refusal(plugin: MechanismPlugin) -> Optional[str]:
@@ -57,7 +67,7 @@ def register_plugin(plugin: MechanismPlugin) -> MechanismPlugin:
         raise InvalidParameterError(f"mechanism plugin {spec.name!r} {reason}")
     new_event_type = spec.event_type.__name__ not in EVENT_TYPES
     added_routes: list[str] = []
-    added_pld = False
+    added_pld = added_profile = False
     try:
         register_event_type(spec.event_type)
         for route, fn in plugin.rdp.items():
@@ -66,22 +76,25 @@ def register_plugin(plugin: MechanismPlugin) -> MechanismPlugin:
         if plugin.pld is not None:
             register_pld(spec.event_type, plugin.pld)
             added_pld = True
+        if plugin.release_profile is not None:
+            register_exact_log_profile(spec.event_type, plugin.release_profile)
+            added_profile = True
         register_mechanism(spec)
         for accountant in plugin.accountants:
             register_accountant(accountant)
         check_reported_accountants(spec.name)
     except Exception:
-        _remove(plugin, new_event_type, added_routes, added_pld)
+        _remove(plugin, new_event_type, added_routes, added_pld, added_profile)
         raise
     return plugin
 
 
 def unregister_plugin(plugin: MechanismPlugin) -> None:
     """Undo :func:`register_plugin` (a mechanism added for a test or a session)."""
-    _remove(plugin, True, list(plugin.rdp), plugin.pld is not None)
+    _remove(plugin, True, list(plugin.rdp), plugin.pld is not None, plugin.release_profile is not None)
 
 
-def _remove(plugin: MechanismPlugin, event_type: bool, routes: list[str], pld: bool) -> None:
+def _remove(plugin: MechanismPlugin, event_type: bool, routes: list[str], pld: bool, profile: bool) -> None:
     spec = plugin.mechanism
     for cached in (release_count_epsilon, release_count_delta):  # they may hold the plugin's numbers
         cached.cache_clear()
@@ -94,6 +107,8 @@ def _remove(plugin: MechanismPlugin, event_type: bool, routes: list[str], pld: b
         unregister_rdp(spec.event_type, route)
     if pld:
         unregister_pld(spec.event_type)
+    if profile:
+        unregister_exact_log_profile(spec.event_type)
     if event_type and not rdp_routes(spec.event_type) and EVENT_TYPES.get(spec.event_type.__name__) is spec.event_type:
         del EVENT_TYPES[spec.event_type.__name__]
 

@@ -37,7 +37,7 @@ from scipy.optimize import brentq
 from scipy.special import gammaln, log_ndtr, logsumexp, xlog1py
 
 from dpnoise.accounting.accountant import PrivacyAccountant, flat_ledger
-from dpnoise.accounting.events import DpEvent, GaussianEvent, MechanismEvent, PoissonSampledEvent
+from dpnoise.accounting.events import DpEvent, MechanismEvent, PoissonSampledEvent
 from dpnoise.accounting.rdp.orders import DEFAULT_ORDERS
 from dpnoise.accounting.rdp.registry import RdpRoute, event_rdp
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
@@ -236,14 +236,36 @@ def rdp_log_profile(epsilon: float, counts: np.ndarray, orders: np.ndarray, rdp:
 
 
 LogProfile = Callable[[float, np.ndarray], np.ndarray]
+#: event -> (eps, counts) -> upper bounds on log delta_k(eps) of k releases of the event
+ExactLogProfile = Callable[[MechanismEvent], LogProfile]
+#: event type -> its k-release profile in closed form, for the event types that have one (registered by
+#: their mechanism's plugin, :class:`~dpnoise.accounting.plugin.MechanismPlugin`)
+EXACT_LOG_PROFILES: dict[type, ExactLogProfile] = {}
+
+
+def register_exact_log_profile(event_type: type, profile: ExactLogProfile) -> None:
+    """Let releases of ``event_type`` be accounted by ``profile`` instead of their RDP curve."""
+    if event_type in EXACT_LOG_PROFILES:
+        raise InvalidParameterError(f"{event_type.__name__} already has an exact release profile")
+    EXACT_LOG_PROFILES[event_type] = profile
+    release_count_epsilon.cache_clear()
+    release_count_delta.cache_clear()
+
+
+def unregister_exact_log_profile(event_type: type) -> None:
+    """Undo :func:`register_exact_log_profile`."""
+    EXACT_LOG_PROFILES.pop(event_type, None)
+    release_count_epsilon.cache_clear()
+    release_count_delta.cache_clear()
 
 
 def base_log_profile(event: MechanismEvent, route: RdpRoute, orders: np.ndarray) -> LogProfile:
-    """(eps, counts) -> upper bounds on log delta_k(eps) of k releases of ``event``: exact for a
-    Gaussian release, else from its RDP curve at ``orders`` (by the RDP ``route``, None: the default)."""
-    if isinstance(event, GaussianEvent):
-        mu = 1.0 / event.noise_multiplier
-        return lambda epsilon, counts: gaussian_log_profile(epsilon, np.sqrt(counts) * mu)
+    """(eps, counts) -> upper bounds on log delta_k(eps) of k releases of ``event``: its registered exact
+    profile (:data:`EXACT_LOG_PROFILES`, e.g. a Gaussian release's), else from its RDP curve at ``orders``
+    (by the RDP ``route``, None: the default)."""
+    exact = EXACT_LOG_PROFILES.get(type(event))
+    if exact is not None:
+        return exact(event)
     rdp = np.asarray(event_rdp(event, orders, route), dtype=float)
     return lambda epsilon, counts: rdp_log_profile(epsilon, counts, orders, rdp)
 
@@ -285,7 +307,8 @@ def _mixture(event: PoissonSampledEvent, steps: int, log_tail: float, route: Rdp
     if isinstance(counts, str):
         return None, f"not computed: {counts}"
     profile = base_log_profile(event.event, route, np.asarray(orders))
-    kind = "exact Gaussian-DP profile" if isinstance(event.event, GaussianEvent) else "Renyi conversion per count"
+    kind = ("exact profile of the releases" if type(event.event) in EXACT_LOG_PROFILES
+            else "Renyi conversion per count")
     return (lambda epsilon: mixture_log_delta(counts, profile, epsilon),
             f"{kind}, Bin({steps}, {event.sampling_probability:g}) mixture over releases")
 
@@ -328,7 +351,7 @@ class ReleaseCountAccountant(PrivacyAccountant):
 
     def _check_supported(self, event: DpEvent) -> None:
         for sampled, _ in flat_ledger([(event, 1)]):
-            if not isinstance(sampled.event, GaussianEvent):
+            if type(sampled.event) not in EXACT_LOG_PROFILES:
                 event_rdp(sampled.event, DEFAULT_ORDERS[:1], self.spec.rdp_route_key)
 
     def repeated_release(self) -> tuple[Optional[PoissonSampledEvent], int, Optional[str]]:
@@ -356,14 +379,17 @@ class ReleaseCountAccountant(PrivacyAccountant):
 __all__ = [
     "ReleaseCountAccountant",
     "ReleaseCounts",
+    "EXACT_LOG_PROFILES",
     "base_log_profile",
     "gaussian_log_profile",
     "log_binomial_pmf_bound",
     "log_binomial_tail_bound",
     "mixture_log_delta",
     "rdp_log_profile",
+    "register_exact_log_profile",
     "release_count_delta",
     "release_count_epsilon",
     "release_counts",
     "smallest_epsilon",
+    "unregister_exact_log_profile",
 ]

@@ -15,12 +15,20 @@ from dpnoise.accounting.pld.distribution import PldRoute, gaussian_loss_width, g
 from dpnoise.accounting.plugin import MechanismPlugin, register_plugin
 from dpnoise.accounting.plugins.wording import pld_and_rdp
 from dpnoise.accounting.rdp.gaussian import sampled_gaussian_rdp
+from dpnoise.accounting.release_count import LogProfile, gaussian_log_profile
 from dpnoise.accounting.validation import check_positive
 
 
 def gaussian_event(noise: float, context: EventContext) -> GaussianEvent:
     """sigma is already relative to C."""
     return GaussianEvent(check_positive("noise_multiplier", noise))
+
+
+def releases_log_profile(event: GaussianEvent) -> LogProfile:
+    """k Gaussian releases of noise multiplier s are (sqrt(k) / s)-GDP (Dong, Roth & Su, arXiv 1905.02383,
+    Cor. 3.3): their profile is exact (:func:`~dpnoise.accounting.release_count.gaussian_log_profile`)."""
+    mu = 1.0 / event.noise_multiplier
+    return lambda epsilon, counts: gaussian_log_profile(epsilon, np.sqrt(counts) * mu)
 
 
 def add_remove_rdp(event: GaussianEvent, q: float, orders: np.ndarray) -> np.ndarray:
@@ -40,6 +48,7 @@ PLUGIN = register_plugin(MechanismPlugin(
     rdp={"add-remove": add_remove_rdp},
     pld=PldRoute(loss_width=lambda event, q: gaussian_loss_width(event.noise_multiplier, q),
                  single_step=lambda event, q, grid: gaussian_pld(event.noise_multiplier, q, grid)),
+    release_profile=releases_log_profile,
     accountants=pld_and_rdp(
         "gaussian", "Poisson-sampled Gaussian mechanism",
         "Sampled Gaussian mechanism RDP (Mironov, Talwar, Zhang 2019, arXiv 1908.10530); exact at integer orders."),
