@@ -254,3 +254,16 @@ def test_recorded_command_builds_the_configuration_the_runner_trains(spec, tmp_p
 
     args = build_parser().parse_args(["train", *train_argv(spec, tmp_path / "out")])
     assert TrainingConfig.from_fields(configuration_fields(args)) == runner.train_config(spec, tmp_path / "out")
+
+
+def test_evaluate_split_gives_back_the_recorded_accuracy_on_the_recorded_split(lap2_records):
+    """The final checkpoint's model, rebuilt from the record and evaluated again: the same number."""
+    from reproductions.tools.evaluate_split import main as evaluate_split
+
+    root, (record, _) = lap2_records
+    assert evaluate_split(["--experiment", "tiny", "--split", "test", "--only", "seed0",
+                           "--results-dir", str(root / "results"), "--work-dir", str(root / "work")]) == 0
+    (written,) = (root / "results" / "tiny" / "test-split").glob("*.json")
+    evaluated = json.loads(written.read_text())
+    assert evaluated["name"] == record["name"] and evaluated["accuracy"] == record["accuracy"]
+    assert evaluated["examples"] == 360 and len(load_records(root / "results", "tiny")) == 2
