@@ -43,7 +43,9 @@ EXAMPLES = """examples:
   # Tramer & Boneh's ScatterNet recipe for every mechanism (MNIST, Fashion-MNIST, CIFAR-10)
   python -m reproductions --experiment scatternet --dataset fashion-mnist --seeds 0
   # the Lap2 paper's Table III at full dimension (MiniLM-L6, 22.7M parameters trained), seed 0, two epsilons
-  python -m reproductions --experiment finetune-full --seeds 0 --epsilons 3.74 0.54 --jobs 2
+  python -m reproductions --experiment finetune-full --dataset sst2 --seeds 0 --epsilons 3.74 0.54 --jobs 2
+  # and its Table II ViT column at full dimension (EfficientNet-Lite0, 3.38M parameters trained), seed 0
+  python -m reproductions --experiment finetune-full --dataset cifar10-jpeg --seeds 0 --jobs 2
   # redraw every table and figure from the records (no training)
   python -m reproductions --experiment figures
 Records: <results>/<experiment>/<run>.json, one per finished run (existing ones are skipped, so a
