@@ -27,14 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
-import sys
-import time
 import warnings
 from collections.abc import Callable
 
-from timing import Measured, interleaved
+from timing import add_process_options, interleaved, own_processes, print_process_table, timed_steps
 
 BATCH_SIZE = 64
 DP_MECHANISMS = ("gaussian", "lap2", "laplace-l1")
@@ -130,8 +126,8 @@ STEP_BUILDERS = {
 
 
 def measure(configuration: str, length: int, trainable: str, steps: int, warmup: int) -> dict:
-    """Run in a child process: ``warmup`` then ``steps`` steps of ``configuration``; seconds per timed
-    step, resident memory before the first step and at its peak, trained parameters."""
+    """Run in a child process: ``warmup`` then ``steps`` steps of ``configuration``
+    (:func:`timing.timed_steps`), and the number of trained parameters."""
     import torch
 
     from dpnoise.models import minilm_sequence_classifier
@@ -143,43 +139,8 @@ def measure(configuration: str, length: int, trainable: str, steps: int, warmup:
     model = minilm_sequence_classifier(2, trainable)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-4)
     step = STEP_BUILDERS[configuration](model, optimizer, data_loader(dataset, length))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    for batch in batches[:warmup]:
-        step(batch)
-    started = time.perf_counter()
-    for batch in batches[warmup:]:
-        step(batch)
-    return {"seconds": (time.perf_counter() - started) / steps,
-            "rss_before_mb": before / 1024, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    return {**timed_steps(step, batches, warmup),
             "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
-
-
-def in_own_process(configuration: str, length: int, trainable: str, steps: int, warmup: int) -> Measured:
-    """``measure`` in a fresh Python process; a failure is returned as its last line of error."""
-    command = [sys.executable, __file__, "--measure", configuration, "--lengths", str(length),
-               "--trainable", trainable, "--steps", str(steps), "--warmup", str(warmup)]
-    finished = subprocess.run(command, capture_output=True, text=True)
-    if finished.returncode != 0:
-        error = (finished.stderr.strip().splitlines() or [f"exit status {finished.returncode}"])[-1]
-        return Measured(float("nan"), {"error": error if finished.returncode > 0 else f"killed by signal "
-                                                                                      f"{-finished.returncode}"})
-    result = json.loads(finished.stdout.strip().splitlines()[-1])
-    return Measured(result["seconds"], result)
-
-
-def report(length: int, trainable: str, configurations: list[str], timings) -> None:
-    base = timings.values["non-private"]
-    print(f"\nL = {length} tokens, trainable {trainable} ({base.get('parameters', 0):,} parameters), batch "
-          f"{BATCH_SIZE}, 1 thread, {timings.rounds} rounds")
-    print(f"{'configuration':<15}{'s/step':>9}{'x non-private':>15}{'peak memory':>13}{'x non-private':>15}")
-    for name in configurations:
-        value = timings.values[name]
-        if "error" in value:
-            print(f"{name:<15}  failed: {value['error'][:100]}")
-            continue
-        memory = value["peak_rss_mb"] / 1024
-        print(f"{name:<15}{timings.median(name):>9.2f}{timings.ratio(name, 'non-private'):>14.2f}x"
-              f"{memory:>11.2f} GB{value['peak_rss_mb'] / base['peak_rss_mb']:>14.2f}x")
 
 
 def main() -> None:
@@ -187,12 +148,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128], help="tokens per sentence")
     parser.add_argument("--trainable", nargs="+", choices=("all", "lora"), default=["all", "lora"],
                         help="every parameter, or LoRA adapters (rank 8, query and value) and the head")
-    parser.add_argument("--configurations", nargs="+", choices=CONFIGURATIONS, default=list(CONFIGURATIONS))
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (one process per configuration each)")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per process")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per process first")
-    parser.add_argument("--quick", action="store_true", help="L = 32, every parameter, 1 round x 1 step")
-    parser.add_argument("--measure", choices=CONFIGURATIONS, help=argparse.SUPPRESS)  # a child process's job
+    add_process_options(parser, CONFIGURATIONS, quick="L = 32, every parameter, 1 round x 1 step")
     args = parser.parse_args()
     if args.measure:
         print(json.dumps(measure(args.measure, args.lengths[0], args.trainable[0], args.steps, args.warmup)))
@@ -202,10 +158,14 @@ def main() -> None:
     configurations = ["non-private", *(c for c in args.configurations if c != "non-private")]
     for trainable in args.trainable:
         for length in args.lengths:
-            candidates = {name: (lambda name: lambda i: lambda: in_own_process(name, length, trainable, args.steps,
-                                                                               args.warmup))(name)
-                          for name in configurations}
-            report(length, trainable, configurations, interleaved(candidates, args.rounds))
+            candidates = own_processes(__file__, configurations, lambda name: [
+                "--measure", name, "--lengths", str(length), "--trainable", trainable, "--steps", str(args.steps),
+                "--warmup", str(args.warmup)])
+            timings = interleaved(candidates, args.rounds)
+            print(f"\nL = {length} tokens, trainable {trainable} "
+                  f"({timings.values['non-private'].get('parameters', 0):,} parameters), batch {BATCH_SIZE}, "
+                  f"1 thread, {timings.rounds} rounds")
+            print_process_table(configurations, timings)
 
 
 if __name__ == "__main__":

@@ -13,16 +13,26 @@ cancels what a round's conditions did to both.
     timings.median("ours")           # seconds per call, median over rounds
     timings.ratio("ours", "theirs")  # median over rounds of ours / theirs in the same round
 
+A benchmark whose configurations each run in a process of their own (bench_finetune.py,
+bench_efficientnet.py: a process's peak memory is then its configuration's) builds its candidates
+with :func:`own_processes` and prints them with :func:`print_process_table`.
+
 Benchmarks are run as scripts (``python benchmarks/bench_x.py``), so this module is imported as
 ``timing`` from the benchmarks folder.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
+import json
 import random
+import resource
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 #: one timed call
@@ -116,3 +126,66 @@ def interleaved(
         for name, total in totals.items():
             seconds[name].append(total / calls)
     return Timings(seconds, values)
+
+
+# ------------------------------------------------------------------ one process per configuration
+# A benchmark whose configurations each need a fresh process (so that a process's peak memory is its
+# own configuration's) runs itself as a child: ``script --measure NAME ...`` calls ``timed_steps``
+# and prints its dict as the last line of JSON; the parent times those children interleaved.
+
+
+def add_process_options(parser: argparse.ArgumentParser, configurations: Sequence[str], quick: str) -> None:
+    """The options every one-process-per-configuration benchmark takes: which configurations, rounds,
+    timed and warm-up steps per process, ``--quick`` (described by ``quick``), and the hidden
+    ``--measure NAME`` that makes the script a child measuring one configuration."""
+    parser.add_argument("--configurations", nargs="+", choices=configurations, default=list(configurations))
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (one process per configuration each)")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per process")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per process first")
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--measure", choices=configurations, help=argparse.SUPPRESS)
+
+
+def timed_steps(step: Callable[[object], object], batches: Sequence[object], warmup: int) -> dict[str, float]:
+    """Run ``step`` on the first ``warmup`` batches untimed, then on the rest timed: seconds per timed
+    step, and the process's resident memory before the first step and at its peak (MB)."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for batch in batches[:warmup]:
+        step(batch)
+    started = time.perf_counter()
+    for batch in batches[warmup:]:
+        step(batch)
+    return {"seconds": (time.perf_counter() - started) / (len(batches) - warmup),
+            "rss_before_mb": before / 1024, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def in_own_process(script: str, arguments: Sequence[str]) -> Measured:
+    """``script`` run with ``arguments`` in a fresh Python process, timed by the JSON dict (with
+    ``seconds``) of its last line of output; a failure is returned as its last line of error."""
+    finished = subprocess.run([sys.executable, script, *arguments], capture_output=True, text=True)
+    if finished.returncode != 0:
+        error = (finished.stderr.strip().splitlines() or [f"exit status {finished.returncode}"])[-1]
+        return Measured(float("nan"), {"error": error if finished.returncode > 0 else f"killed by signal "
+                                                                                      f"{-finished.returncode}"})
+    result = json.loads(finished.stdout.strip().splitlines()[-1])
+    return Measured(result["seconds"], result)
+
+
+def own_processes(script: str, names: Iterable[str], arguments: Callable[[str], list[str]]) -> dict[str, Candidate]:
+    """A candidate per configuration name: ``script`` run with ``arguments(name)`` in its own process."""
+    return {name: same(functools.partial(in_own_process, script, arguments(name))) for name in names}
+
+
+def print_process_table(configurations: Sequence[str], timings: Timings, baseline: str = "non-private") -> None:
+    """One row per configuration: seconds per step, peak memory (the JSON dicts of ``timed_steps``), each
+    beside its ratio to ``baseline``'s (time: paired by round); a failed configuration with its error."""
+    base = timings.values[baseline]
+    print(f"{'configuration':<15}{'s/step':>9}{'x ' + baseline:>15}{'peak memory':>13}{'x ' + baseline:>15}")
+    for name in configurations:
+        value = timings.values[name]
+        if "error" in value:
+            print(f"{name:<15}  failed: {value['error'][:100]}")
+            continue
+        memory_ratio = value["peak_rss_mb"] / base["peak_rss_mb"] if "peak_rss_mb" in base else float("nan")
+        print(f"{name:<15}{timings.median(name):>9.2f}{timings.ratio(name, baseline):>14.2f}x"
+              f"{value['peak_rss_mb'] / 1024:>11.2f} GB{memory_ratio:>14.2f}x")
