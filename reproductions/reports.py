@@ -132,7 +132,7 @@ def finetune_full_figure(rows: list[dict], dataset: str, steps: int, results_dir
                and r.get("steps_planned") == steps]
     sizes = sorted({r["params"] for r in trained if r.get("params")})
     size = f"{sizes[0] / 1e6:.1f}M" if sizes else "every parameter"
-    model = tables.FINETUNE_FULL_MODELS[dataset].split(", ")[1]
+    _, model = tables.FINETUNE_FULL_MODELS[dataset]
     return figures.accuracy_vs_epsilon(
         trained, [dataset], plans.FINETUNE_FULL_COLUMNS, plans.FINETUNE_FULL_PUBLISHED, figures_dir / f"{stem}.png",
         f"{model}, all {size} trained, T = {steps} (paper: {FINETUNE_FULL_PAPER_MODELS[dataset]})",

@@ -475,12 +475,13 @@ def by_task(rows: Sequence[Row]) -> list[tuple[str, str, list[Row]]]:
         size = f" ({', '.join(f'{n:,}' for n in sizes)} parameters trained)" if sizes else ""
         length = "" if steps is None else f", T = {steps} steps"
         trained = "every parameter" if part == "all" else f"--trainable {part}"
-        groups.append((dataset, f"{FINETUNE_FULL_MODELS[dataset]}, {trained}{size}{length}", members))
+        task, model = FINETUNE_FULL_MODELS[dataset]
+        groups.append((dataset, f"{task}, {model}, {trained}{size}{length}", members))
     return groups
 
 
-#: the model each finetune-full task fine-tunes, as the captions name it
-FINETUNE_FULL_MODELS = {"sst2": "SST-2, MiniLM-L6", "cifar10-jpeg": "CIFAR-10, EfficientNet-Lite0"}
+#: each finetune-full task and the model it fine-tunes, as the captions name them
+FINETUNE_FULL_MODELS = {"sst2": ("SST-2", "MiniLM-L6"), "cifar10-jpeg": ("CIFAR-10", "EfficientNet-Lite0")}
 
 
 def finetune_full_markdown(rows: Sequence[Row]) -> str:

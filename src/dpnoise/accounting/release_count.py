@@ -248,13 +248,17 @@ def register_exact_log_profile(event_type: type, profile: ExactLogProfile) -> No
     if event_type in EXACT_LOG_PROFILES:
         raise InvalidParameterError(f"{event_type.__name__} already has an exact release profile")
     EXACT_LOG_PROFILES[event_type] = profile
-    release_count_epsilon.cache_clear()
-    release_count_delta.cache_clear()
+    _forget_cached_values()
 
 
 def unregister_exact_log_profile(event_type: type) -> None:
     """Undo :func:`register_exact_log_profile`."""
     EXACT_LOG_PROFILES.pop(event_type, None)
+    _forget_cached_values()
+
+
+def _forget_cached_values() -> None:
+    """Drop the cached epsilons and deltas, which may have been computed with another profile."""
     release_count_epsilon.cache_clear()
     release_count_delta.cache_clear()
 
