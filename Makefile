@@ -42,6 +42,10 @@ bench: install data
 	$(PY) benchmarks/bench_training.py $(BENCH_FLAGS)
 	$(PY) benchmarks/bench_audit.py $(BENCH_FLAGS)
 	$(PY) benchmarks/bench_distributed.py $(BENCH_FLAGS)
+	$(PY) benchmarks/bench_secure_noise.py $(BENCH_FLAGS)
+	$(PY) benchmarks/bench_secure_mode.py $(BENCH_FLAGS)
+	$(PY) benchmarks/bench_finetune.py $(BENCH_FLAGS)
+	$(PY) benchmarks/bench_efficientnet.py $(BENCH_FLAGS)
 
 # The papers' experiments (records in reproductions/results/, tables and figures in
 # reproductions/reports/), e.g. make reproduce ARGS="--experiment table2 --quick".

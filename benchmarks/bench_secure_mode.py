@@ -13,6 +13,7 @@ forward + loss + backward + optimizer.step (clipping, noise and accounting inclu
   batch 64, sentences cut to 32 tokens (Hugging Face's BertForSequenceClassification on dict batches).
 
     .venv/bin/python benchmarks/bench_secure_mode.py                       # cnn, 5 rounds x 5 steps
+    .venv/bin/python benchmarks/bench_secure_mode.py --quick               # cnn, 2 rounds x 2 steps
     .venv/bin/python benchmarks/bench_secure_mode.py --model minilm --rounds 2 --steps 1 --mechanisms gaussian lap2
 """
 
@@ -88,8 +89,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="steps per configuration per round (default: cnn 5, minilm 1)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps of every configuration first")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds x 2 steps (unless --rounds/--steps say)")
     args = parser.parse_args()
     batch_size, rounds, steps = SETTINGS[args.model]
+    if args.quick:
+        rounds, steps = min(rounds, 2), min(steps, 2)
     rounds, steps = args.rounds or rounds, args.steps or steps
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
