@@ -267,3 +267,31 @@ def test_evaluate_split_gives_back_the_recorded_accuracy_on_the_recorded_split(l
     evaluated = json.loads(written.read_text())
     assert evaluated["name"] == record["name"] and evaluated["accuracy"] == record["accuracy"]
     assert evaluated["examples"] == 360 and len(load_records(root / "results", "tiny")) == 2
+
+
+def test_step_windows_keeps_each_runs_log_and_prints_its_windowed_means(lap2_records, capsys):
+    """The tool copies a run's steps.csv beside the records and prints the windows of its batch accuracy."""
+    from reproductions.tools.step_windows import main as step_windows
+
+    root, (record, _) = lap2_records
+    argv = ["--experiment", "tiny", "--only", "seed0", "--window", "5", "--level", "0",
+            "--results-dir", str(root / "results"), "--work-dir", str(root / "work")]
+    assert step_windows(argv) == 0
+    kept = root / "results" / "tiny" / "steps" / f"{record['name']}.csv"
+    logged = (root / "work" / "tiny" / record["name"] / "steps.csv").read_text()
+    assert kept.read_text() == logged
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {record['name']} |")]
+    (row,) = rows
+    cells = row.strip("|").split("|")
+    assert len(cells) == 1 + 3 + 1  # name, windows of steps 1-5, 6-10 and 11-12, first step reaching 0
+    assert cells[-1].strip() == "5"  # any mean reaches level 0: after the first full window
+
+
+def test_step_windows_means_and_first_step_reaching_a_level():
+    from reproductions.tools.step_windows import first_step_reaching, window_means
+
+    values = [0.5, 0.5, 0.5, 0.7, 0.9, 0.9, 0.8]
+    assert window_means(values, 3).tolist() == pytest.approx([0.5, 2.5 / 3, 0.8])
+    steps = list(range(1, 8))
+    assert first_step_reaching(steps, values, window=2, level=0.8) == 5  # mean of steps 4-5 is 0.8
+    assert first_step_reaching(steps, values, window=3, level=0.9) is None
