@@ -98,6 +98,11 @@ def column_rows(rows: Sequence[dict[str, Any]], dataset: str, column: Column) ->
                   key=lambda r: r["target_epsilon"])
 
 
+def evaluation_split(rows: Sequence[dict[str, Any]], dataset: str) -> str:
+    """The split ``dataset``'s rows were evaluated on (runs without ``eval_split`` are on test), e.g. "dev"."""
+    return "/".join(sorted({r.get("eval_split") or "test" for r in rows if r["dataset"] == dataset})) or "test"
+
+
 def accuracy_vs_epsilon(rows: Sequence[dict[str, Any]], datasets: Sequence[str], columns: Sequence[Column],
                         published: dict[str, dict[float, dict[str, float]]], out: Path, title: str,
                         references: Optional[dict[str, tuple[str, float]]] = None) -> Path:
@@ -121,7 +126,8 @@ def accuracy_vs_epsilon(rows: Sequence[dict[str, Any]], datasets: Sequence[str],
         if dataset in (references or {}):
             label, accuracy = references[dataset]
             ax.axhline(accuracy, color="0.3", linestyle="--", alpha=0.7, label=label)
-        ax.set(xlabel="target epsilon (delta = 1e-5)", ylabel="test accuracy (%)", title=dataset)
+        ax.set(xlabel="target epsilon (delta = 1e-5)", ylabel=f"{evaluation_split(rows, dataset)} accuracy (%)",
+               title=dataset)
         log_scale(ax, "x", sorted(epsilons) or None)
         ax.grid(alpha=0.3)
     shared_legend(fig, axes, columns=min(3, 2 * len(datasets)))  # one narrow panel fits two columns

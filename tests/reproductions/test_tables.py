@@ -101,3 +101,13 @@ def test_log_axes_are_labelled_at_one_two_five_ticks_only():
 
     assert nice_log_ticks(0.09, 9.0) == pytest.approx([0.1, 0.2, 0.5, 1, 2, 5])
     assert nice_log_ticks(1.5, 1.9) == pytest.approx([1.7])  # no 1-2-5 value inside: one label, not none
+
+
+def test_figures_name_the_split_each_dataset_was_evaluated_on():
+    from reproductions.figures import evaluation_split
+
+    rows = [{"dataset": "sst2", "eval_split": "dev"}, {"dataset": "mnist"}, {"dataset": "cifar10-jpeg",
+                                                                             "eval_split": None}]
+    assert evaluation_split(rows, "sst2") == "dev"
+    assert evaluation_split(rows, "mnist") == evaluation_split(rows, "cifar10-jpeg") == "test"
+    assert evaluation_split(rows, "fashion-mnist") == "test"
