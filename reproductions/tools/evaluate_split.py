@@ -19,9 +19,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from reproductions.cli import DEFAULT_RESULTS_DIR, DEFAULT_WORK_DIR
-from reproductions.records import RunSpec, load_records, write_record
+from reproductions.records import RunSpec, write_record
 from reproductions.runner import git_state, train_config
+from reproductions.tools import add_finished_run_options, finished_records
 
 #: the prefix of a wrapped model's parameter names in a checkpoint (the engine's module wrapper)
 WRAPPED_PREFIX = "_module."
@@ -54,17 +54,11 @@ def split_accuracy(record: dict, checkpoint: Path, split: str) -> tuple[float, i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--experiment", required=True, help="the experiment whose records are evaluated")
+    add_finished_run_options(parser)
     parser.add_argument("--split", required=True, help="the split to evaluate on, e.g. test")
-    parser.add_argument("--only", nargs="+", default=[],
-                        help="only the records whose name contains each of these strings, e.g. T300 seed0")
-    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="the records (and the output)")
-    parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR, help="the runs' folders with checkpoints")
     args = parser.parse_args(argv)
     code_state = git_state(Path(__file__).resolve().parents[2])
-    chosen = [r for r in load_records(args.results_dir, args.experiment)
-              if r.get("status") == "ok" and all(part in r["name"] for part in args.only)]
-    for record in chosen:
+    for record in finished_records(args):
         checkpoint = args.work_dir / args.experiment / record["name"] / "checkpoint.pt"
         if not checkpoint.is_file():
             print(f"skipped {record['name']}: no checkpoint at {checkpoint}", file=sys.stderr)

@@ -24,8 +24,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from reproductions.cli import DEFAULT_RESULTS_DIR, DEFAULT_WORK_DIR
-from reproductions.records import load_records
+from dpnoise import checks
+from reproductions.tools import add_finished_run_options, finished_records
 
 
 def window_means(values: Sequence[float], window: int) -> np.ndarray:
@@ -56,29 +56,14 @@ def read_log(path: Path, column: str) -> tuple[list[int], list[float]]:
     with path.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     if rows and column not in rows[0]:
-        raise SystemExit(f"--column {column!r} is not in {path} (columns: {', '.join(rows[0])})")
+        raise checks.InvalidParameterError(f"--column {column!r} is not in {path} (columns: {', '.join(rows[0])})")
     return [int(r["step"]) for r in rows], [float(r[column]) for r in rows]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--experiment", required=True, help="the experiment whose runs are shown")
-    parser.add_argument("--only", nargs="+", default=[],
-                        help="only the records whose name contains each of these strings, e.g. T300 seed0")
-    parser.add_argument("--column", default="batch_accuracy", help="the logged quantity (default batch_accuracy; "
-                        "also loss)")
-    parser.add_argument("--window", type=int, default=30, help="steps per window (default 30)")
-    parser.add_argument("--level", type=float, default=0.65,
-                        help="the windowed mean a run must reach (default 0.65)")
-    parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="the records (and the copies)")
-    parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR, help="the runs' folders with their logs")
-    args = parser.parse_args(argv)
-    if args.window < 1:
-        parser.error(f"--window must be >= 1, got {args.window}")
-    chosen = [r for r in load_records(args.results_dir, args.experiment)
-              if r.get("status") == "ok" and all(part in r["name"] for part in args.only)]
+def windowed_rows(args: argparse.Namespace) -> list[tuple[str, np.ndarray, object]]:
+    """(name, window means, first step reaching the level or "never") of every chosen run with a log."""
     rows = []
-    for record in chosen:
+    for record in finished_records(args):
         log = kept_log(record["name"], args.experiment, args.results_dir, args.work_dir)
         if log is None:
             print(f"skipped {record['name']}: no steps.csv kept or in its run folder", file=sys.stderr)
@@ -86,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         steps, values = read_log(log, args.column)
         reached = first_step_reaching(steps, values, args.window, args.level)
         rows.append((record["name"], window_means(values, args.window), "never" if reached is None else reached))
+    return rows
+
+
+def print_table(rows: list[tuple[str, np.ndarray, object]], args: argparse.Namespace) -> None:
+    """The markdown table of :func:`windowed_rows`, under one line saying what it shows."""
     windows = max((len(means) for _, means, _ in rows), default=0)
     print(f"Mean {args.column} over windows of {args.window} steps; *reaches*: the first step whose mean over "
           f"the last {args.window} steps is >= {args.level}.\n")
@@ -95,6 +85,24 @@ def main(argv: list[str] | None = None) -> int:
     for name, means, reached in rows:
         cells = [f"{m:.2f}" for m in means] + [""] * (windows - len(means))
         print(f"| {name} | " + " | ".join(cells) + f" | {reached} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = checks.OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_finished_run_options(parser)
+    parser.add_argument("--column", default="batch_accuracy", help="the logged quantity (default batch_accuracy; "
+                        "also loss)")
+    parser.add_argument("--window", type=int, default=30, help="steps per window (default 30)")
+    parser.add_argument("--level", type=float, default=0.65,
+                        help="the windowed mean a run must reach, finite and >= 0 (default 0.65)")
+    args = parser.parse_args(argv)
+    try:
+        checks.check_count("--window", args.window, 1)
+        checks.nonnegative("--level", args.level)
+        rows = windowed_rows(args)
+    except checks.InvalidParameterError as err:
+        parser.error(str(err))
+    print_table(rows, args)
     return 0
 
 

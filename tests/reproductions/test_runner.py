@@ -295,3 +295,17 @@ def test_step_windows_means_and_first_step_reaching_a_level():
     steps = list(range(1, 8))
     assert first_step_reaching(steps, values, window=2, level=0.8) == 5  # mean of steps 4-5 is 0.8
     assert first_step_reaching(steps, values, window=3, level=0.9) is None
+
+
+@pytest.mark.parametrize("flags,named", [(["--window", "0"], "--window"), (["--level", "nan"], "--level"),
+                                         (["--level", "-1"], "--level"), (["--column", "nope"], "--column")])
+def test_step_windows_refuses_bad_options_in_one_line_naming_the_flag(lap2_records, capsys, flags, named):
+    from reproductions.tools.step_windows import main as step_windows
+
+    root, _ = lap2_records
+    with pytest.raises(SystemExit) as stop:
+        step_windows(["--experiment", "tiny", "--results-dir", str(root / "results"),
+                      "--work-dir", str(root / "work"), *flags])
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "error:" in line and named in line
