@@ -123,7 +123,8 @@ FINETUNE_FULL_PAPER_MODELS = {"sst2": "RoBERTa-base", "cifar10-jpeg": "ViT"}
 
 def finetune_full_figure(rows: list[dict], dataset: str, steps: int, results_dir: Path, figures_dir: Path) -> Path:
     """Accuracy vs epsilon of ``dataset``'s runs of ``steps`` steps with every parameter trained (SST-2 at its
-    planned steps: ``finetune_full_accuracy_vs_epsilon.png``, with the not-private reference line)."""
+    planned steps: ``finetune_full_accuracy_vs_epsilon.png``), with the not-private reference line of the same
+    length where one was run."""
     settings = plans.FINETUNE_FULL_TASKS[dataset][0]
     planned = steps == settings["steps"]
     stem = "finetune_full_accuracy_vs_epsilon" + ("" if dataset == "sst2" else f"_{dataset}")
@@ -136,21 +137,23 @@ def finetune_full_figure(rows: list[dict], dataset: str, steps: int, results_dir
     return figures.accuracy_vs_epsilon(
         trained, [dataset], plans.FINETUNE_FULL_COLUMNS, plans.FINETUNE_FULL_PUBLISHED, figures_dir / f"{stem}.png",
         f"{model}, all {size} trained, T = {steps} (paper: {FINETUNE_FULL_PAPER_MODELS[dataset]})",
-        references=finetune_full_reference(results_dir) if dataset == "sst2" and planned else {})
+        references=finetune_full_reference(results_dir, dataset, steps))
 
 
-#: the not-private reference run of finetune-full (the same settings with almost no noise), if it was run
-FINETUNE_FULL_REFERENCE = Path("finetune-full") / "reference" / "sigma0.001_train-all.json"
+#: the not-private reference runs of finetune-full (the same settings with almost no noise), where run: one
+#: file each, ``{"command", "git_commit", "summary": dpnoise train --json's output, "what"}``
+FINETUNE_FULL_REFERENCE_DIR = Path("finetune-full") / "reference"
 
 
-def finetune_full_reference(results_dir: Path) -> dict[str, tuple[str, float]]:
-    """The reference line of the figure: the not-private run's dev accuracy (none without its file)."""
-    path = Path(results_dir) / FINETUNE_FULL_REFERENCE
-    if not path.is_file():
-        return {}
-    summary = json.loads(path.read_text())["summary"]
-    return {"sst2": (f"not private (σ {summary['noise']:g}), same {summary['steps']} steps",
-                     100 * summary["test_accuracy"])}
+def finetune_full_reference(results_dir: Path, dataset: str, steps: int) -> dict[str, tuple[str, float]]:
+    """The reference line of a figure: the dev accuracy of the not-private run of ``dataset`` with every
+    parameter trained for ``steps`` steps (none without such a file)."""
+    for path in sorted((Path(results_dir) / FINETUNE_FULL_REFERENCE_DIR).glob("*.json")):
+        summary = json.loads(path.read_text())["summary"]
+        if (summary["dataset"], summary["trainable"], summary["planned_steps"]) == (dataset, "all", steps):
+            return {dataset: (f"not private (σ {summary['noise']:g}), same {summary['steps']} steps",
+                              100 * summary["test_accuracy"])}
+    return {}
 
 
 def scatternet_report(results_dir: Path, figures_dir: Path) -> list[Path]:

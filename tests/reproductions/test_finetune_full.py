@@ -116,16 +116,23 @@ def test_trainable_variant_names_its_records_and_is_refused_for_other_experiment
     assert "--trainable" in capsys.readouterr().err
 
 
-def test_figure_reference_line_is_the_not_private_runs_accuracy_when_it_was_run(tmp_path):
+def test_figure_reference_line_is_the_not_private_run_of_the_same_task_and_length(tmp_path):
     import json
 
-    from reproductions.reports import FINETUNE_FULL_REFERENCE, finetune_full_reference
+    from reproductions.reports import FINETUNE_FULL_REFERENCE_DIR, finetune_full_reference
 
-    assert finetune_full_reference(tmp_path) == {}
-    path = tmp_path / FINETUNE_FULL_REFERENCE
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"summary": {"noise": 0.001, "steps": 30, "test_accuracy": 0.75}}))
-    assert finetune_full_reference(tmp_path) == {"sst2": ("not private (σ 0.001), same 30 steps", 75.0)}
+    assert finetune_full_reference(tmp_path, "sst2", 30) == {}
+    folder = tmp_path / FINETUNE_FULL_REFERENCE_DIR
+    folder.mkdir(parents=True)
+    for name, trainable, steps, accuracy in [("all", "all", 30, 0.75), ("head", "head", 30, 0.5),
+                                             ("all_T300", "all", 300, 0.8)]:
+        summary = {"dataset": "sst2", "trainable": trainable, "planned_steps": steps, "steps": steps,
+                   "noise": 0.001, "test_accuracy": accuracy}
+        (folder / f"sigma0.001_train-{name}.json").write_text(json.dumps({"summary": summary}))
+    assert finetune_full_reference(tmp_path, "sst2", 30) == {"sst2": ("not private (σ 0.001), same 30 steps", 75.0)}
+    assert finetune_full_reference(tmp_path, "sst2", 300) == {"sst2": ("not private (σ 0.001), same 300 steps", 80.0)}
+    assert finetune_full_reference(tmp_path, "sst2", 600) == {}
+    assert finetune_full_reference(tmp_path, "cifar10-jpeg", 30) == {}
 
 
 def test_each_run_length_gets_its_own_table_the_fewest_steps_first():
