@@ -426,6 +426,24 @@ def test_only_dpnoise_errors_become_exit_2(monkeypatch, tmp_path, capsys):
             main(["walls", "--out", out])
 
 
+def test_a_lost_process_group_ends_the_process_with_status_2_after_its_line():
+    """No interpreter shutdown (here: an atexit handler) runs after the line, so the broken group's threads
+    cannot abort the exit; what was printed before is flushed."""
+    script = (
+        "import atexit, sys\n"
+        "from dpnoise.cli import walls, main\n"
+        "from dpnoise.errors import ProcessGroupLostError\n"
+        "atexit.register(lambda: print('shutdown ran', file=sys.stderr))\n"
+        "def lost(args):\n"
+        "    print('before', end='')\n"
+        "    raise ProcessGroupLostError('rank 0 of 2: summing failed')\n"
+        "walls.run = lost\n"
+        "sys.exit(main.main(['walls', '--out', 'unused.png']))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (2, "before"), done.stderr
+    assert done.stderr == "dpnoise walls: error: rank 0 of 2: summing failed\n"
+
+
 def test_one_line_messages():
     assert one_line("unsupported layers for private training:\n  a (BatchNorm1d): x\n  b (LSTM): y") == \
         "unsupported layers for private training: a (BatchNorm1d): x; b (LSTM): y"

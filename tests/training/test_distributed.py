@@ -28,7 +28,7 @@ from scipy import stats
 from torch.nn import functional as F
 
 from dpnoise.accounting import UnsoundAccountantWarning, noise_keywords
-from dpnoise.errors import DpnoiseError
+from dpnoise.errors import DpnoiseError, ProcessGroupLostError
 from dpnoise.mechanisms import gaussian_noise, laplace_noise
 from dpnoise.training import (
     CheckpointMismatchError,
@@ -50,7 +50,14 @@ from dpnoise.training import (
     train_steps,
 )
 from dpnoise.training.checkpoint import read_checkpoint, write_checkpoint_state
-from dpnoise.training.distributed import count_digits, digits_count, generator_seeds
+from dpnoise.training.distributed import (
+    DistributedError,
+    RankGroup,
+    RankLostError,
+    count_digits,
+    digits_count,
+    generator_seeds,
+)
 
 import distributed_workers as workers
 from training_helpers import digits_loader, mlp
@@ -231,6 +238,16 @@ def test_values_checked_across_ranks_survive_their_sum_exactly_in_every_dtype(dt
     for bad in (-1, 2 ** 64):
         with pytest.raises(ValueError, match="checked across ranks"):
             count_digits(bad, dtype, torch.device("cpu"))
+
+
+def test_a_failed_collective_is_a_lost_rank_that_ends_the_process():
+    def reset(*args):
+        raise RuntimeError("[pair.cc:537] Read error [127.0.0.1]:19879: Connection reset by peer\nmore")
+
+    with pytest.raises(RankLostError, match=r"^rank 1 of 2: summing failed: another rank died or stalled .*"
+                                            r"\(\[pair.cc:537\] Read error .* peer\)$") as raised:
+        RankGroup(rank=1, world_size=2, device=torch.device("cpu"))._collective("summing", reset)
+    assert isinstance(raised.value, DistributedError) and isinstance(raised.value, ProcessGroupLostError)
 
 
 def test_every_rank_and_role_gets_its_own_seed():

@@ -2,7 +2,10 @@
 
 Invalid input exits with status 2 and one line ``dpnoise <command>: error: ...`` naming the
 parameter: argparse's own errors, and every :class:`~dpnoise.errors.DpnoiseError` (the package's
-deliberate errors).  Anything else is a bug and shows its traceback.
+deliberate errors).  Anything else is a bug and shows its traceback.  After a
+:class:`~dpnoise.errors.ProcessGroupLostError` (a distributed run lost a rank) the process ends at
+once after that line, with status 2, without the interpreter's shutdown, which the broken process
+group's threads may abort.
 
 Registering a subcommand imports no torch, Opacus or matplotlib: the subcommand modules import
 them inside their run functions, so ``dpnoise account``, ``dpnoise calibrate`` and ``--help`` start
@@ -12,13 +15,14 @@ fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from importlib import import_module
 from typing import Optional, Sequence
 
 from dpnoise.checks import OneLineErrorParser
-from dpnoise.errors import DpnoiseError
+from dpnoise.errors import DpnoiseError, ProcessGroupLostError
 
 #: Subcommand modules (``dpnoise.cli.<name>``), in --help order.
 SUBCOMMANDS = ["account", "calibrate", "walls", "audit", "train"]
@@ -65,7 +69,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return int(args.func(args) or 0)
     except DpnoiseError as err:
         print(f"{command_name(args)}: error: {one_line(str(err))}", file=sys.stderr)
+        if isinstance(err, ProcessGroupLostError):
+            end_process(2)
         return 2
+
+
+def end_process(status: int) -> None:
+    """Flush stdout and stderr and end the process with ``status`` at once (``os._exit``): no atexit
+    handlers, no destructors, so a lost process group's threads cannot turn ``status`` into an abort."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ what the engine needs from the process group:
   on CUDA) with a timeout, so that a dead or stalled rank makes the others fail within a minute;
 * :func:`generator_seeds`: per-rank seeds (different on every rank);
 * :class:`RankGroup`: the collectives, each turning a failure of the group into a one-line
-  :class:`DistributedError`, and the consistency checks (same setup; same step count and every noise
+  :class:`RankLostError`, and the consistency checks (same setup; same step count and every noise
   share added, both carried by the step's one all-reduce).
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dpnoise.errors import DpnoiseError
+from dpnoise.errors import DpnoiseError, ProcessGroupLostError
 
 #: how long a collective waits for the other ranks before failing (process groups made here)
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=45)
@@ -39,6 +39,10 @@ class DistributedError(DpnoiseError, RuntimeError):
     step count, noise shares); the run stops on every rank instead of continuing inconsistently."""
 
 
+class RankLostError(DistributedError, ProcessGroupLostError):
+    """A collective failed: another rank died or stalled for more than the process group's timeout."""
+
+
 @dataclass(frozen=True)
 class RankGroup:
     """This process's place in the default process group, with checked collectives."""
@@ -49,12 +53,12 @@ class RankGroup:
     device: torch.device
 
     def _collective(self, what: str, operation, *args, **kwargs) -> Any:
-        """Run ``operation``; a failure of the group becomes a :class:`DistributedError` naming ``what``."""
+        """Run ``operation``; a failure of the group becomes a :class:`RankLostError` naming ``what``."""
         try:
             return operation(*args, **kwargs)
         except RuntimeError as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise DistributedError(
+            raise RankLostError(
                 f"rank {self.rank} of {self.world_size}: {what} failed: another rank died or stalled for more "
                 f"than the process group's timeout ({first})") from None
 

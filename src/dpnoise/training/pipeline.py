@@ -77,8 +77,8 @@ def train_private(config: TrainingConfig) -> TrainingResult:
         checkpoint = config.output.folder / CHECKPOINT_NAME if config.output.folder else None
         if checkpoint is None or not checkpoint.is_file():
             raise
-        raise DistributedError(f"{err}; the last checkpoint, {checkpoint}, is intact: resume from it with the same "
-                               f"number of processes") from None
+        raise type(err)(f"{err}; the last checkpoint, {checkpoint}, is intact: resume from it with the same "
+                        f"number of processes") from None
     finally:
         if joined:
             leave_process_group()
