@@ -240,7 +240,7 @@ def test_values_checked_across_ranks_survive_their_sum_exactly_in_every_dtype(dt
             count_digits(bad, dtype, torch.device("cpu"))
 
 
-def test_a_failed_collective_is_a_lost_rank_that_ends_the_process():
+def test_a_failed_collective_becomes_a_rank_lost_error_naming_it():
     def reset(*args):
         raise RuntimeError("[pair.cc:537] Read error [127.0.0.1]:19879: Connection reset by peer\nmore")
 
