@@ -181,6 +181,9 @@ SCATTERNET_EPSILONS = (1.0, 2.0, 3.0)
 SCATTERNET_COMPARISON_DATASETS = ("fashion-mnist", "mnist")
 
 EXPERIMENTS = ("table2", "finetune", "finetune-full", "dirichlet", "scatternet", "figures")
+#: the folders of the results directory that hold records (every RunSpec.experiment); the others, such as the
+#: git-ignored logs/ where runs in progress write, are never read as records
+RECORD_FOLDERS = ("table2", "dirichlet", "dirichlet-alpha", "finetune", "finetune-full", "scatternet")
 
 
 def grid(experiment: str, datasets: Sequence[str], epsilons: Sequence[float], seeds: Sequence[int],

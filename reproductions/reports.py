@@ -221,9 +221,10 @@ def splice_into_page(page: Path, generated: list[Path]) -> list[str]:
 
 
 def write_aggregates(results_dir: Path) -> list[Path]:
-    """``<results>/<experiment>/aggregate.json`` for every experiment folder with records."""
-    folders = sorted(p for p in Path(results_dir).iterdir() if p.is_dir() and load_records(results_dir, p.name))
-    return [write_aggregate(results_dir, folder.name) for folder in folders]
+    """``<results>/<experiment>/aggregate.json`` for every record folder (:data:`plans.RECORD_FOLDERS`) with
+    records."""
+    return [write_aggregate(results_dir, folder) for folder in plans.RECORD_FOLDERS
+            if load_records(results_dir, folder)]
 
 
 #: Experiment -> function regenerating its tables and figures from the records.
