@@ -1,0 +1,43 @@
+"""The step signal-to-noise diagnostic: clipped sums, coherence and noise standard deviations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from reproductions.tools.step_snr import clipped_gradient_sum, coherence, noise_std, step_snr
+
+
+def squared_distance_losses(weight: torch.Tensor, targets: list[list[float]]):
+    """Losses whose gradients in ``weight`` are ``2 (weight - target)``, one per target."""
+    return (((weight - torch.tensor(t)) ** 2).sum() for t in targets)
+
+
+def test_identical_gradients_are_fully_coherent_and_opposite_ones_cancel():
+    weight = torch.zeros(3, requires_grad=True)
+    norms, same = clipped_gradient_sum(squared_distance_losses(weight, [[3.0, 4.0, 0.0]] * 4), [weight], clip=0.5)
+    assert norms == pytest.approx([10.0] * 4)
+    assert coherence(same, 4, 0.5) == pytest.approx(1.0)
+    _, opposite = clipped_gradient_sum(squared_distance_losses(weight, [[3.0, 4.0, 0.0], [-3.0, -4.0, 0.0]]),
+                                       [weight], clip=0.5)
+    assert opposite == pytest.approx(0.0, abs=1e-6)  # float32 gradients
+
+
+def test_gradients_below_the_clipping_norm_are_summed_unscaled():
+    weight = torch.zeros(2, requires_grad=True)
+    # gradients (0.2, 0) unclipped and (0, 10) clipped to (0, 1)
+    _, total = clipped_gradient_sum(squared_distance_losses(weight, [[-0.1, 0.0], [0.0, -5.0]]), [weight], clip=1.0)
+    assert total == pytest.approx(math.hypot(0.2, 1.0))
+
+
+def test_noise_std_is_sigma_c_for_gaussian_and_sqrt2_b_for_laplace():
+    assert noise_std("gaussian", 0.5, 0.1) == pytest.approx(0.05)
+    assert noise_std("lap2", 0.05, 0.1) == pytest.approx(0.05 * math.sqrt(2))
+    with pytest.raises(ValueError, match="mechanism"):
+        noise_std("laplace-l1", 0.05, 0.1)
+
+
+def test_a_signal_as_long_as_the_expected_noise_has_snr_one():
+    assert step_snr(0.05 * math.sqrt(10_000), 0.05, 10_000) == pytest.approx(1.0)
