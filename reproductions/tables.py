@@ -356,7 +356,10 @@ class SummaryGrid:
         return column_title(column_named(self.columns, calibrated_with)), text
 
     def paper(self, calibrated_with: str, label: str = PAPER_LINE) -> Line:
-        return f"*{label}*", [format_published(self.published.get(eps, {}).get(calibrated_with))
+        """The paper's accuracy for ``calibrated_with``; none where that column has no run in the table, so
+        that the line is left out rather than read as the paper's number for the column above it."""
+        ran = any(row is not None for row in self.cells(calibrated_with))
+        return f"*{label}*", [format_published(self.published.get(eps, {}).get(calibrated_with)) if ran else "—"
                               for eps in self.epsilons]
 
     def gain(self, label: str, first: str, second: str, noise_name: str = "noise") -> Line:

@@ -59,6 +59,7 @@ def test_summary_puts_the_pld_row_next_to_the_rdp_row_with_the_paired_gain_and_n
     assert lines[ours + 2] == "| Gaussian (PLD) | — | 91.00 (n=1) |"
     assert lines[ours + 3] == "| PLD − RDP | — | +1.00 (1/1 seeds ahead); noise −9.2% |"
     assert not any(line.startswith("| Laplace-L1 (RDP)") for line in lines)  # not run: left out
+    assert sum(line.startswith("| *↳ paper*") for line in lines) == 1  # and so are its published numbers
 
 
 def test_summary_of_a_paper_calibrated_lap2_row_states_the_interval_of_its_true_epsilon():
