@@ -35,6 +35,9 @@ from reproductions.tools import add_finished_run_options, finished_records
 
 #: mechanisms whose per-example gradients are clipped in L2 norm (the quantities above are L2 norms)
 L2_CLIPPED_MECHANISMS = ("gaussian", "lap2")
+#: the RunSpec fields that set only the noise (and the run's length), not the model, the data or the clipping at
+#: initialisation: runs that differ only in these share one clipped sum
+NOISE_FIELDS = ("mechanism", "calibrated_with", "target_epsilon", "delta", "steps")
 
 
 def coherence(clipped_sum_norm: float, batch_size: int, clip: float) -> float:
@@ -53,6 +56,14 @@ def noise_std(mechanism: str, noise: float, clip: float) -> float:
 def step_snr(clipped_sum_norm: float, std: float, params: int) -> float:
     """``||sum_i clip_C(g_i)|| / (std sqrt(d))``: the signal's norm over the expected norm of the noise."""
     return clipped_sum_norm / (std * math.sqrt(params))
+
+
+def initial_state_key(record: dict) -> Any:
+    """What the clipped sum of ``record``'s run at initialisation depends on: its specification without
+    :data:`NOISE_FIELDS`."""
+    from reproductions.tools.evaluate_split import spec_of
+
+    return dataclasses.replace(spec_of(record), **{field: None for field in NOISE_FIELDS})
 
 
 def clipped_gradient_sum(losses: Iterable[Any], params: Sequence[Any], clip: float) -> tuple[list[float], float]:
@@ -83,6 +94,7 @@ def initial_clipped_sum(record: dict, batch_size: int, run_dir: Path) -> tuple[i
     from reproductions.tools.evaluate_split import spec_of
 
     config = train_config(spec_of(record), run_dir)
+    # the evaluation split is loaded with the training split but not used: one example of it is enough
     config = dataclasses.replace(config, data=dataclasses.replace(config.data, test_limit=1))
     torch.set_num_threads(config.threads or 1)
     torch.manual_seed(record["seed"])
@@ -109,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         parser.error("no finished record of an L2-clipped mechanism matches --experiment and --only")
     print("| run | d | median per-example norm / C | coherence | step SNR |\n|---|---|---|---|---|")
-    sums: dict[tuple, tuple[int, list[float], float]] = {}
+    sums: dict[Any, tuple[int, list[float], float]] = {}
     for record in records:
-        key = (record["dataset"], record["model"], record.get("trainable"), record["seed"], record["clip"])
+        key = initial_state_key(record)
         if key not in sums:
             sums[key] = initial_clipped_sum(record, args.batch, args.work_dir / args.experiment / record["name"])
         params, norms, clipped_sum_norm = sums[key]

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from reproductions.tools.step_snr import clipped_gradient_sum, coherence, noise_std, step_snr
+from reproductions.tools.step_snr import (clipped_gradient_sum, coherence, initial_state_key, main, noise_std,
+                                         step_snr)
 
 
 def squared_distance_losses(weight: torch.Tensor, targets: list[list[float]]):
@@ -41,3 +42,20 @@ def test_noise_std_is_sigma_c_for_gaussian_and_sqrt2_b_for_laplace():
 
 def test_a_signal_as_long_as_the_expected_noise_has_snr_one():
     assert step_snr(0.05 * math.sqrt(10_000), 0.05, 10_000) == pytest.approx(1.0)
+
+
+def test_runs_share_a_clipped_sum_only_when_they_differ_in_their_noise_alone():
+    record = dict(experiment="finetune-full", dataset="sst2", model="minilm", mechanism="gaussian",
+                  calibrated_with="gaussian", target_epsilon=3.74, seed=0, steps=300, batch_size=128, clip=0.1,
+                  trainable="lora", max_length=32)
+    lap2_longer = dict(record, mechanism="lap2", calibrated_with="lap2", target_epsilon=0.54, steps=900)
+    assert initial_state_key(lap2_longer) == initial_state_key(record)
+    for field, value in [("max_length", 64), ("trainable", "all"), ("seed", 1), ("clip", 1.0)]:
+        assert initial_state_key(dict(record, **{field: value})) != initial_state_key(record), field
+
+
+def test_a_batch_below_one_is_refused_naming_the_option(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--experiment", "finetune-full", "--results-dir", str(tmp_path), "--batch", "0"])
+    assert exit_info.value.code == 2
+    assert "--batch" in capsys.readouterr().err
