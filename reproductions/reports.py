@@ -103,7 +103,7 @@ def finetune_report(results_dir: Path, figures_dir: Path) -> list[Path]:
 
 def finetune_full_report(results_dir: Path, figures_dir: Path) -> list[Path]:
     """Full fine-tuning (MiniLM-L6 on SST-2, EfficientNet-Lite0 on CIFAR-10) against the paper's Tables III and II,
-    and accuracy vs epsilon for each task and run length with every parameter trained."""
+    and accuracy vs epsilon for each task, choice of trained parameters and run length."""
     rows = annotate_lower_bounds(aggregate(load_records(results_dir, "finetune-full")), results_dir / "finetune-full")
     if not rows:
         return []
@@ -111,33 +111,35 @@ def finetune_full_report(results_dir: Path, figures_dir: Path) -> list[Path]:
                            tables.finetune_full_markdown(rows)),
             write_markdown(figures_dir / "summary_finetune_full.md", "Lap2 paper, Tables III and II at full "
                            "dimension: summary", tables.finetune_full_summary_markdown(rows)),
-            *(finetune_full_figure(rows, dataset, steps, results_dir, figures_dir)
-              for dataset, steps in sorted({(r["dataset"], r.get("steps_planned")) for r in rows
-                                            if (r.get("trainable") or "all") == "all"},
-                                           key=lambda key: (key[0] != "sst2", key)))]
+            *(finetune_full_figure(rows, dataset, trainable, steps, results_dir, figures_dir)
+              for dataset, trainable, steps in sorted({(r["dataset"], r.get("trainable") or "all", r.get("steps_planned"))
+                                                       for r in rows},
+                                                      key=lambda key: (key[0] != "sst2", key[1] != "all", key)))]
 
 
 #: the paper's model each finetune-full task stands in for
 FINETUNE_FULL_PAPER_MODELS = {"sst2": "RoBERTa-base", "cifar10-jpeg": "ViT"}
 
 
-def finetune_full_figure(rows: list[dict], dataset: str, steps: int, results_dir: Path, figures_dir: Path) -> Path:
-    """Accuracy vs epsilon of ``dataset``'s runs of ``steps`` steps with every parameter trained (SST-2 at its
-    planned steps: ``finetune_full_accuracy_vs_epsilon.png``), with the not-private reference line of the same
-    length where one was run."""
+def finetune_full_figure(rows: list[dict], dataset: str, trainable: str, steps: int, results_dir: Path,
+                         figures_dir: Path) -> Path:
+    """Accuracy vs epsilon of ``dataset``'s runs of ``steps`` steps training the ``trainable`` parameters (SST-2
+    with every parameter at its planned steps: ``finetune_full_accuracy_vs_epsilon.png``; other choices and
+    lengths add ``_<trainable>`` and ``_T<steps>``), with the not-private reference line of the same run where
+    one was run."""
     settings = plans.FINETUNE_FULL_TASKS[dataset][0]
-    planned = steps == settings["steps"]
     stem = "finetune_full_accuracy_vs_epsilon" + ("" if dataset == "sst2" else f"_{dataset}")
-    stem += "" if planned else f"_T{steps}"
-    trained = [r for r in rows if r["dataset"] == dataset and (r.get("trainable") or "all") == "all"
+    stem += ("" if trainable == "all" else f"_{trainable}") + ("" if steps == settings["steps"] else f"_T{steps}")
+    trained = [r for r in rows if r["dataset"] == dataset and (r.get("trainable") or "all") == trainable
                and r.get("steps_planned") == steps]
     sizes = sorted({r["params"] for r in trained if r.get("params")})
     size = f"{sizes[0] / 1e6:.1f}M" if sizes else "every parameter"
+    what = f"all {size}" if trainable == "all" else f"{trainable} ({size})"
     _, model = tables.FINETUNE_FULL_MODELS[dataset]
     return figures.accuracy_vs_epsilon(
         trained, [dataset], plans.FINETUNE_FULL_COLUMNS, plans.FINETUNE_FULL_PUBLISHED, figures_dir / f"{stem}.png",
-        f"{model}, all {size} trained, T = {steps} (paper: {FINETUNE_FULL_PAPER_MODELS[dataset]})",
-        references=finetune_full_reference(results_dir, dataset, steps))
+        f"{model}, {what} trained, T = {steps} (paper: {FINETUNE_FULL_PAPER_MODELS[dataset]})",
+        references=finetune_full_reference(results_dir, dataset, steps, trainable))
 
 
 #: the not-private reference runs of finetune-full (the same settings with almost no noise), where run: one
@@ -145,12 +147,13 @@ def finetune_full_figure(rows: list[dict], dataset: str, steps: int, results_dir
 FINETUNE_FULL_REFERENCE_DIR = Path("finetune-full") / "reference"
 
 
-def finetune_full_reference(results_dir: Path, dataset: str, steps: int) -> dict[str, tuple[str, float]]:
-    """The reference line of a figure: the dev accuracy of the not-private run of ``dataset`` with every
-    parameter trained for ``steps`` steps (none without such a file)."""
+def finetune_full_reference(results_dir: Path, dataset: str, steps: int,
+                            trainable: str = "all") -> dict[str, tuple[str, float]]:
+    """The reference line of a figure: the dev accuracy of the not-private run of ``dataset`` training the
+    ``trainable`` parameters for ``steps`` steps (none without such a file)."""
     for path in sorted((Path(results_dir) / FINETUNE_FULL_REFERENCE_DIR).glob("*.json")):
         summary = json.loads(path.read_text())["summary"]
-        if (summary["dataset"], summary["trainable"], summary["planned_steps"]) == (dataset, "all", steps):
+        if (summary["dataset"], summary["trainable"], summary["planned_steps"]) == (dataset, trainable, steps):
             return {dataset: (f"not private (σ {summary['noise']:g}), same {summary['steps']} steps",
                               100 * summary["test_accuracy"])}
     return {}

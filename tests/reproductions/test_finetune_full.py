@@ -125,12 +125,14 @@ def test_figure_reference_line_is_the_not_private_run_of_the_same_task_and_lengt
     folder = tmp_path / FINETUNE_FULL_REFERENCE_DIR
     folder.mkdir(parents=True)
     for name, trainable, steps, accuracy in [("all", "all", 30, 0.75), ("head", "head", 30, 0.5),
-                                             ("all_T300", "all", 300, 0.8)]:
+                                             ("all_T300", "all", 300, 0.8), ("lora_T300", "lora", 300, 0.7)]:
         summary = {"dataset": "sst2", "trainable": trainable, "planned_steps": steps, "steps": steps,
                    "noise": 0.001, "test_accuracy": accuracy}
         (folder / f"sigma0.001_train-{name}.json").write_text(json.dumps({"summary": summary}))
     assert finetune_full_reference(tmp_path, "sst2", 30) == {"sst2": ("not private (σ 0.001), same 30 steps", 75.0)}
     assert finetune_full_reference(tmp_path, "sst2", 300) == {"sst2": ("not private (σ 0.001), same 300 steps", 80.0)}
+    assert finetune_full_reference(tmp_path, "sst2", 300, "lora") == {
+        "sst2": ("not private (σ 0.001), same 300 steps", 70.0)}
     assert finetune_full_reference(tmp_path, "sst2", 600) == {}
     assert finetune_full_reference(tmp_path, "cifar10-jpeg", 30) == {}
 
@@ -154,3 +156,25 @@ def test_each_task_gets_its_own_tables_and_note_sst2_first():
     assert sst2 < cifar and "30.00 (n=1)" in text[cifar:] and "30.00" not in text[:cifar]
     assert "SST-2 dev accuracy" in text and "CIFAR-10 (JPEG copy) test accuracy" in text
     assert "97.17" in text[cifar:]  # the paper's ViT, Gaussian at eps 0.75
+
+
+def test_each_choice_of_trained_parameters_gets_its_own_figure(tmp_path, monkeypatch):
+    from reproductions import reports
+
+    drawn = {}
+
+    def draw(rows, datasets, columns, published, out, title, references=None):
+        drawn[out.name] = rows, title, references
+        return out
+
+    monkeypatch.setattr(reports.figures, "accuracy_vs_epsilon", draw)
+    gaussian = plans.FINETUNE_FULL_COLUMNS[0]
+    planned = plans.FINETUNE_FULL_TASKS["sst2"][0]["steps"]
+    full = dict(aggregated(gaussian, 0.73, 0.5, 3.74), steps_planned=planned)
+    lora = dict(aggregated(gaussian, 0.76, 0.5, 3.74, trainable="lora", params=74_498), steps_planned=900)
+    for trainable, steps in [("all", planned), ("lora", 900)]:
+        reports.finetune_full_figure([full, lora], "sst2", trainable, steps, tmp_path, tmp_path)
+    rows, title, _ = drawn["finetune_full_accuracy_vs_epsilon_lora_T900.png"]
+    assert rows == [lora] and "lora (0.1M) trained, T = 900" in title
+    rows, title, _ = drawn["finetune_full_accuracy_vs_epsilon.png"]
+    assert rows == [full] and "all 22.7M trained" in title
