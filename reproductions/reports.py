@@ -133,8 +133,10 @@ def finetune_full_figure(rows: list[dict], dataset: str, trainable: str, steps: 
     trained = [r for r in rows if r["dataset"] == dataset and (r.get("trainable") or "all") == trainable
                and r.get("steps_planned") == steps]
     sizes = sorted({r["params"] for r in trained if r.get("params")})
-    size = f"{sizes[0] / 1e6:.1f}M" if sizes else "every parameter"
-    what = f"all {size}" if trainable == "all" else f"{trainable} ({size})"
+    if trainable == "all":
+        what = f"all {sizes[0] / 1e6:.1f}M" if sizes else "every parameter"
+    else:
+        what = f"{trainable} ({sizes[0]:,} parameters)" if sizes else trainable
     _, model = tables.FINETUNE_FULL_MODELS[dataset]
     return figures.accuracy_vs_epsilon(
         trained, [dataset], plans.FINETUNE_FULL_COLUMNS, plans.FINETUNE_FULL_PUBLISHED, figures_dir / f"{stem}.png",

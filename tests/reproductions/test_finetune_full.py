@@ -175,6 +175,6 @@ def test_each_choice_of_trained_parameters_gets_its_own_figure(tmp_path, monkeyp
     for trainable, steps in [("all", planned), ("lora", 900)]:
         reports.finetune_full_figure([full, lora], "sst2", trainable, steps, tmp_path, tmp_path)
     rows, title, _ = drawn["finetune_full_accuracy_vs_epsilon_lora_T900.png"]
-    assert rows == [lora] and "lora (0.1M) trained, T = 900" in title
+    assert rows == [lora] and "lora (74,498 parameters) trained, T = 900" in title
     rows, title, _ = drawn["finetune_full_accuracy_vs_epsilon.png"]
     assert rows == [full] and "all 22.7M trained" in title
