@@ -112,8 +112,7 @@ def finetune_full_report(results_dir: Path, figures_dir: Path) -> list[Path]:
             write_markdown(figures_dir / "summary_finetune_full.md", "Lap2 paper, Tables III and II at full "
                            "dimension: summary", tables.finetune_full_summary_markdown(rows)),
             *(finetune_full_figure(rows, dataset, trainable, steps, results_dir, figures_dir)
-              for dataset, trainable, steps in sorted({(r["dataset"], r.get("trainable") or "all", r.get("steps_planned"))
-                                                       for r in rows},
+              for dataset, trainable, steps in sorted({tables.task_key(r) for r in rows},
                                                       key=lambda key: (key[0] != "sst2", key[1] != "all", key)))]
 
 
@@ -130,8 +129,7 @@ def finetune_full_figure(rows: list[dict], dataset: str, trainable: str, steps: 
     settings = plans.FINETUNE_FULL_TASKS[dataset][0]
     stem = "finetune_full_accuracy_vs_epsilon" + ("" if dataset == "sst2" else f"_{dataset}")
     stem += ("" if trainable == "all" else f"_{trainable}") + ("" if steps == settings["steps"] else f"_T{steps}")
-    trained = [r for r in rows if r["dataset"] == dataset and (r.get("trainable") or "all") == trainable
-               and r.get("steps_planned") == steps]
+    trained = [r for r in rows if tables.task_key(r) == (dataset, trainable, steps)]
     sizes = sorted({r["params"] for r in trained if r.get("params")})
     if trainable == "all":
         what = f"all {sizes[0] / 1e6:.1f}M" if sizes else "every parameter"

@@ -464,16 +464,21 @@ def finetune_full_epsilons(rows: Sequence[Row]) -> list[float]:
     return sorted({r["target_epsilon"] for r in rows}, reverse=True)
 
 
+def task_key(row: Row) -> tuple[str, str, Optional[int]]:
+    """(dataset, parameters trained, planned steps) of a run; models without a choice of parameters
+    (``trainable`` None) train them all."""
+    return row["dataset"], row.get("trainable") or "all", row.get("steps_planned")
+
+
 def by_task(rows: Sequence[Row]) -> list[tuple[str, str, list[Row]]]:
     """(dataset, caption, its rows) for each dataset, set of trained parameters and run length (SST-2 first,
     every parameter first, then the fewest steps first); the caption names the task, the parameters trained,
     their number and the steps T.  Models without a choice of parameters (``trainable`` None) train them all."""
-    keys = sorted({(r["dataset"], r.get("trainable") or "all", r.get("steps_planned")) for r in rows},
+    keys = sorted({task_key(r) for r in rows},
                   key=lambda key: (key[0] != "sst2", key[0], key[1] != "all", key[1], key[2] or 0))
     groups = []
     for dataset, part, steps in keys:
-        members = [r for r in rows
-                   if (r["dataset"], r.get("trainable") or "all", r.get("steps_planned")) == (dataset, part, steps)]
+        members = [r for r in rows if task_key(r) == (dataset, part, steps)]
         sizes = sorted({r["params"] for r in members if r.get("params")})
         size = f" ({', '.join(f'{n:,}' for n in sizes)} parameters trained)" if sizes else ""
         length = "" if steps is None else f", T = {steps} steps"
