@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -83,9 +84,20 @@ def shared_legend(fig, axes, columns: int = 3) -> None:
                    ncol=min(columns, len(entries)), fontsize=8, frameon=False)
 
 
+#: characters of a figure title per inch of figure width (suptitle's default "large" font: about 11
+#: fit; one less leaves a margin)
+TITLE_CHARACTERS_PER_INCH = 10
+
+
+def wrap_title(title: str, width_inches: float) -> str:
+    """``title`` broken at spaces into lines that fit a figure ``width_inches`` wide: a suptitle is
+    centred and not wrapped by matplotlib's layout, so a long one is cut off at both edges."""
+    return textwrap.fill(title, width=max(20, int(width_inches * TITLE_CHARACTERS_PER_INCH)))
+
+
 def save_figure(fig, title: str, out: Path) -> Path:
     """Title, write ``out`` as PNG and free the figure (the layout is the figure's own, constrained)."""
-    fig.suptitle(title)
+    fig.suptitle(wrap_title(title, fig.get_figwidth()))
     fig.savefig(out, dpi=110)
     pyplot().close(fig)
     return out
