@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reproductions.figures import panels, wrap_title
+from reproductions.figures import panels, pyplot, wrap_title
 
 LONG_TITLE = "MiniLM-L6, lora (74,498 parameters) trained, T = 1200 (paper: RoBERTa-base)"
 
@@ -16,6 +16,7 @@ def test_a_long_title_is_wrapped_to_fit_inside_the_figure(width):
     renderer = fig.canvas.get_renderer()
     extent = title.get_window_extent(renderer)
     figure_extent = fig.get_window_extent(renderer)
+    pyplot().close(fig)
     assert figure_extent.x0 <= extent.x0 and extent.x1 <= figure_extent.x1
 
 
