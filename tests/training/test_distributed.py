@@ -359,7 +359,7 @@ def test_a_cuda_checkpoint_resumes_on_the_cpu_and_back(digits_train, tmp_path):
     model = mlp(hidden=16)
     module, optimizer, loader = make_private(
         model, torch.optim.Adam(model.parameters(), lr=1e-2), digits_loader(digits_train, 64), mechanism="lap2",
-        laplace_scale=1.0, delta=1e-5, device="cuda", seed=0)
+        laplace_scale=1.0, delta=1e-5, device="cuda", seed=0, noise_seed=0)
     train_steps(module, optimizer, endless_batches(loader), optimizer.privacy_engine, 2)
     save_checkpoint(tmp_path / "cuda.pt", module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
     module, optimizer, loader = resumable_run(digits_train)
@@ -370,7 +370,7 @@ def test_a_cuda_checkpoint_resumes_on_the_cpu_and_back(digits_train, tmp_path):
     model = mlp(hidden=16)
     module, optimizer, loader = make_private(
         model, torch.optim.Adam(model.parameters(), lr=1e-2), digits_loader(digits_train, 64), mechanism="lap2",
-        laplace_scale=1.0, delta=1e-5, device="cuda", seed=0)
+        laplace_scale=1.0, delta=1e-5, device="cuda", seed=0, noise_seed=0)
     with pytest.warns(UserWarning, match="re-seeded"):
         load_checkpoint(tmp_path / "cpu.pt", module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
     assert optimizer.privacy_engine.steps == 3 and all(p.is_cuda for p in model.parameters())
