@@ -18,7 +18,7 @@ from dpnoise.training.bookkeeping import (
     factorised_norms,
     unsupported_bookkeeping_layers,
 )
-from dpnoise.training.engine import make_conv_inputs_contiguous
+from dpnoise.training.wrapping import make_conv_inputs_contiguous
 
 from per_example_reference import single_example_gradients
 from training_helpers import digits_loader, mlp

@@ -35,10 +35,11 @@ about 0.68x the time it takes with Opacus's hooks (``benchmarks/bench_training.p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from opacus import GradSampleModule
@@ -178,13 +179,13 @@ def _recording(layer: nn.Module) -> bool:
     return layer.training and torch.is_grad_enabled()
 
 
-def _leading_size(value: Any) -> Optional[int]:
+def leading_size(value: Any) -> Optional[int]:
     """The leading dimension of the first tensor in ``value`` (nested tuples, lists, mappings), or None."""
     if isinstance(value, torch.Tensor):
         return len(value) if value.dim() else None
     items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else ()
     for item in items:
-        size = _leading_size(item)
+        size = leading_size(item)
         if size is not None:
             return size
     return None
@@ -200,7 +201,8 @@ class BroadcastInputs:
     only its own example's output gradient: per-example gradients of a broadcast layer are exact.
     This assumes, as broadcasting does, that the batch-size-1 output combines with tensors whose
     leading dimension is the batch (Hugging Face's position embeddings are added to the token
-    embeddings).  Only training-mode calls with autograd on are touched.
+    embeddings).  Only training-mode calls with autograd on are touched, and none while
+    :attr:`paused`.
     """
 
     def __init__(self, module: nn.Module, layers: list[nn.Module]):
@@ -208,17 +210,22 @@ class BroadcastInputs:
         self.batch_size: Optional[int] = None
         #: training calls of the model so far
         self.forward_passes = 0
+        #: while True, calls are neither counted nor expanded
+        self.paused = False
         self._handles = [module.register_forward_pre_hook(self._read_batch_size, with_kwargs=True)]
         self._handles.extend(layer.register_forward_pre_hook(self._expand) for layer in layers)
 
+    def _active(self, layer: nn.Module) -> bool:
+        return not self.paused and _recording(layer)
+
     def _read_batch_size(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if _recording(module):
+        if self._active(module):
             self.forward_passes += 1
-            self.batch_size = _leading_size((args, kwargs))
+            self.batch_size = leading_size((args, kwargs))
 
     def _expand(self, layer: nn.Module, args: tuple) -> Optional[tuple]:
         batch = self.batch_size
-        if batch is None or batch == 1 or not args or not _recording(layer):
+        if batch is None or batch == 1 or not args or not self._active(layer):
             return None
         inputs = args[0]
         if not isinstance(inputs, torch.Tensor) or inputs.dim() == 0 or len(inputs) != 1:
@@ -290,7 +297,7 @@ class _BookkeptForward:
 
     def __call__(self, inputs: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         layer = self.layer
-        if args or kwargs or not _recording(layer):
+        if args or kwargs or not self.keeper.records(layer):
             return type(layer).forward(layer, inputs, *args, **kwargs)
         use = self.keeper.record_use(layer, self.rule, inputs)
         return _BookkeptCall.apply(use, inputs, *(p for p in layer.parameters(recurse=False) if p.requires_grad))
@@ -304,7 +311,8 @@ class BookkeepingModule(nn.Module):
     backward pass through the model (Poisson batches are never accumulated); anything else raises
     instead of mis-clipping.  ``max_chunk_elements`` bounds the memory of per-example gradients
     that are materialised (L1 norms of sequence layers; see
-    :mod:`dpnoise.training.per_example_gradients`).
+    :mod:`dpnoise.training.per_example_gradients`).  :meth:`paused` runs the wrapped model as if it
+    were not wrapped (e.g. for a reference gradient by plain autograd).
     """
 
     def __init__(self, module: nn.Module, max_chunk_elements: int = MAX_CHUNK_ELEMENTS):
@@ -321,6 +329,7 @@ class BookkeepingModule(nn.Module):
         #: book-kept parameters that received a gradient other than through their layer's recorded forward
         self._untracked: set[nn.Parameter] = set()
         self._gradients: Optional[tuple[int, dict[nn.Parameter, ParameterGradients]]] = None
+        self._paused = False
         self._broadcast = BroadcastInputs(module, layers)
         self._hooks = []
         self._forwards: list[nn.Module] = []
@@ -338,9 +347,27 @@ class BookkeepingModule(nn.Module):
     def forward(self, *args, **kwargs):
         return self._module(*args, **kwargs)
 
+    def records(self, layer: nn.Module) -> bool:
+        """Whether a call of ``layer`` is recorded now: in training mode, with autograd on, not paused."""
+        return not self._paused and _recording(layer)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Within: the wrapped model runs as if it were not wrapped.  Its layers call their own forward
+        and record nothing (their parameters get ordinary autograd gradients), the parameter hooks
+        ignore those gradients, and no layer input is broadcast over the batch.  Records of an earlier
+        pass are kept as they are."""
+        previous = self._paused
+        self._paused = self._broadcast.paused = True
+        try:
+            yield
+        finally:
+            self._paused = self._broadcast.paused = previous
+
     def _check_untracked(self, p: nn.Parameter, grad: Optional[torch.Tensor]) -> None:
-        """A gradient hook of a rule layer's parameter: the rule's calls give it none (None)."""
-        if grad is not None:
+        """A gradient hook of a rule layer's parameter: the rule's calls give it none (None); while
+        paused, plain autograd gives it one, which is not the engine's."""
+        if grad is not None and not self._paused:
             self._untracked.add(p)
 
     def record_use(self, layer: nn.Module, rule: Optional[BookkeepingRule], inputs: torch.Tensor) -> LayerUse:
@@ -352,7 +379,7 @@ class BookkeepingModule(nn.Module):
 
     def _watch_output(self, layer: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         """A materialised layer's call: record its input and, later, its output gradient."""
-        if _recording(layer) and output.requires_grad:
+        if self.records(layer) and output.requires_grad:
             output.register_hook(self.record_use(layer, None, inputs[0]).receive)
 
     def _parameter_gradients(self) -> tuple[int, dict[nn.Parameter, ParameterGradients]]:
@@ -420,14 +447,36 @@ class BookkeepingModule(nn.Module):
 
     def clipped_sums(self, params: list[nn.Parameter], factors: torch.Tensor) -> list[torch.Tensor]:
         """``sum_i factors[i] * grad_i`` for each of ``params``; consumes this step's records."""
+        try:
+            return self._weighted_sums(params, factors)
+        finally:
+            self.clear()
+
+    def example_gradients(self, params: list[nn.Parameter], examples: Sequence[int]) -> list[torch.Tensor]:
+        """``(len(examples), *p.shape)`` gradients ``grad_i`` of the given examples for each of ``params``:
+        the per-example gradients the clipping sees (:meth:`clipped_sums` with one-hot factors); keeps
+        this step's records."""
+        batch, _ = self._parameter_gradients()
+        device = params[0].device if params else None
+        one_hot = torch.eye(batch, device=device)[list(examples)]
+        sums = [self._weighted_sums(params, factors) for factors in one_hot]
+        return [torch.stack(per_example) for per_example in zip(*sums)]
+
+    def _weighted_sums(self, params: list[nn.Parameter], factors: torch.Tensor) -> list[torch.Tensor]:
+        """``sum_i factors[i] * grad_i`` for each of ``params``, ``grad_i`` the gradient of example i's own
+        loss: the recorded gradients are of the batch's mean loss, so they are scaled by the batch size."""
         batch, gradients = self._parameter_gradients()
-        self.clear()
         missing = [tuple(p.shape) for p in params if p not in self._layer_parameters]
         if missing:
             raise EngineStateError(f"no per-example gradients for parameters of shapes {missing}: they belong to no "
                                    f"trainable layer of the wrapped model")
         scaled = factors * batch
         return [gradients[p].clipped_sum(scaled) if p in gradients else torch.zeros_like(p) for p in params]
+
+    @property
+    def has_records(self) -> bool:
+        """Whether a forward pass was recorded since the last :meth:`clear`."""
+        return bool(self._uses)
 
     def clear(self) -> None:
         """Forget recorded passes (called at ``zero_grad`` and after each step's clipped sums)."""

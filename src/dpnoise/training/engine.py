@@ -21,7 +21,6 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
-from opacus import GradSampleModule
 from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -42,7 +41,6 @@ from dpnoise.accounting.validation import InvalidParameterError, check_sample_ra
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.secure_noise import Plan
 from dpnoise.training.batches import check_batch_format
-from dpnoise.training.bookkeeping import BookkeepingModule, broadcast_inputs_over_batch, unsupported_bookkeeping_layers
 from dpnoise.training.devices import DeviceLike, module_device, module_float_dtype, resolve_device, seeded_generator
 from dpnoise.training.distributed import RankGroup, current_group, generator_seeds
 from dpnoise.training.execution import ExecutionOptions, GradSampleMode
@@ -75,6 +73,7 @@ from dpnoise.training.privacy_plan import (
 from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
 from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
 from dpnoise.training.validation import check_optimizer_trains, check_supported_layers, check_training_mode
+from dpnoise.training.wrapping import wrap_for_per_example_gradients
 
 logger = logging.getLogger(__name__)
 
@@ -83,17 +82,6 @@ logger = logging.getLogger(__name__)
 def count_trainable_parameters(module: nn.Module) -> int:
     """Number of trainable scalars (the dimension n of the gradient noise)."""
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
-
-
-def make_conv_inputs_contiguous(module: nn.Module) -> None:
-    """Make every Conv2d of ``module`` see contiguous inputs (no copy when they already are).
-
-    Opacus 1.6's conv grad sampler (``unfold2d``) reads its input as if contiguous, so a
-    channels-last model would get wrong per-example gradients under ``GradSampleModule``.
-    """
-    for layer in module.modules():
-        if isinstance(layer, nn.Conv2d):
-            layer.register_forward_pre_hook(lambda _layer, args: (args[0].contiguous(), *args[1:]))
 
 
 class PrivacyEngine:
@@ -440,16 +428,8 @@ class PrivacyEngine:
         """The private module and optimizer (the distributed ones inside a process group)."""
         mech, setup, group = self.mechanism, self.setup, self.group
         if mech.needs_per_sample_gradients:
-            if grad_sample_mode == "auto":
-                grad_sample_mode = "hooks" if unsupported_bookkeeping_layers(module) else "bookkeeping"
+            private_module, grad_sample_mode = wrap_for_per_example_gradients(module, grad_sample_mode)
             self.grad_sample_mode = grad_sample_mode
-            if grad_sample_mode == "bookkeeping":
-                private_module = BookkeepingModule(module)
-            else:
-                make_conv_inputs_contiguous(module)
-                broadcast_inputs_over_batch(module)
-                private_module = GradSampleModule(module, loss_reduction="mean")
-                private_module.forbid_grad_accumulation()
             options = dict(
                 mechanism=mech,
                 noise=setup.noise,

@@ -31,5 +31,11 @@ class EngineStateError(DpnoiseError, RuntimeError):
     """The engine was used out of order (e.g. ``make_private`` called twice on one engine)."""
 
 
+class PerExampleCheckError(DpnoiseError, ValueError):
+    """The engine's per-example gradients of a model and loss are not each example's own gradient (or
+    depend on other examples of the batch), so the epsilon reported would not hold; the message names
+    the parameter, the error and the likely cause (:mod:`dpnoise.training.per_example_check`)."""
+
+
 class CheckpointKeyError(CheckpointError):
     """The checkpoint key is unusable (too short, unreadable key file)."""

@@ -158,7 +158,7 @@ class NoisyGradientSum:
 
     def _clipped_sums_of_grad_samples(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
         """Clipped sums from Opacus's ``p.grad_sample`` (each used once: processed flags)."""
-        grad_samples = [_flat_grad_sample(p) for p in params]
+        grad_samples = [flat_grad_sample(p) for p in params]
         if len(grad_samples[0]) == 0:
             factors = torch.zeros((0,), device=grad_samples[0].device)
         else:
@@ -236,7 +236,7 @@ class DistributedNoisyGradientSum(NoisyGradientSum):
         return released
 
 
-def _flat_grad_sample(p: torch.Tensor) -> torch.Tensor:
+def flat_grad_sample(p: torch.Tensor) -> torch.Tensor:
     """``p.grad_sample`` as one tensor (Opacus may hold a list of per-batch tensors)."""
     grad_sample = getattr(p, "grad_sample", None)
     if grad_sample is None:

@@ -1,0 +1,409 @@
+"""A check, on one batch, that the engine's per-example gradients are each example's own.
+
+Every epsilon dpnoise reports assumes that the gradient it clips for example i is the gradient of
+example i's loss, computed from example i alone.  The engines cannot see when that is false: a
+layer input without a batch dimension that happens to be as long as the batch (nanoGPT's
+``wpe(torch.arange(t))``, T5's relative attention bias), a loss that is not the batch mean of
+per-example losses (Hugging Face's causal-LM ``outputs.loss``, the mean over the batch's tokens;
+``reduction="sum"``), statistics over the batch (BatchNorm, ``x - x.mean(0)``), or a per-example
+rule that is wrong.  :func:`verify_per_example_gradients` compares, on one batch:
+
+* exactness: the engine's gradients of a few examples, spread over the batch, with the gradients
+  of the same loss on a batch of that one example, by plain autograd through the model (the
+  private module's recording paused);
+* independence: the same examples' engine gradients once another example of the batch has been
+  replaced by a copy of a different one: they must not change;
+
+with dropout off for the duration (:func:`dropout_disabled`), so that every run computes the same
+function, and in float64 (:func:`float64_working_copy`): the engine and autograd add up the same
+terms in different orders, and a gradient that is zero in exact arithmetic (a key bias of
+attention, by the shift invariance of the softmax) comes out of float32 as rounding noise, which no
+relative tolerance could compare.  A relative error above ``rtol`` raises
+:class:`PerExampleCheckError`, naming the parameter with the largest one.  :func:`check_per_example` runs it on a copy of a model wrapped
+as ``make_private`` would wrap it.
+
+Cost: two forward and backward passes of the batch, one of each per checked example, and the
+checked examples' gradients materialised (3 x the parameters, by default).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from opacus import GradSampleModule
+from torch import nn
+from torch.nn import functional as F
+
+from dpnoise.training.batches import batch_loss, run_model
+from dpnoise.training.bookkeeping import BookkeepingModule, leading_size
+from dpnoise.training.errors import EngineStateError, InvalidTrainingOptionError, PerExampleCheckError
+from dpnoise.training.execution import GradSampleMode
+from dpnoise.training.optimizers import flat_grad_sample
+from dpnoise.training.wrapping import wrap_for_per_example_gradients
+
+LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+#: the functions of ``torch.nn.functional`` that drop activations at random (``nn.Dropout`` and its
+#: kin, and Hugging Face's eager attention, call them through the module at call time)
+DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
+
+#: endings of the class names of Hugging Face's causal language models
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+#: one sentence on what makes an example's gradient depend on others, for every failure
+LIKELY_CAUSES = (
+    "Likely causes: a layer input without a batch dimension (e.g. wpe(torch.arange(t)): expand it over the "
+    "batch), a loss that is not the mean of per-example losses over the batch (reduction='sum', or a mean over "
+    "the batch's tokens such as Hugging Face's causal-LM outputs.loss: use loss_fn=dpnoise.training.causal_lm_loss), "
+    "batch statistics (BatchNorm-like normalisation over the batch), or a layer whose per-example rule is wrong.")
+
+
+@dataclass(frozen=True)
+class Discrepancy:
+    """The largest relative error one check found, and where (``parameter``: None when nothing was compared)."""
+
+    error: float
+    parameter: Optional[str] = None
+    example: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class PerExampleCheckReport:
+    """What :func:`verify_per_example_gradients` compared, and the largest errors it found."""
+
+    #: indices of the checked examples in the batch (empty when skipped)
+    examples: tuple[int, ...]
+    #: engine vs one-example autograd
+    exactness: Discrepancy
+    #: the engine's gradients before vs after another example was replaced
+    independence: Discrepancy
+    seconds: float
+    #: why nothing was checked (None: checked)
+    skipped: Optional[str] = None
+
+
+# ------------------------------------------------------------------------------------------- public API
+def check_per_example(model: nn.Module, loss_fn: Optional[LossFunction], batch: Any, *,
+                      grad_sample_mode: GradSampleMode = "auto", examples: int = 3,
+                      rtol: float = 1e-5) -> PerExampleCheckReport:
+    """Check that ``make_private`` would clip each example's own gradient of ``loss_fn`` on ``batch``.
+
+    A deep copy of ``model`` is wrapped as the engine would (:func:`wrap_for_per_example_gradients`,
+    ``grad_sample_mode`` resolved the same way), put in training mode and checked by
+    :func:`verify_per_example_gradients`; ``model`` itself is left untouched.  ``loss_fn``: as in
+    training (None: the model's ``outputs.loss`` for a dict batch, else cross-entropy).  Raises
+    :class:`PerExampleCheckError` when the check fails.
+    """
+    private_module, _ = wrap_for_per_example_gradients(copy.deepcopy(model), grad_sample_mode)
+    private_module.train()
+    return verify_per_example_gradients(private_module, batch, loss_fn=loss_fn, examples=examples, rtol=rtol)
+
+
+def verify_per_example_gradients(private_module: nn.Module, batch: Any, *, loss_fn: Optional[LossFunction] = None,
+                                 examples: int = 3, rtol: float = 1e-5, atol: float = 1e-10) -> PerExampleCheckReport:
+    """Compare the engine's per-example gradients of ``batch`` with each example's own (module docstring).
+
+    ``private_module``: a :class:`BookkeepingModule` or Opacus ``GradSampleModule`` wrapping the
+    model, between optimizer steps (no pass recorded).  The model's parameters and buffers are
+    replaced by float64 copies for the duration (the batch's floating tensors too): afterwards they,
+    and their ``grad``, are the very tensors they were, and nothing is recorded.  ``examples``
+    examples are checked (at most all but one of the batch, which is the one replaced).  The error
+    of a parameter is ``||engine - expected|| / max(||expected||, atol)``, for each checked example.
+    A batch of fewer than 2 examples is not checked (the report says so).  Raises
+    :class:`PerExampleCheckError` when an error exceeds ``rtol``.
+    """
+    start = time.perf_counter()
+    batch_size = leading_size(batch) or 0
+    if batch_size < 2:
+        return PerExampleCheckReport((), Discrepancy(0.0), Discrepancy(0.0), time.perf_counter() - start,
+                                     skipped=f"a batch of {batch_size} example(s): nothing to compare")
+    model = wrapped_model(private_module)
+    names, params = zip(*[(name, p) for name, p in model.named_parameters() if p.requires_grad])
+    checked = spread_examples(batch_size, examples)
+    replaced = next(i for i in range(batch_size) if i not in checked)
+    source = checked[0]
+    with dropout_disabled(), float64_working_copy(model):
+        batch = floating_tensors_in_float64(batch)
+        engine = engine_example_gradients(private_module, batch, loss_fn, params, checked)
+        with recording_paused(private_module):
+            expected = per_parameter([single_example_gradients(model, example_batch(batch, i), loss_fn, params)
+                                      for i in checked])
+        after_replacement = engine_example_gradients(
+            private_module, batch_with_example_replaced(batch, replaced, source), loss_fn, params, checked)
+    exactness = largest_relative_error(engine, expected, names, checked, atol)
+    independence = largest_relative_error(after_replacement, engine, names, checked, atol)
+    if exactness.error > rtol:
+        raise PerExampleCheckError(failure_message(
+            "exactness vs. one-example autograd", exactness, rtol, model,
+            summed_loss_hint(engine, expected, batch_size)))
+    if independence.error > rtol:
+        raise PerExampleCheckError(failure_message(
+            f"independence when example {replaced} was replaced by a copy of example {source}", independence, rtol,
+            model))
+    return PerExampleCheckReport(tuple(checked), exactness, independence, time.perf_counter() - start)
+
+
+def refuse_token_mean_lm_loss(model: nn.Module, loss_fn: Optional[LossFunction]) -> None:
+    """Refuse a Hugging Face causal language model trained on its own ``outputs.loss`` (``loss_fn`` None).
+
+    That loss is the mean over all the real tokens of the batch, so that each example's gradient
+    depends on the other examples' lengths (:mod:`dpnoise.training.losses`).  The model may be
+    wrapped by peft.  transformers is never imported here: a Hugging Face model has imported it.
+    """
+    if loss_fn is not None or not _is_hugging_face_causal_lm(model):
+        return
+    raise PerExampleCheckError(
+        f"{type(model).__name__}'s own loss (outputs.loss) is the mean over the batch's tokens, which makes each "
+        f"example's gradient depend on the other examples' lengths and the reported epsilon wrong: pass "
+        f"loss_fn=dpnoise.training.causal_lm_loss (the mean over each sequence's tokens, then over the batch)")
+
+
+def _is_hugging_face_causal_lm(model: nn.Module) -> bool:
+    """Whether ``model`` (or the model peft wraps in it) is a transformers causal language model."""
+    transformers = sys.modules.get("transformers")
+    if transformers is None:
+        return False
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    return isinstance(base, transformers.PreTrainedModel) and type(base).__name__.endswith(CAUSAL_LM_SUFFIXES)
+
+
+# ------------------------------------------------------------------------------------------- randomness
+@contextmanager
+def dropout_disabled() -> Iterator[None]:
+    """Within: the dropout functions of ``torch.nn.functional`` (:data:`DROPOUT_FUNCTIONS`) return their
+    input, and ``scaled_dot_product_attention`` runs with ``dropout_p=0``.
+
+    ``nn.Dropout`` and its kin, Hugging Face's eager attention (``nn.functional.dropout``) and its
+    SDPA attention (``torch.nn.functional.scaled_dot_product_attention``) look these up at call
+    time, so the patch reaches them: every forward pass computes the same function of its input.
+    """
+    originals = {name: getattr(F, name) for name in (*DROPOUT_FUNCTIONS, "scaled_dot_product_attention")}
+    attention = originals["scaled_dot_product_attention"]
+    try:
+        for name in DROPOUT_FUNCTIONS:
+            setattr(F, name, _no_dropout)
+        F.scaled_dot_product_attention = lambda *args, **kwargs: _attention_without_dropout(attention, *args, **kwargs)
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(F, name, function)
+
+
+def _no_dropout(inputs: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A dropout function that drops nothing: its input."""
+    return inputs
+
+
+def _attention_without_dropout(attention: Callable, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                               attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0, *args: Any,
+                               **kwargs: Any) -> torch.Tensor:
+    """``attention`` (PyTorch's scaled dot-product attention) with ``dropout_p=0``."""
+    return attention(query, key, value, attn_mask, 0.0, *args, **kwargs)
+
+
+@contextmanager
+def float64_working_copy(model: nn.Module) -> Iterator[None]:
+    """Within: ``model``'s parameters and buffers hold float64 copies of their values (copies of the
+    others' values, e.g. counters), and its parameters no ``grad``; after: the original tensors and
+    ``grad`` again (the same objects, untouched by whatever ran within, e.g. running statistics).
+    The parameters and buffers stay the same objects (their ``.data`` is swapped): hooks, optimizers
+    and the private module keep referring to them."""
+    tensors = [*model.parameters(), *model.buffers()]
+    originals = [(tensor, tensor.data, tensor.grad) for tensor in tensors]
+    try:
+        for tensor in tensors:
+            tensor.grad = None
+            tensor.data = tensor.data.to(torch.float64) if tensor.is_floating_point() else tensor.data.clone()
+        yield
+    finally:
+        for tensor, data, grad in originals:
+            tensor.data = data
+            tensor.grad = grad
+
+
+def floating_tensors_in_float64(batch: Any) -> Any:
+    """``batch`` with its floating-point tensors (inputs, pixel values) in float64, the others as they are."""
+    return _map_tensors(batch, lambda t: t.to(torch.float64) if t.is_floating_point() else t)
+
+
+# ------------------------------------------------------------------------------------------- the engine's side
+def wrapped_model(private_module: nn.Module) -> nn.Module:
+    """The model a :class:`BookkeepingModule` or ``GradSampleModule`` wraps."""
+    if not isinstance(private_module, (BookkeepingModule, GradSampleModule)):
+        raise InvalidTrainingOptionError(f"the per-example check needs the private module make_private returns (a "
+                                         f"BookkeepingModule or GradSampleModule), got {type(private_module).__name__}")
+    return private_module._module
+
+
+@contextmanager
+def recording_paused(private_module: nn.Module) -> Iterator[None]:
+    """Within: the private module records nothing, and its model computes ordinary autograd gradients."""
+    if isinstance(private_module, BookkeepingModule):
+        with private_module.paused():
+            yield
+        return
+    enabled = private_module.hooks_enabled
+    private_module.disable_hooks()
+    try:
+        yield
+    finally:
+        if enabled:
+            private_module.enable_hooks()
+
+
+def engine_example_gradients(private_module: nn.Module, batch: Any, loss_fn: Optional[LossFunction],
+                             params: tuple[nn.Parameter, ...], examples: list[int]) -> list[torch.Tensor]:
+    """``(len(examples), *p.shape)`` per parameter: the per-example gradients the engine would clip.
+
+    One forward and backward pass of the batch's training loss (:func:`batch_loss`) through
+    ``private_module``; the records, ``grad`` and ``grad_sample`` of the pass are cleared after.
+    Both engines' gradients are of each example's own loss (the batch mean's, times the batch size).
+    """
+    if _has_records(private_module, params):
+        raise EngineStateError("the per-example check runs between optimizer steps: a pass is recorded and not "
+                               "consumed yet (call it before the forward pass, or after optimizer.step())")
+    try:
+        batch_loss(run_model(private_module, batch), batch, loss_fn).backward()
+        return _recorded_example_gradients(private_module, params, examples, leading_size(batch))
+    finally:
+        _clear_records(private_module, params)
+
+
+def _has_records(private_module: nn.Module, params: tuple[nn.Parameter, ...]) -> bool:
+    if isinstance(private_module, BookkeepingModule):
+        return private_module.has_records
+    return any(getattr(p, "grad_sample", None) is not None for p in params)
+
+
+def _recorded_example_gradients(private_module: nn.Module, params: tuple[nn.Parameter, ...], examples: list[int],
+                                batch_size: int) -> list[torch.Tensor]:
+    """The recorded pass's gradients of ``examples``; an engine that cannot give them per example is refused."""
+    if isinstance(private_module, BookkeepingModule):
+        try:
+            return private_module.example_gradients(list(params), examples)
+        except EngineStateError as err:
+            raise PerExampleCheckError(f"book-keeping cannot give per-example gradients of this batch: {err}. "
+                                       f"{LIKELY_CAUSES}") from err
+    gradients = []
+    for p in params:
+        if getattr(p, "grad_sample", None) is None:  # not reached by the loss
+            gradients.append(torch.zeros(len(examples), *p.shape, dtype=p.dtype, device=p.device))
+            continue
+        samples = flat_grad_sample(p)
+        if len(samples) != batch_size:
+            raise PerExampleCheckError(f"Opacus's hooks gave a parameter of shape {tuple(p.shape)} {len(samples)} "
+                                       f"per-example gradients for a batch of {batch_size} examples. {LIKELY_CAUSES}")
+        gradients.append(samples[examples])
+    return gradients
+
+
+def _clear_records(private_module: nn.Module, params: tuple[nn.Parameter, ...]) -> None:
+    """Forget a pass: book-keeping's records, Opacus's ``grad_sample`` and autograd's ``grad``."""
+    if isinstance(private_module, BookkeepingModule):
+        private_module.clear()
+    for p in params:
+        p.grad_sample = None
+        p.grad = None
+
+
+# ------------------------------------------------------------------------------------------- the reference
+def single_example_gradients(model: nn.Module, example: Any, loss_fn: Optional[LossFunction],
+                             params: tuple[nn.Parameter, ...]) -> list[torch.Tensor]:
+    """The gradient of the training loss of ``example`` (a batch of one) per parameter, by plain autograd
+    (zeros where the loss does not reach a parameter)."""
+    loss = batch_loss(run_model(model, example), example, loss_fn)
+    gradients = torch.autograd.grad(loss, params, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, gradients)]
+
+
+def per_parameter(per_example: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """Per-example lists of the parameters' gradients as ``(examples, *shape)`` per parameter."""
+    return [torch.stack(rows) for rows in zip(*per_example)]
+
+
+def spread_examples(batch_size: int, examples: int) -> list[int]:
+    """``min(examples, batch_size - 1)`` distinct indices spread over the batch, from 0 up (one example is
+    always left unchecked, to be replaced)."""
+    count = max(1, min(examples, batch_size - 1))
+    if count == 1:
+        return [0]
+    return sorted({round(j * (batch_size - 1) / (count - 1)) for j in range(count)})
+
+
+def example_batch(batch: Any, index: int) -> Any:
+    """``batch`` restricted to example ``index``: every tensor of it (pairs, dicts, nested) whose leading
+    dimension is the batch size, labels included, sliced to ``[index : index + 1]``."""
+    batch_size = leading_size(batch)
+    return _map_tensors(batch, lambda t: t[index : index + 1] if _is_per_example(t, batch_size) else t)
+
+
+def batch_with_example_replaced(batch: Any, replaced: int, source: int) -> Any:
+    """A copy of ``batch`` whose example ``replaced`` is a copy of example ``source``."""
+    def replace(tensor: torch.Tensor) -> torch.Tensor:
+        if not _is_per_example(tensor, batch_size):
+            return tensor
+        changed = tensor.clone()
+        changed[replaced] = tensor[source]
+        return changed
+
+    batch_size = leading_size(batch)
+    return _map_tensors(batch, replace)
+
+
+def _is_per_example(tensor: torch.Tensor, batch_size: int) -> bool:
+    """Whether ``tensor`` holds one row per example of a batch of ``batch_size``."""
+    return tensor.dim() > 0 and len(tensor) == batch_size
+
+
+def _map_tensors(value: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` (nested tuples, lists, mappings) with ``change`` applied to each of its tensors."""
+    if isinstance(value, torch.Tensor):
+        return change(value)
+    if isinstance(value, Mapping):
+        return {key: _map_tensors(item, change) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(item, change) for item in value)
+    return value
+
+
+# ------------------------------------------------------------------------------------------- the verdict
+def largest_relative_error(found: list[torch.Tensor], expected: list[torch.Tensor], names: tuple[str, ...],
+                           examples: list[int], atol: float) -> Discrepancy:
+    """The largest ``||found - expected|| / max(||expected||, atol)`` over the parameters (``names``) and the
+    checked ``examples``; ``found`` and ``expected``: ``(examples, *shape)`` per parameter."""
+    largest = Discrepancy(0.0)
+    for name, found_rows, expected_rows in zip(names, found, expected):
+        difference = (found_rows.double() - expected_rows.double()).flatten(1).norm(dim=1)
+        errors = difference / expected_rows.double().flatten(1).norm(dim=1).clamp(min=atol)
+        worst = int(errors.argmax())
+        if errors[worst] > largest.error:
+            largest = Discrepancy(float(errors[worst]), name, examples[worst])
+    return largest
+
+
+def summed_loss_hint(engine: list[torch.Tensor], expected: list[torch.Tensor], batch_size: int) -> str:
+    """A sentence when the engine's gradients are ``batch_size`` times the examples' own (a loss summed over
+    the batch), else an empty one (per parameter ``(examples, *shape)`` both)."""
+    found = torch.cat([g.double().flatten() for g in engine])
+    reference = torch.cat([g.double().flatten() for g in expected])
+    scale = float(found @ reference / (reference @ reference).clamp(min=torch.finfo(torch.float64).tiny))
+    if not torch.allclose(found, scale * reference, rtol=1e-3, atol=0) or abs(scale - batch_size) > 1e-3 * batch_size:
+        return ""
+    return (f" The engine's per-example gradients are {batch_size} (the batch size) times the examples' own: the "
+            f"loss is summed over the batch; it must be the batch mean (e.g. reduction='mean').")
+
+
+def failure_message(check: str, discrepancy: Discrepancy, rtol: float, model: nn.Module, hint: str = "") -> str:
+    """One paragraph: which check failed, where, by how much, and why it likely did."""
+    owner = model.get_submodule(discrepancy.parameter.rpartition(".")[0])
+    return (f"per-example gradient check failed ({check}): parameter {discrepancy.parameter} "
+            f"({type(owner).__name__}) of example {discrepancy.example} has a relative error of "
+            f"{discrepancy.error:.3g} (tolerance {rtol:g}); the epsilon reported would not hold.{hint} "
+            f"{LIKELY_CAUSES}")
