@@ -25,6 +25,13 @@ NOISE_SHARES: tuple[str, ...] = ("split", "rank0")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
+def check_grad_sample_mode(grad_sample_mode: Any) -> None:
+    """Refuse a ``grad_sample_mode`` that is not one of :data:`GRAD_SAMPLE_MODES`."""
+    if grad_sample_mode not in GRAD_SAMPLE_MODES:
+        raise InvalidTrainingOptionError(
+            f"grad_sample_mode must be one of {', '.join(GRAD_SAMPLE_MODES)}, got {grad_sample_mode!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExecutionOptions:
     """The execution options of ``make_private`` (same names and meaning, see its docstring).
@@ -56,9 +63,7 @@ class ExecutionOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.poisson_sampling, bool):
             raise InvalidTrainingOptionError(f"poisson_sampling must be True or False, got {self.poisson_sampling!r}")
-        if self.grad_sample_mode not in GRAD_SAMPLE_MODES:
-            raise InvalidTrainingOptionError(
-                f"grad_sample_mode must be one of {', '.join(GRAD_SAMPLE_MODES)}, got {self.grad_sample_mode!r}")
+        check_grad_sample_mode(self.grad_sample_mode)
         if self.max_physical_batch_size is not None:
             object.__setattr__(self, "max_physical_batch_size",
                                check_count("max_physical_batch_size", self.max_physical_batch_size, 1))

@@ -41,6 +41,7 @@ from opacus import GradSampleModule
 from torch import nn
 from torch.nn import functional as F
 
+from dpnoise.accounting.validation import check_count, check_positive
 from dpnoise.training.batches import batch_loss, run_model
 from dpnoise.training.bookkeeping import BookkeepingModule, leading_size
 from dpnoise.training.errors import EngineStateError, InvalidTrainingOptionError, PerExampleCheckError
@@ -78,6 +79,8 @@ class Discrepancy:
 class PerExampleCheckReport:
     """What :func:`verify_per_example_gradients` compared, and the largest errors it found."""
 
+    #: the engine checked: "bookkeeping" or "hooks"
+    engine: str
     #: indices of the checked examples in the batch (empty when skipped)
     examples: tuple[int, ...]
     #: engine vs one-example autograd
@@ -120,12 +123,16 @@ def verify_per_example_gradients(private_module: nn.Module, batch: Any, *, loss_
     :class:`PerExampleCheckError` when an error exceeds ``rtol``.
     """
     start = time.perf_counter()
-    batch_size = leading_size(batch) or 0
-    if batch_size < 2:
-        return PerExampleCheckReport((), Discrepancy(0.0), Discrepancy(0.0), time.perf_counter() - start,
-                                     skipped=f"a batch of {batch_size} example(s): nothing to compare")
+    examples, rtol, atol = check_count("examples", examples, 1), check_positive("rtol", rtol), check_positive("atol", atol)
+    engine_name = engine_kind(private_module)
     model = wrapped_model(private_module)
-    names, params = zip(*[(name, p) for name, p in model.named_parameters() if p.requires_grad])
+    trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    batch_size = leading_size(batch) or 0
+    if batch_size < 2 or not trained:
+        reason = f"a batch of {batch_size} example(s)" if trained else "no trainable parameter"
+        return PerExampleCheckReport(engine_name, (), Discrepancy(0.0), Discrepancy(0.0), time.perf_counter() - start,
+                                     skipped=f"{reason}: nothing to compare")
+    names, params = zip(*trained)
     checked = spread_examples(batch_size, examples)
     replaced = next(i for i in range(batch_size) if i not in checked)
     source = checked[0]
@@ -147,7 +154,7 @@ def verify_per_example_gradients(private_module: nn.Module, batch: Any, *, loss_
         raise PerExampleCheckError(failure_message(
             f"independence when example {replaced} was replaced by a copy of example {source}", independence, rtol,
             model))
-    return PerExampleCheckReport(tuple(checked), exactness, independence, time.perf_counter() - start)
+    return PerExampleCheckReport(engine_name, tuple(checked), exactness, independence, time.perf_counter() - start)
 
 
 def refuse_token_mean_lm_loss(model: nn.Module, loss_fn: Optional[LossFunction]) -> None:
@@ -234,11 +241,19 @@ def floating_tensors_in_float64(batch: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------------- the engine's side
+def engine_kind(private_module: nn.Module) -> str:
+    """``"bookkeeping"`` for a :class:`BookkeepingModule`, ``"hooks"`` for Opacus's ``GradSampleModule``."""
+    if isinstance(private_module, BookkeepingModule):
+        return "bookkeeping"
+    if isinstance(private_module, GradSampleModule):
+        return "hooks"
+    raise InvalidTrainingOptionError(f"the per-example check needs the private module make_private returns (a "
+                                     f"BookkeepingModule or GradSampleModule), got {type(private_module).__name__}")
+
+
 def wrapped_model(private_module: nn.Module) -> nn.Module:
     """The model a :class:`BookkeepingModule` or ``GradSampleModule`` wraps."""
-    if not isinstance(private_module, (BookkeepingModule, GradSampleModule)):
-        raise InvalidTrainingOptionError(f"the per-example check needs the private module make_private returns (a "
-                                         f"BookkeepingModule or GradSampleModule), got {type(private_module).__name__}")
+    engine_kind(private_module)
     return private_module._module
 
 
@@ -266,9 +281,7 @@ def engine_example_gradients(private_module: nn.Module, batch: Any, loss_fn: Opt
     ``private_module``; the records, ``grad`` and ``grad_sample`` of the pass are cleared after.
     Both engines' gradients are of each example's own loss (the batch mean's, times the batch size).
     """
-    if _has_records(private_module, params):
-        raise EngineStateError("the per-example check runs between optimizer steps: a pass is recorded and not "
-                               "consumed yet (call it before the forward pass, or after optimizer.step())")
+    _start_without_records(private_module, params)
     try:
         batch_loss(run_model(private_module, batch), batch, loss_fn).backward()
         return _recorded_example_gradients(private_module, params, examples, leading_size(batch))
@@ -276,10 +289,24 @@ def engine_example_gradients(private_module: nn.Module, batch: Any, loss_fn: Opt
         _clear_records(private_module, params)
 
 
-def _has_records(private_module: nn.Module, params: tuple[nn.Parameter, ...]) -> bool:
+def _start_without_records(private_module: nn.Module, params: tuple[nn.Parameter, ...]) -> None:
+    """Refuse a recorded pass that no optimizer step has consumed yet; forget the per-example gradients a
+    step has consumed (Opacus's, marked processed, which ``zero_grad`` would drop)."""
     if isinstance(private_module, BookkeepingModule):
-        return private_module.has_records
-    return any(getattr(p, "grad_sample", None) is not None for p in params)
+        pending = private_module.has_records
+    else:
+        pending = any(not _consumed(p.grad_sample) for p in params if getattr(p, "grad_sample", None) is not None)
+    if pending:
+        raise EngineStateError("the per-example check runs between optimizer steps: a pass is recorded and not "
+                               "consumed yet (call it before the forward pass, or after optimizer.step())")
+    for p in params:
+        p.grad_sample = None
+
+
+def _consumed(grad_sample: Any) -> bool:
+    """Whether Opacus's per-example gradients (a tensor or a list) were used by an optimizer step."""
+    parts = grad_sample if isinstance(grad_sample, list) else [grad_sample]
+    return all(hasattr(part, "_processed") for part in parts)
 
 
 def _recorded_example_gradients(private_module: nn.Module, params: tuple[nn.Parameter, ...], examples: list[int],
@@ -298,8 +325,11 @@ def _recorded_example_gradients(private_module: nn.Module, params: tuple[nn.Para
             continue
         samples = flat_grad_sample(p)
         if len(samples) != batch_size:
-            raise PerExampleCheckError(f"Opacus's hooks gave a parameter of shape {tuple(p.shape)} {len(samples)} "
-                                       f"per-example gradients for a batch of {batch_size} examples. {LIKELY_CAUSES}")
+            model = wrapped_model(private_module)
+            name = next(name for name, q in model.named_parameters() if q is p)
+            raise PerExampleCheckError(f"Opacus's hooks gave parameter {describe_parameter(model, name)} "
+                                       f"{len(samples)} per-example gradients for a batch of {batch_size} examples. "
+                                       f"{LIKELY_CAUSES}")
         gradients.append(samples[examples])
     return gradients
 
@@ -317,8 +347,15 @@ def _clear_records(private_module: nn.Module, params: tuple[nn.Parameter, ...]) 
 def single_example_gradients(model: nn.Module, example: Any, loss_fn: Optional[LossFunction],
                              params: tuple[nn.Parameter, ...]) -> list[torch.Tensor]:
     """The gradient of the training loss of ``example`` (a batch of one) per parameter, by plain autograd
-    (zeros where the loss does not reach a parameter)."""
-    loss = batch_loss(run_model(model, example), example, loss_fn)
+    (zeros where the loss does not reach a parameter).  A model that cannot compute one example alone
+    (it ran on the whole batch) is refused: its outputs depend on the batch."""
+    try:
+        loss = batch_loss(run_model(model, example), example, loss_fn)
+    except Exception as err:  # noqa: BLE001  (whatever stops it, the check cannot vouch for the model)
+        raise PerExampleCheckError(
+            f"per-example gradient check failed (exactness vs. one-example autograd): the model runs on the batch "
+            f"but not on one example alone ({type(err).__name__}: {err}), so its outputs depend on the batch. "
+            f"{LIKELY_CAUSES}") from err
     gradients = torch.autograd.grad(loss, params, allow_unused=True)
     return [torch.zeros_like(p) if g is None else g for p, g in zip(params, gradients)]
 
@@ -402,8 +439,12 @@ def summed_loss_hint(engine: list[torch.Tensor], expected: list[torch.Tensor], b
 
 def failure_message(check: str, discrepancy: Discrepancy, rtol: float, model: nn.Module, hint: str = "") -> str:
     """One paragraph: which check failed, where, by how much, and why it likely did."""
-    owner = model.get_submodule(discrepancy.parameter.rpartition(".")[0])
-    return (f"per-example gradient check failed ({check}): parameter {discrepancy.parameter} "
-            f"({type(owner).__name__}) of example {discrepancy.example} has a relative error of "
+    return (f"per-example gradient check failed ({check}): parameter {describe_parameter(model, discrepancy.parameter)} "
+            f"of example {discrepancy.example} has a relative error of "
             f"{discrepancy.error:.3g} (tolerance {rtol:g}); the epsilon reported would not hold.{hint} "
             f"{LIKELY_CAUSES}")
+
+
+def describe_parameter(model: nn.Module, name: str) -> str:
+    """``"<name> (<type of the layer that holds it>)"``."""
+    return f"{name} ({type(model.get_submodule(name.rpartition('.')[0])).__name__})"

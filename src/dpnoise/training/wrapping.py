@@ -11,7 +11,7 @@ from opacus import GradSampleModule
 from torch import nn
 
 from dpnoise.training.bookkeeping import BookkeepingModule, broadcast_inputs_over_batch, unsupported_bookkeeping_layers
-from dpnoise.training.execution import GradSampleMode
+from dpnoise.training.execution import GradSampleMode, check_grad_sample_mode
 
 
 def make_conv_inputs_contiguous(module: nn.Module) -> None:
@@ -28,6 +28,7 @@ def make_conv_inputs_contiguous(module: nn.Module) -> None:
 def resolve_grad_sample_mode(module: nn.Module, grad_sample_mode: GradSampleMode) -> GradSampleMode:
     """``"bookkeeping"`` or ``"hooks"``: ``"auto"`` is book-keeping when every trainable layer of
     ``module`` supports it, else hooks."""
+    check_grad_sample_mode(grad_sample_mode)
     if grad_sample_mode != "auto":
         return grad_sample_mode
     return "hooks" if unsupported_bookkeeping_layers(module) else "bookkeeping"
