@@ -22,9 +22,11 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpnoise import make_private
+from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.training import (
     BookkeepingModule,
     EngineStateError,
+    InvalidTrainingOptionError,
     PerExampleCheckError,
     causal_lm_loss,
     check_per_example,
@@ -88,7 +90,7 @@ def classified_sentences() -> dict[str, torch.Tensor]:
             "labels": torch.randint(0, CLASSES, (BATCH,), generator=generator())}
 
 
-def language_modelling(equal: bool = False, with_token_types: bool = False) -> dict[str, torch.Tensor]:
+def language_modelling(equal: bool = False) -> dict[str, torch.Tensor]:
     """Padded token ids, their mask and labels (-100 at the padding), as a causal-LM collator gives them."""
     mask = (torch.arange(LENGTH) < lengths(equal)[:, None]).long()
     ids = tokens() * mask
@@ -223,6 +225,11 @@ def summed_over_batch_sampler(layer: Scale, activations: list[torch.Tensor], bac
     return {layer.weight: summed.expand(len(backprops), *summed.shape)}
 
 
+def token_lm() -> nn.Module:
+    """A per-token language model (embedding, dense head): its examples are separate, whatever the loss."""
+    return nn.Sequential(nn.Embedding(VOCAB, WIDTH), nn.Tanh(), nn.Linear(WIDTH, VOCAB))
+
+
 def mlp(dropout: float = 0.0) -> nn.Module:
     return nn.Sequential(nn.Linear(5, WIDTH), nn.Tanh(), nn.Dropout(dropout), nn.Linear(WIDTH, CLASSES))
 
@@ -314,13 +321,13 @@ CASES = [
     Case("embedding-linear", seeded(lambda: nn.Sequential(nn.Embedding(VOCAB, WIDTH), nn.Flatten(),
                                                          nn.Linear(LENGTH * WIDTH, CLASSES))),
          lambda: (tokens(), features()[1])),
-    Case("layernorm", seeded(lambda: nn.Sequential(nn.Linear(5, WIDTH), nn.LayerNorm(WIDTH), nn.Linear(WIDTH, CLASSES))),
-         features),
+    Case("layernorm", seeded(lambda: nn.Sequential(nn.Linear(5, WIDTH), nn.LayerNorm(WIDTH),
+                                                  nn.Linear(WIDTH, CLASSES))), features),
     Case("tied-weights", seeded(TiedEmbeddings), lambda: (tokens(), tokens(1)[:, 0])),
     Case("layer-applied-twice", seeded(AppliedTwice), features),
     Case("positions-broadcast-over-batch", seeded(lambda: TinyLanguageModel("broadcast")), token_pairs,
          causal_lm_loss),
-    Case("pair-loop-per-sequence-loss", seeded(lambda: TinyLanguageModel("broadcast")), token_pairs, causal_lm_loss),
+    Case("pair-loop-per-sequence-loss", seeded(token_lm), token_pairs, causal_lm_loss),
     Case("bert-eager-dropout", seeded(lambda: bert("eager")), classified_sentences),
     Case("bert-sdpa-dropout", seeded(lambda: bert("sdpa")), classified_sentences),
     Case("distilbert", seeded(distilbert), classified_sentences),
@@ -345,10 +352,9 @@ CASES = [
     Case("batchnorm1d-train-mode", seeded(lambda: MixingLayer(nn.BatchNorm1d(WIDTH, affine=False))), features,
          refusal=r"runs on the batch but not on one example alone"),
     Case("attention-across-batch", seeded(AttentionAcrossBatch), features, refusal=EXACTNESS),
-    Case("pair-loop-token-mean-loss", seeded(lambda: TinyLanguageModel("broadcast")), token_pairs, token_mean_loss,
-         refusal=EXACTNESS),
-    Case("pair-loop-token-mean-balanced-lengths", seeded(lambda: TinyLanguageModel("broadcast")),
-         balanced_token_pairs, token_mean_loss, refusal=r"independence when example 1 was replaced"),
+    Case("pair-loop-token-mean-loss", seeded(token_lm), token_pairs, token_mean_loss, refusal=EXACTNESS),
+    Case("pair-loop-token-mean-balanced-lengths", seeded(token_lm), balanced_token_pairs, token_mean_loss,
+         refusal=r"independence when example 1 was replaced"),
     Case("summed-loss", seeded(mlp), features, summed_cross_entropy, refusal=r"loss is summed over the batch"),
     Case("gpt2-own-loss-unequal-lengths", seeded(gpt2), language_modelling, refusal=EXACTNESS),
     Case("llama-own-loss-unequal-lengths", seeded(llama), language_modelling, refusal=EXACTNESS, bookkeeping=False),
@@ -425,7 +431,7 @@ def test_check_per_example_leaves_the_users_model_untouched():
     state = copy.deepcopy(model.state_dict())
     with pytest.raises(PerExampleCheckError):  # batch statistics
         check_per_example(model, None, features())
-    check_per_example(model[2], None, (torch.randn(BATCH, WIDTH), features()[1]))
+    check_per_example(model[2], None, features(WIDTH))
     for key, value in model.state_dict().items():
         assert torch.equal(value, state[key]) and value.dtype == state[key].dtype, key
     assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight)) and model[2].weight.grad is None
@@ -518,3 +524,12 @@ def test_hugging_face_causal_lms_need_a_per_sequence_loss(build):
     refuse_token_mean_lm_loss(model, causal_lm_loss)
     refuse_token_mean_lm_loss(bert(), None)
     refuse_token_mean_lm_loss(mlp(), None)
+
+
+def test_the_checks_options_are_validated():
+    with pytest.raises(InvalidTrainingOptionError, match="grad_sample_mode must be one of"):
+        check_per_example(mlp(), None, features(), grad_sample_mode="bookeeping")
+    with pytest.raises(InvalidParameterError, match="examples must be >= 1"):
+        check_per_example(mlp(), None, features(), examples=0)
+    with pytest.raises(InvalidTrainingOptionError, match="needs the private module make_private returns"):
+        verify_per_example_gradients(mlp(), features())

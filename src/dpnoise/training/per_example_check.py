@@ -19,11 +19,12 @@ function, and in float64 (:func:`float64_working_copy`): the engine and autograd
 terms in different orders, and a gradient that is zero in exact arithmetic (a key bias of
 attention, by the shift invariance of the softmax) comes out of float32 as rounding noise, which no
 relative tolerance could compare.  A relative error above ``rtol`` raises
-:class:`PerExampleCheckError`, naming the parameter with the largest one.  :func:`check_per_example` runs it on a copy of a model wrapped
-as ``make_private`` would wrap it.
+:class:`PerExampleCheckError`, naming the parameter with the largest one.
+:func:`check_per_example` runs it on a copy of a model wrapped as ``make_private`` would wrap it.
 
-Cost: two forward and backward passes of the batch, one of each per checked example, and the
-checked examples' gradients materialised (3 x the parameters, by default).
+Cost: two forward and backward passes of the batch and one per checked example, in float64, and
+the checked examples' gradients materialised (3 x the parameters, by default): on the CPU, about
+4 to 7 training steps of a small CNN or a 2-layer GPT-2 (batch 32).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Optional
 
 import torch
@@ -123,7 +125,8 @@ def verify_per_example_gradients(private_module: nn.Module, batch: Any, *, loss_
     :class:`PerExampleCheckError` when an error exceeds ``rtol``.
     """
     start = time.perf_counter()
-    examples, rtol, atol = check_count("examples", examples, 1), check_positive("rtol", rtol), check_positive("atol", atol)
+    examples = check_count("examples", examples, 1)
+    rtol, atol = check_positive("rtol", rtol), check_positive("atol", atol)
     engine_name = engine_kind(private_module)
     model = wrapped_model(private_module)
     trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
@@ -196,7 +199,7 @@ def dropout_disabled() -> Iterator[None]:
     try:
         for name in DROPOUT_FUNCTIONS:
             setattr(F, name, _no_dropout)
-        F.scaled_dot_product_attention = lambda *args, **kwargs: _attention_without_dropout(attention, *args, **kwargs)
+        F.scaled_dot_product_attention = partial(_attention_without_dropout, attention)
         yield
     finally:
         for name, function in originals.items():
@@ -415,14 +418,13 @@ def largest_relative_error(found: list[torch.Tensor], expected: list[torch.Tenso
                            examples: list[int], atol: float) -> Discrepancy:
     """The largest ``||found - expected|| / max(||expected||, atol)`` over the parameters (``names``) and the
     checked ``examples``; ``found`` and ``expected``: ``(examples, *shape)`` per parameter."""
-    largest = Discrepancy(0.0)
+    worst_per_parameter = []
     for name, found_rows, expected_rows in zip(names, found, expected):
         difference = (found_rows.double() - expected_rows.double()).flatten(1).norm(dim=1)
         errors = difference / expected_rows.double().flatten(1).norm(dim=1).clamp(min=atol)
         worst = int(errors.argmax())
-        if errors[worst] > largest.error:
-            largest = Discrepancy(float(errors[worst]), name, examples[worst])
-    return largest
+        worst_per_parameter.append(Discrepancy(float(errors[worst]), name, examples[worst]))
+    return max(worst_per_parameter, key=lambda discrepancy: discrepancy.error, default=Discrepancy(0.0))
 
 
 def summed_loss_hint(engine: list[torch.Tensor], expected: list[torch.Tensor], batch_size: int) -> str:
@@ -431,7 +433,8 @@ def summed_loss_hint(engine: list[torch.Tensor], expected: list[torch.Tensor], b
     found = torch.cat([g.double().flatten() for g in engine])
     reference = torch.cat([g.double().flatten() for g in expected])
     scale = float(found @ reference / (reference @ reference).clamp(min=torch.finfo(torch.float64).tiny))
-    if not torch.allclose(found, scale * reference, rtol=1e-3, atol=0) or abs(scale - batch_size) > 1e-3 * batch_size:
+    proportional = (found - scale * reference).norm() <= 1e-3 * found.norm()
+    if not proportional or abs(scale - batch_size) > 1e-3 * batch_size:
         return ""
     return (f" The engine's per-example gradients are {batch_size} (the batch size) times the examples' own: the "
             f"loss is summed over the batch; it must be the batch mean (e.g. reduction='mean').")
@@ -439,9 +442,9 @@ def summed_loss_hint(engine: list[torch.Tensor], expected: list[torch.Tensor], b
 
 def failure_message(check: str, discrepancy: Discrepancy, rtol: float, model: nn.Module, hint: str = "") -> str:
     """One paragraph: which check failed, where, by how much, and why it likely did."""
-    return (f"per-example gradient check failed ({check}): parameter {describe_parameter(model, discrepancy.parameter)} "
-            f"of example {discrepancy.example} has a relative error of "
-            f"{discrepancy.error:.3g} (tolerance {rtol:g}); the epsilon reported would not hold.{hint} "
+    return (f"per-example gradient check failed ({check}): parameter "
+            f"{describe_parameter(model, discrepancy.parameter)} of example {discrepancy.example} has a relative "
+            f"error of {discrepancy.error:.3g} (tolerance {rtol:g}); the epsilon reported would not hold.{hint} "
             f"{LIKELY_CAUSES}")
 
 
