@@ -33,3 +33,9 @@ class EngineStateError(DpnoiseError, RuntimeError):
 
 class CheckpointKeyError(CheckpointError):
     """The checkpoint key is unusable (too short, unreadable key file)."""
+
+
+class ForeignBatchError(DpnoiseError, RuntimeError):
+    """An optimizer step would release gradients that do not come from one Poisson draw of the private
+    loader (another loader's batch, a repeated or re-dealt draw, several forward passes): refused before
+    any noise or accounting (the message names what happened and the fix)."""
