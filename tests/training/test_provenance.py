@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,3 +176,19 @@ def test_holds_recognises_the_same_values_only():
     x = torch.arange(12.0).view(4, 3)
     assert holds(x, x) and holds(x, x[:, :2]) and holds(x, x.clone()) and holds(x, x.double())
     assert not holds(x, x + 1) and not holds(x, x[:2].clone()) and not holds(x, torch.zeros(()))
+
+
+def test_accelerate_prepare_under_two_processes_is_refused_at_the_first_step():
+    pytest.importorskip("accelerate")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    worker = Path(__file__).with_name("accelerate_worker.py")
+    processes = [subprocess.Popen([sys.executable, str(worker)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                                                  "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                                  "MASTER_PORT": str(port)})
+                 for rank in range(2)]
+    outputs = [process.communicate(timeout=180)[0] for process in processes]
+    for output in outputs:  # the prepared loader deals rank r every second draw of its shard, from draw r
+        assert "DistributedError: ranks disagree on the Poisson draw: rank 0 has 0, rank 1 has 1; steps 0" in output
