@@ -107,8 +107,8 @@ def test_with_the_option_the_command_line_prints_the_warning_once_and_logs_the_s
     for name, records in step_fields(folder).items():
         assert records == [LOGGED_STEP_FIELDS] * 8, name
     _, rows = csv_rows(folder / "steps.csv")
-    assert all(0 <= float(row["batch_accuracy"]) <= 1 and float(row["loss"]) > 0 for row in rows)
-    assert 0 < sum(int(row["batch_size"]) for row in rows) <= 512
+    assert all(0 <= float(row["batch_accuracy"]) <= 1 and float(row["loss"]) >= 0 for row in rows)
+    assert all(0 <= int(row["batch_size"]) <= 512 for row in rows)  # Poisson batches of 512 digits
 
 
 def test_a_resumed_run_keeps_the_checkpoints_statistics_only_with_the_option(tmp_path):

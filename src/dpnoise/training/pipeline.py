@@ -56,10 +56,10 @@ EVAL_BATCH_SIZE = 1000
 PROGRESS_WINDOW = 20
 #: the warning of a run that logs the statistics of its private batches (``output.log_private_batch_stats``)
 PRIVATE_BATCH_STATS_WARNING = (
-    "log_private_batch_stats: each step's training loss, training-batch accuracy and batch size are computed from "
-    "the private training batches without noise and are not covered by the epsilon; this run writes them into "
-    "steps.csv, metrics.json, curves.png and the checkpoint and shows them on the progress bar. Leave it off (the "
-    "default) wherever these outputs may be seen by someone the training data must be protected from.")
+    "log_private_batch_stats: each step's training loss, training-batch accuracy and batch size, recorded in "
+    "steps.csv, metrics.json, curves.png and the checkpoint and shown on the progress bar, are computed from the "
+    "private training batches without noise and are not covered by the epsilon. Leave it off (the default) wherever "
+    "these outputs may be seen by someone the training data must be protected from.")
 
 
 def train_private(config: TrainingConfig) -> TrainingResult:
