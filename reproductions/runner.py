@@ -5,8 +5,8 @@ any number can be reproduced by hand): :func:`train_config` builds the same conf
 command builds.  It runs in this process with one torch thread and its outputs (metrics.json, CSVs,
 curves, checkpoint) go to a work folder.  Every run logs the loss, accuracy and size of its private
 batches (``--log-private-batch-stats``: without noise, outside the epsilon; the data sets are public),
-which the per-step tools read (``tools/step_windows.py``).  A run whose record exists is skipped, so a killed batch
-resumes where it stopped.
+which the per-step tools read (``tools/step_windows.py``).  A run whose record exists is skipped, so
+a killed batch resumes where it stopped.
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "accountant that applies (for lap2: the sound 'lap2' accountant and the Lap2 paper's published 'lap2-paper' one, "
         "which is NOT a valid bound in general). Batches are Poisson-sampled; the accountants are stepped once per "
         "optimizer step. Nothing computed from a private batch without noise (its loss, accuracy or size) is shown or "
-        "written unless --log-private-batch-stats.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "written unless --log-private-batch-stats.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     groups = {heading: p.add_argument_group(heading) for heading in OPTION_GROUPS}
     groups[OPTION_GROUPS[0]].add_argument(
         "--recipe", choices=tuple(RECIPES), help="published hyper-parameters as defaults for the options below; "
