@@ -91,8 +91,8 @@ class TrainingResult:
     lora_rank: Optional[int] = None
     resolution: Optional[int] = None
     eval_split: str = "test"
-    #: the curves: per-step (loss, batch accuracy, quick epsilon) and per-epoch (test accuracy,
-    #: epsilon by accountant) records
+    #: the curves: per-step (quick epsilon; the private batch's loss, accuracy and size only with
+    #: ``output.log_private_batch_stats``) and per-epoch (test accuracy, epsilon by accountant) records
     history: RunHistory = field(default_factory=RunHistory)
     #: files written into the output folder
     files: tuple[Path, ...] = ()
