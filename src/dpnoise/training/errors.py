@@ -1,4 +1,5 @@
-"""Errors raised by the private training engine (all derive from :class:`~dpnoise.errors.DpnoiseError`)."""
+"""Errors raised by the private training engine (all derive from :class:`~dpnoise.errors.DpnoiseError`), and
+its warnings."""
 
 from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.errors import DpnoiseError
@@ -33,3 +34,9 @@ class EngineStateError(DpnoiseError, RuntimeError):
 
 class CheckpointKeyError(CheckpointError):
     """The checkpoint key is unusable (too short, unreadable key file)."""
+
+
+class GradientSourceWarning(UserWarning):
+    """``grad_sample_mode="auto"`` takes every per-example gradient from Opacus's hooks because book-keeping
+    does not support some layers (the message names each one and why; ``PrivacyEngine.gradient_sources``
+    gives each layer's source)."""
