@@ -9,21 +9,31 @@ function that back-propagates to its input only, so that autograd never computes
 summed parameter gradients that DP training discards; its per-example gradients stay factorised
 (:mod:`dpnoise.training.per_example_gradients`: ghost norms of sequences, the outer-product
 factorisation of 2-D inputs, token-id sums of embeddings).  The calls of the other supported
-layers (:data:`RECORDED_LAYERS`) are recorded as they run: ``Conv2d`` (any groups, any padding
-mode) gets exact per-example gradients from one batched matmul over a channels-last sliding-window
-view of its padded input (:func:`conv2d_per_example_gradients`), ``nn.EmbeddingBag`` token-id rows
-per bag (:func:`~dpnoise.training.grad_samplers.embedding_bag_rows`), ``Conv1d``, ``Conv3d``,
-GroupNorm, RMSNorm and InstanceNorm the grad samplers that :class:`~dpnoise.training.grad_samplers.ExactGradSampleModule`
-uses (:data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`: Opacus's, with convolutions in every padding
-mode sampled exactly).  :func:`gradient_sources` says where each layer's per-example gradients come from.
+layers (:data:`RECORDED_LAYERS`) are recorded as they run:
+
+* ``Conv2d`` (any groups, padding, ``padding="same"``, every padding mode): one batched matmul
+  over a channels-last sliding-window view of its input, padded as the layer pads it
+  (:func:`conv2d_per_example_gradients`);
+* ``nn.EmbeddingBag`` (modes "sum", "mean", "max"; 1-D ids with offsets or 2-D ids;
+  ``per_sample_weights``, ``padding_idx``, ``include_last_offset``): token-id rows per bag
+  (:func:`~dpnoise.training.grad_samplers.embedding_bag_rows`);
+* ``Conv1d``, ``Conv3d`` (as ``Conv2d``), GroupNorm, RMSNorm, InstanceNorm1d/2d/3d: the grad samplers
+  the hooks use (:data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`: Opacus's, with convolutions
+  sampled exactly in every padding mode).
+
+Any other trainable layer makes ``grad_sample_mode="auto"`` take the whole model's per-example
+gradients from the hooks, with a warning that names it (:func:`unsupported_bookkeeping_layers`);
+``nn.RNN``, ``nn.LSTM``, ``nn.GRU`` and embeddings with ``max_norm`` or ``scale_grad_by_freq`` are
+refused for both sources (:func:`~dpnoise.training.grad_samplers.per_example_gradient_problems`).
+:func:`gradient_sources` says where each layer's per-example gradients come from.
 
 Exactness with models as they come (Hugging Face's among them), checked on every training call of a
 trainable layer (:class:`LayerInputs`, for Opacus's hooks too):
 
 * a layer whose input has batch size 1 while the model is called on B != 1 examples (BERT's and
   GPT-2's ``position_ids`` buffer of shape ``(1, T)``) is taken to be broadcast over the batch: its
-  input is expanded to B identical rows (:class:`BroadcastInputs`), so that each example gets its
-  own output gradient and its own per-example gradient;
+  input is expanded to B identical rows, so that each example gets its own output gradient and its
+  own per-example gradient;
 * a layer whose input has another leading dimension than the batch, or none (nanoGPT's position
   embedding ``wpe(torch.arange(t))``, T5's ``relative_attention_bias`` on ``(q_len, k_len)``), or
   that is called with arguments its per-example gradients would not read, is refused at that call,
