@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 from opacus import GradSampleModule
+from opacus.layers import DPGRU, DPLSTM, DPRNN
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -263,6 +264,14 @@ def test_recurrent_layers_are_refused_before_training(layer_type, replacement, g
     data = TensorDataset(torch.randn(16, 5, 3), torch.randint(0, 2, (16,)))
     with pytest.raises(UnsupportedLayerError, match=rf"rnn \({layer_type.__name__}\): .*opacus\.layers\.{replacement}"):
         private(model, data, grad_sample_mode=grad_sample_mode)
+
+
+@pytest.mark.parametrize("layer_type", [DPRNN, DPLSTM, DPGRU])
+def test_opacus_recurrent_replacements_are_exact_under_hooks(layer_type):
+    torch.manual_seed(8)
+    model = Recurrent(layer_type)
+    assert_exact("hooks", *layer_case(model, torch.randn(BATCH, 5, 3, dtype=torch.float64)))
+    assert set(gradient_sources(model, "hooks").values()) == {"hooks, grad sampler"}
 
 
 class NanoGpt(nn.Module):

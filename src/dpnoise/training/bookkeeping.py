@@ -67,6 +67,7 @@ from dpnoise.training.bookkeeping_rules import BookkeepingRule, bookkeeping_rule
 from dpnoise.training.errors import EngineStateError, InvalidTrainingOptionError, UnsupportedLayerError
 from dpnoise.training.grad_samplers import (
     GRAD_SAMPLERS,
+    OPACUS_RECURRENT_LAYERS,
     bag_count,
     embedding_bag_call,
     embedding_bag_rows,
@@ -176,8 +177,8 @@ def gradient_sources(module: nn.Module, grad_sample_mode: str) -> dict[str, str]
     materialised" (a recorded call, its gradients built by a grad sampler or
     :func:`conv2d_per_example_gradients`) or "book-keeping, token-id rows" (``nn.EmbeddingBag``).
     ``"hooks"`` (:class:`~dpnoise.training.grad_samplers.ExactGradSampleModule`): "hooks, grad sampler"
-    or "hooks, functorch" (no grad sampler: the layer, and the layers inside it, are differentiated
-    per example by ``torch.func``).
+    (Opacus's DP recurrent layers too: their ``RNNLinear`` layers') or "hooks, functorch" (no grad
+    sampler: the layer, and the layers inside it, are differentiated per example by ``torch.func``).
     """
     sources: dict[str, str] = {}
     functorch_paths: list[str] = []
@@ -188,7 +189,7 @@ def gradient_sources(module: nn.Module, grad_sample_mode: str) -> dict[str, str]
                       else "book-keeping, materialised")
         elif any(name.startswith(f"{outer}.") for outer in functorch_paths):
             source = "hooks, functorch"
-        elif type(layer) in GRAD_SAMPLERS:
+        elif type(layer) in GRAD_SAMPLERS or isinstance(layer, OPACUS_RECURRENT_LAYERS):
             source = "hooks, grad sampler"
         else:
             source = "hooks, functorch"
@@ -279,7 +280,9 @@ class LayerInputs:
       input is not one row per example, and neither gradient source can tell the examples' gradients
       apart (nanoGPT's ``wpe(torch.arange(t))``).  When t equals B, shapes cannot tell.
 
-    Only training-mode calls with autograd on are touched; errors name the layer's path.
+    Only training-mode calls with autograd on are touched, and not those of Opacus's DP recurrent
+    layers (:data:`~dpnoise.training.grad_samplers.OPACUS_RECURRENT_LAYERS`, which handle their own
+    batches); errors name the layer's path.
     """
 
     def __init__(self, module: nn.Module, layers: list[tuple[str, nn.Module]]):
@@ -328,9 +331,10 @@ class LayerInputs:
 
 
 def check_layer_inputs(module: nn.Module) -> LayerInputs:
-    """:class:`LayerInputs` on every trainable layer of ``module`` (for Opacus's ``GradSampleModule``,
+    """:class:`LayerInputs` on the trainable layers of ``module`` (for Opacus's ``GradSampleModule``,
     which records layer inputs in forward hooks, after these pre-hooks)."""
-    return LayerInputs(module, list(trainable_modules(module)))
+    return LayerInputs(module, [(name, layer) for name, layer in trainable_modules(module)
+                                if not isinstance(layer, OPACUS_RECURRENT_LAYERS)])
 
 
 @dataclass(eq=False)

@@ -36,6 +36,7 @@ from typing import Optional
 import torch
 from opacus import GradSampleModule
 from opacus.grad_sample.conv import compute_conv_grad_sample
+from opacus.layers.dp_rnn import DPRNNBase, RNNLinear
 from torch import nn
 from torch.nn import functional as F
 
@@ -44,6 +45,9 @@ from dpnoise.training.per_example_gradients import IndexedRows
 
 #: the recurrent layers whose fused kernels no grad sampler covers, and Opacus's drop-in replacements
 RECURRENT_REPLACEMENTS = {nn.RNN: "DPRNN", nn.LSTM: "DPLSTM", nn.GRU: "DPGRU"}
+#: Opacus's replacements and their ``RNNLinear`` layers (hooks only), which handle their own batches:
+#: a call per time step, of the examples still running in a packed sequence
+OPACUS_RECURRENT_LAYERS = (DPRNNBase, RNNLinear)
 
 
 def per_example_gradient_problems(layer: nn.Module) -> list[str]:
@@ -107,6 +111,8 @@ def embedding_bag_call(layer: nn.EmbeddingBag, args: tuple, kwargs: dict) -> tup
     """
     bound = dict(zip(("input", "offsets", "per_sample_weights"), args), **kwargs)
     ids, offsets, weights = bound["input"], bound.get("offsets"), bound.get("per_sample_weights")
+    if ids.dim() == 1 and offsets is None:
+        raise ValueError("offsets has to be a 1D Tensor but got None")  # F.embedding_bag's own refusal
     if ids.dim() == 2:
         length = ids.shape[1]
         end = ids.numel() + (length if layer.include_last_offset else 0)
