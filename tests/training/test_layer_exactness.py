@@ -121,6 +121,19 @@ def test_a_strided_dilated_reflect_padded_conv2d_in_a_model(source):
     assert_exact(source, *layer_case(model, torch.randn(BATCH, 3, 8, 7, dtype=torch.float64)))
 
 
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("layer, shape", [
+    (nn.RMSNorm(5), (3, 5)), (nn.RMSNorm((3, 5), eps=1e-3), (3, 5)), (nn.GroupNorm(2, 4), (4, 6)),
+    (nn.InstanceNorm1d(4, affine=True), (4, 6)), (nn.InstanceNorm2d(3, affine=True), (3, 4, 5)),
+], ids=["rms", "rms-2d", "group", "instance1d", "instance2d"])
+def test_normalisations_recorded_by_bookkeeping(layer, shape, source):
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_()
+    assert_exact(source, *layer_case(layer, torch.randn(BATCH, *shape, dtype=torch.float64) * 2 + 1))
+
+
 # ------------------------------------------------------------------------------------------ embeddings
 class TokensWithRmsNorm(nn.Module):
     """Token embeddings with a padding id, an RMSNorm and a head (the model whose RMSNorm used to switch

@@ -126,9 +126,9 @@ def conv2d_per_example_gradients(layer: nn.Conv2d, activations: torch.Tensor,
     """Per-example (weight, bias) gradients of a ``Conv2d`` (any ``groups``, padding and padding mode).
 
     Weight: ``G_i[o, u, v, c] = sum_{h,w} g_i[o, h, w] x_i[k c_o + c, s_h h + d_h u, s_w w + d_w v]`` on
-    the input ``x_i`` padded as the layer pads it (:func:`~dpnoise.training.grad_samplers.padded_conv_input`), ``k`` input channels per group and ``c_o`` the group of ``o``,
-    returned as ``(batch, out, kh, kw, k)`` (see :data:`CONV_WEIGHT_PERMUTATION`); bias:
-    ``sum_{h,w} g_i[o, h, w]``, ``(batch, out)``.  One batched matmul per (example, group) over a
+    the input ``x_i`` padded as the layer pads it (:func:`~dpnoise.training.grad_samplers.padded_conv_input`),
+    ``k`` input channels per group and ``c_o`` the group of ``o``, returned as ``(batch, out, kh, kw, k)``
+    (see :data:`CONV_WEIGHT_PERMUTATION`); bias: ``sum_{h,w} g_i[o, h, w]``, ``(batch, out)``.  One batched matmul per (example, group) over a
     channels-last sliding-window view: the windows are copied once, contiguous along channels, and
     the result needs no transpose (Opacus's ``unfold2d`` + einsum copies both, and its grouped einsum
     is about 27 times slower on EfficientNet-Lite0's depthwise convolutions, benchmarks/bench_efficientnet.py).
