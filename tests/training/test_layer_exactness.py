@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpnoise.mechanisms import clip_factors, get_mechanism, per_example_norms
-from dpnoise.training import make_private
+from dpnoise.training import endless_batches, make_private
 from dpnoise.training.bookkeeping import BookkeepingModule, check_layer_inputs, gradient_sources
 from dpnoise.training.errors import GradientSourceWarning, UnsupportedLayerError
 from dpnoise.training.grad_samplers import ExactGradSampleModule
@@ -320,6 +320,18 @@ class RelativePositionBias(nn.Module):
         return (torch.softmax(hidden @ hidden.transpose(1, 2) + bias, -1) @ hidden).mean(1)[:, :2]
 
 
+class ScalarIdBias(nn.Module):
+    """One learnt bias row, looked up by a scalar id."""
+
+    def __init__(self):
+        super().__init__()
+        self.tokens = nn.Embedding(11, 2)
+        self.bias = nn.Embedding(1, 2)
+
+    def forward(self, idx):
+        return self.tokens(idx).mean(1) + self.bias(torch.tensor(0))
+
+
 def wrap(source, model):
     return BookkeepingModule(model) if source == "bookkeeping" else Hooks(model).module
 
@@ -328,6 +340,7 @@ def wrap(source, model):
 @pytest.mark.parametrize("model, path, found", [
     (NanoGpt(), r"transformer\.wpe \(Embedding\)", "leading dimension 6"),
     (RelativePositionBias(), r"relative_attention_bias \(Embedding\)", "leading dimension 6"),
+    (ScalarIdBias(), r"bias \(Embedding\)", "a scalar"),
 ])
 def test_an_input_without_a_batch_dimension_is_refused_naming_the_layer(model, path, found, source):
     """``wpe(torch.arange(t))`` with t != B: book-keeping used to refuse at the step naming layer types only,
@@ -343,7 +356,7 @@ def test_make_private_refuses_positions_without_a_batch_dimension_at_the_first_f
     model = NanoGpt()
     module, optimizer, loader = private(model, TensorDataset(torch.randint(0, 11, (40, 6)), torch.randint(0, 2, (40,))),
                                         grad_sample_mode=grad_sample_mode)
-    x, y = next(iter(loader))
+    x, y = next((x, y) for x, y in endless_batches(loader) if len(x) not in (0, 6))  # t = B: shapes cannot tell
     with pytest.raises(UnsupportedLayerError, match=r"transformer\.wpe \(Embedding\): its input has leading dimension 6"):
         F.cross_entropy(module(x), y).backward()
     assert optimizer.privacy_engine.steps == 0

@@ -318,11 +318,11 @@ class LayerInputs:
         found = ("a scalar" if size is None else f"{size} bags" if type(layer) is nn.EmbeddingBag
                  else f"leading dimension {size}")
         raise UnsupportedLayerError(
-            f"{path}: its input has {found} in a call of the model on {batch} examples, so it has no batch "
-            f"dimension and its per-example gradients cannot be told apart (per-example clipping needs the batch on "
-            f"dimension 0 of every trainable layer's input). If the input is shared by all examples, such as "
-            f"positions pos = torch.arange(t), expand it over the batch: layer(pos[None].expand(B, -1)), e.g. "
-            f"self.wpe(pos.expand(B, t))")
+            f"{path}: its input has {found} in a call of the model on {batch} examples (the leading dimension of "
+            f"the model's first tensor argument), so neither gradient source can tell its examples' gradients apart: "
+            f"per-example clipping needs the batch on dimension 0 of every trainable layer's input. If its input has "
+            f"no batch dimension, being shared by all examples (positions pos = torch.arange(t), say), expand it "
+            f"over the batch: layer(pos[None].expand(B, -1)), e.g. self.wpe(pos.expand(B, t))")
 
     def remove(self) -> None:
         for handle in self._handles:
