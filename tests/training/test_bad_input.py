@@ -82,7 +82,7 @@ def no_work(monkeypatch):
         raise AssertionError("make_private did work before checking its arguments")
 
     monkeypatch.setattr(engine_module, "resolve", forbidden)
-    monkeypatch.setattr(engine_module, "GradSampleModule", forbidden)
+    monkeypatch.setattr(engine_module, "ExactGradSampleModule", forbidden)
     monkeypatch.setattr(engine_module, "BookkeepingModule", forbidden)
     monkeypatch.setattr(engine_module, "poisson_loader", forbidden)
 

@@ -21,7 +21,6 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from opacus import GradSampleModule
 from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -42,7 +41,12 @@ from dpnoise.accounting.validation import InvalidParameterError, check_sample_ra
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.secure_noise import Plan
 from dpnoise.training.batches import check_batch_format
-from dpnoise.training.bookkeeping import BookkeepingModule, broadcast_inputs_over_batch, unsupported_bookkeeping_layers
+from dpnoise.training.bookkeeping import (
+    BookkeepingModule,
+    check_layer_inputs,
+    gradient_sources,
+    unsupported_bookkeeping_layers,
+)
 from dpnoise.training.devices import DeviceLike, module_device, module_float_dtype, resolve_device, seeded_generator
 from dpnoise.training.distributed import RankGroup, current_group, generator_seeds
 from dpnoise.training.execution import ExecutionOptions, GradSampleMode
@@ -56,8 +60,10 @@ from dpnoise.training.randomness import (
 from dpnoise.training.errors import (
     CheckpointMismatchError,
     EngineStateError,
+    GradientSourceWarning,
     InvalidTrainingOptionError,
 )
+from dpnoise.training.grad_samplers import ExactGradSampleModule
 from dpnoise.training.optimizers import (
     DistributedNoisyGradientOptimizer,
     DistributedOutputPrivateOptimizer,
@@ -84,17 +90,6 @@ logger = logging.getLogger(__name__)
 def count_trainable_parameters(module: nn.Module) -> int:
     """Number of trainable scalars (the dimension n of the gradient noise)."""
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
-
-
-def make_conv_inputs_contiguous(module: nn.Module) -> None:
-    """Make every Conv2d of ``module`` see contiguous inputs (no copy when they already are).
-
-    Opacus 1.6's conv grad sampler (``unfold2d``) reads its input as if contiguous, so a
-    channels-last model would get wrong per-example gradients under ``GradSampleModule``.
-    """
-    for layer in module.modules():
-        if isinstance(layer, nn.Conv2d):
-            layer.register_forward_pre_hook(lambda _layer, args: (args[0].contiguous(), *args[1:]))
 
 
 class PrivacyEngine:
@@ -130,6 +125,9 @@ class PrivacyEngine:
         self.ledger: Optional[StepLedger] = None
         #: per-example gradient source in use ("bookkeeping" or "hooks"; None for output mechanisms)
         self.grad_sample_mode: Optional[str] = None
+        #: each trainable layer's per-example gradient source, by "<path> (<type>)"
+        #: (:func:`~dpnoise.training.bookkeeping.gradient_sources`; None for output mechanisms)
+        self.gradient_sources: Optional[dict[str, str]] = None
         #: the physical batches the Poisson loader yielded, in order (set by make_private)
         self.logical_batches: Optional[LogicalBatchTracker] = None
         #: the private loader's batches and the forward passes that used them, which every optimizer step
@@ -449,14 +447,14 @@ class PrivacyEngine:
         mech, setup, group = self.mechanism, self.setup, self.group
         if mech.needs_per_sample_gradients:
             if grad_sample_mode == "auto":
-                grad_sample_mode = "hooks" if unsupported_bookkeeping_layers(module) else "bookkeeping"
+                grad_sample_mode = self._automatic_grad_sample_mode(module)
             self.grad_sample_mode = grad_sample_mode
+            self.gradient_sources = gradient_sources(module, grad_sample_mode)
             if grad_sample_mode == "bookkeeping":
                 private_module = BookkeepingModule(module)
             else:
-                make_conv_inputs_contiguous(module)
-                broadcast_inputs_over_batch(module)
-                private_module = GradSampleModule(module, loss_reduction="mean")
+                check_layer_inputs(module)
+                private_module = ExactGradSampleModule(module, loss_reduction="mean")
                 private_module.forbid_grad_accumulation()
             options = dict(
                 mechanism=mech,
@@ -494,6 +492,20 @@ class PrivacyEngine:
         if self.batch_provenance is None:
             raise EngineStateError("derived() needs make_private with Poisson sampling")
         return self.batch_provenance.derived(source, derived)
+
+    @staticmethod
+    def _automatic_grad_sample_mode(module: nn.Module) -> str:
+        """``grad_sample_mode="auto"``: "bookkeeping" when it supports every trainable layer, else "hooks",
+        with a :class:`GradientSourceWarning` that names each unsupported layer and why."""
+        unsupported = unsupported_bookkeeping_layers(module)
+        if not unsupported:
+            return "bookkeeping"
+        warnings.warn(
+            "grad_sample_mode='auto': book-keeping does not support these layers, so the whole model's per-example "
+            "gradients come from Opacus's hooks (exact as well; slower, and every layer's gradients materialised; "
+            "engine.gradient_sources gives each layer's source, grad_sample_mode='hooks' chooses them without "
+            "this warning):\n  " + "\n  ".join(unsupported), GradientSourceWarning, stacklevel=5)
+        return "hooks"
 
     # ----------------------------------------------------------------------------- accounting
     @property
