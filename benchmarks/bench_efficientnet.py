@@ -32,7 +32,7 @@ import json
 import warnings
 from collections.abc import Callable
 
-from timing import add_process_options, interleaved, own_processes, print_process_table, timed_steps
+from timing import add_process_options, fed_by_hand, interleaved, own_processes, print_process_table, timed_steps
 
 BATCH_SIZE = 32
 #: the class-balanced CIFAR-10 subset the batches are drawn from (and the engines' sample rate)
@@ -82,7 +82,7 @@ def dpnoise_step(mechanism: str, grad_sample_mode: str = "auto") -> Callable[...
         module, private_optimizer, _ = make_private(model, optimizer, loader, mechanism=mechanism,
                                                     **noise_keywords(mechanism, NOISE), max_grad_norm=CLIP,
                                                     delta=1e-5, grad_sample_mode=grad_sample_mode)
-        return non_private_step(module, private_optimizer, loader)
+        return non_private_step(module, fed_by_hand(private_optimizer), loader)
 
     return build
 

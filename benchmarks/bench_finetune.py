@@ -30,7 +30,7 @@ import json
 import warnings
 from collections.abc import Callable
 
-from timing import add_process_options, interleaved, own_processes, print_process_table, timed_steps
+from timing import add_process_options, fed_by_hand, interleaved, own_processes, print_process_table, timed_steps
 
 BATCH_SIZE = 64
 DP_MECHANISMS = ("gaussian", "lap2", "laplace-l1")
@@ -86,7 +86,7 @@ def dpnoise_step(mechanism: str) -> Callable[..., Step]:
         module, private_optimizer, _ = make_private(model, optimizer, loader, mechanism=mechanism,
                                                     **noise_keywords(mechanism, NOISE), max_grad_norm=CLIP,
                                                     delta=1e-5)
-        return non_private_step(module, private_optimizer, loader)
+        return non_private_step(module, fed_by_hand(private_optimizer), loader)
 
     return build
 

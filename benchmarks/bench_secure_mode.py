@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
-from timing import Candidate, interleaved
+from timing import Candidate, fed_by_hand, interleaved
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
@@ -64,6 +64,7 @@ def private_step(build_model, loader: DataLoader, mechanism: str, secure_mode: b
         mechanism=mechanism, **noise_keywords(mechanism, MECHANISMS[mechanism]), max_grad_norm=1.0, delta=1e-5,
         secure_mode=secure_mode,
     )
+    fed_by_hand(optimizer)
 
     def step(batch) -> None:
         optimizer.zero_grad()

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 from opacus import PrivacyEngine as OpacusPrivacyEngine
-from timing import Candidate, interleaved
+from timing import Candidate, fed_by_hand, interleaved
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
@@ -87,7 +87,7 @@ def dpnoise_mechanism(mechanism: str, grad_sample_mode: str = "auto") -> Callabl
             **noise_keywords(mechanism, DPNOISE_MECHANISMS[mechanism]), max_grad_norm=1.0, delta=1e-5, seed=0,
             grad_sample_mode=grad_sample_mode,
         )
-        return plain_step(module, optimizer)
+        return plain_step(module, fed_by_hand(optimizer))
 
     return build
 

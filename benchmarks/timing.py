@@ -189,3 +189,14 @@ def print_process_table(configurations: Sequence[str], timings: Timings, baselin
         memory_ratio = value["peak_rss_mb"] / base["peak_rss_mb"] if "peak_rss_mb" in base else float("nan")
         print(f"{name:<15}{timings.median(name):>9.2f}{timings.ratio(name, baseline):>14.2f}x"
               f"{value['peak_rss_mb'] / 1024:>11.2f} GB{memory_ratio:>14.2f}x")
+
+
+def fed_by_hand(optimizer):
+    """``optimizer`` (a dpnoise private optimizer) stepping on batches the benchmark chooses, the same batches for
+    every candidate and round: each is taken as one whole Poisson batch.  In training the engine's step provenance
+    refuses a batch that its private loader did not draw (rightly: it would be accounted as a draw it is not);
+    a timing run releases nothing."""
+    from dpnoise.training.sampling import LogicalBatchTracker
+
+    optimizer.logical_batches = LogicalBatchTracker()
+    return optimizer

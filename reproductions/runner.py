@@ -3,8 +3,10 @@
 Every run is exactly a ``dpnoise train`` command line (:func:`train_argv`, recorded in the record, so
 any number can be reproduced by hand): :func:`train_config` builds the same configuration that
 command builds.  It runs in this process with one torch thread and its outputs (metrics.json, CSVs,
-curves, checkpoint) go to a work folder.  A run whose record exists is skipped, so a killed batch
-resumes where it stopped.
+curves, checkpoint) go to a work folder.  Every run logs the loss, accuracy and size of its private
+batches (``--log-private-batch-stats``: without noise, outside the epsilon; the data sets are public),
+which the per-step tools read (``tools/step_windows.py``).  A run whose record exists is skipped, so
+a killed batch resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def train_argv(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> 
         # the reproductions ask for reproducible private randomness (bit-identical re-runs), so their
         # records say "private_randomness": "noise_seed"
         "--seed", str(spec.seed), "--noise-seed", str(spec.seed), "--threads", str(threads), "--out", str(out_dir),
-        "--json", "--no-progress",
+        "--json", "--no-progress", "--log-private-batch-stats",
     ]
     argv += ["--effective-lr", number(spec.effective_lr)] if spec.effective_lr is not None else ["--lr", number(spec.lr)]
     if spec.alpha is not None:
@@ -122,7 +124,7 @@ def train_config(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -
                                   ema_decay=None if spec.ema_decay is None else float(spec.ema_decay),
                                   **({"effective_lr": float(spec.effective_lr)} if spec.effective_lr is not None
                                      else {"lr": float(spec.lr)})),
-        output=OutputConfig(folder=Path(out_dir), progress=False),
+        output=OutputConfig(folder=Path(out_dir), progress=False, log_private_batch_stats=True),
         seed=spec.seed,
         noise_seed=spec.seed,
         threads=threads,

@@ -1,8 +1,9 @@
 """Finished runs' per-step training logs in windows of steps: when a run leaves the majority-class plateau.
 
 A run writes ``steps.csv`` (loss and accuracy of the model on each private batch, before that step's
-update) into its folder in ``--work-dir``.  For each record of ``--experiment`` this tool keeps a copy
-of that log in ``<results-dir>/<experiment>/steps/<name>.csv`` (the run folders are not kept) and
+update: the runner passes ``--log-private-batch-stats``) into its folder in ``--work-dir``.  For each
+record of ``--experiment`` this tool keeps a copy of that log in
+``<results-dir>/<experiment>/steps/<name>.csv`` (the run folders are not kept) and
 prints one markdown row per run: the mean of ``--column`` over consecutive windows of ``--window``
 steps, and the first step at which the mean over the last ``--window`` steps reaches ``--level``.
 

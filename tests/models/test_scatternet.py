@@ -148,11 +148,12 @@ def test_heads_take_one_private_step_with_hooks_and_bookkeeping(head, channels, 
         head_module = copy.deepcopy(fresh_head)  # the same initial weights for both routes
         before = [p.detach().clone() for p in head_module.parameters()]
         loader = DataLoader(TensorDataset(features, labels), batch_size=4)
-        module, optimizer, _ = make_private(head_module, torch.optim.SGD(head_module.parameters(), lr=0.5), loader,
-                                            mechanism="gaussian", noise_multiplier=0.5, max_grad_norm=0.1, delta=1e-5,
-                                            seed=3, noise_seed=3, grad_sample_mode=mode)
+        module, optimizer, private_loader = make_private(
+            head_module, torch.optim.SGD(head_module.parameters(), lr=0.5), loader, mechanism="gaussian",
+            noise_multiplier=0.5, max_grad_norm=0.1, delta=1e-5, seed=3, noise_seed=3, grad_sample_mode=mode)
+        batch_features, batch_labels = next(iter(private_loader))  # the same draw for both routes (noise_seed)
         optimizer.zero_grad()
-        F.cross_entropy(module(features[:4]), labels[:4]).backward()
+        F.cross_entropy(module(batch_features), batch_labels).backward()
         optimizer.step()
         assert optimizer.privacy_engine.steps == 1 and optimizer.privacy_engine.grad_sample_mode == mode
         trained[mode] = [p.detach().clone() for p in head_module.parameters()]

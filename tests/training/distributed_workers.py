@@ -25,6 +25,8 @@ from dpnoise.cli.main import main
 from dpnoise.data import load_dataset
 from dpnoise.training import endless_batches, make_private, train_step, train_steps
 from dpnoise.training.distributed import DistributedError
+from dpnoise.training.provenance import DrawnBatch
+from dpnoise.training.sampling import LogicalBatchTracker
 
 from training_helpers import digits_loader, mlp
 
@@ -49,13 +51,19 @@ def local_part(x: torch.Tensor, split: str, rank: int, world_size: int) -> torch
     return x if rank == 0 else x[:0]
 
 
-def private(mechanism: str, grad_sample_mode: str = "auto", **options):
-    """(module, optimizer, loader) of a fresh 16-unit MLP made private on the digits training set."""
+def private(mechanism: str, grad_sample_mode: str = "auto", hand_fed: bool = True, **options):
+    """(module, optimizer, loader) of a fresh 16-unit MLP made private on the digits training set.
+
+    ``hand_fed``: the scenarios feed chosen batches (parts of one union batch) instead of the loader's, so the
+    optimizer is told about each batch by hand (a ``LogicalBatchTracker``), not by the loader's provenance."""
     model = mlp(hidden=16, seed=0)
     noise = noise_keywords(mechanism, options.pop("noise", GRADIENT_MECHANISMS.get(mechanism)))
-    return make_private(model, torch.optim.Adam(model.parameters(), lr=1e-2), digits_loader(TRAIN, 64),
-                        mechanism=mechanism, delta=1e-5, max_grad_norm=1.0, seed=0, noise_seed=0, grad_sample_mode=grad_sample_mode,
-                        **noise, **options)
+    module, optimizer, loader = make_private(
+        model, torch.optim.Adam(model.parameters(), lr=1e-2), digits_loader(TRAIN, 64), mechanism=mechanism,
+        delta=1e-5, max_grad_norm=1.0, seed=0, noise_seed=0, grad_sample_mode=grad_sample_mode, **noise, **options)
+    if hand_fed:
+        optimizer.logical_batches = LogicalBatchTracker()
+    return module, optimizer, loader
 
 
 def clipped_sums(rank: int, world_size: int) -> dict:
@@ -81,8 +89,9 @@ def local_step(module, optimizer, batch: tuple[torch.Tensor, torch.Tensor], piec
         train_step(module, optimizer, batch, F.cross_entropy)
         return
     starts = range(0, len(batch[1]), pieces)
-    for start in starts:
-        optimizer.logical_batches.ends_logical_batch = start == starts[-1]  # what the private loader tells it
+    for piece, start in enumerate(starts):  # what the private loader tells the optimizer
+        optimizer.logical_batches.last = DrawnBatch(range(start, min(start + pieces, len(batch[1]))), draw=0,
+                                                    piece=piece, pieces=len(starts))
         train_step(module, optimizer, tuple(t[start:start + pieces] for t in batch), F.cross_entropy)
 
 
@@ -135,7 +144,7 @@ def budget_runs() -> dict:
     """Train with the loader until the budget stops the run: steps, budget, epsilon and a parameter checksum."""
     runs = {}
     for mechanism, options in BUDGET.items():
-        module, optimizer, loader = private(mechanism, on_budget_exhausted="stop", **options)
+        module, optimizer, loader = private(mechanism, hand_fed=False, on_budget_exhausted="stop", **options)
         engine = optimizer.privacy_engine
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UnsoundAccountantWarning)

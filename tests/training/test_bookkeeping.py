@@ -18,7 +18,8 @@ from dpnoise.training.bookkeeping import (
     factorised_norms,
     unsupported_bookkeeping_layers,
 )
-from dpnoise.training.wrapping import make_conv_inputs_contiguous
+from dpnoise.training.errors import GradientSourceWarning
+from dpnoise.training.grad_samplers import ExactGradSampleModule
 
 from per_example_reference import single_example_gradients
 from training_helpers import digits_loader, mlp
@@ -112,8 +113,7 @@ def test_channels_last_convolutions_get_exact_per_example_gradients(grad_sample_
         F.cross_entropy(wrapped(x), y).backward()
         norms = wrapped.per_example_norms(2)
     else:
-        make_conv_inputs_contiguous(model)
-        wrapped = GradSampleModule(model, loss_reduction="mean")
+        wrapped = ExactGradSampleModule(model, loss_reduction="mean")
         F.cross_entropy(wrapped(x), y).backward()
         norms = per_example_norms([p.grad_sample for p in model.parameters()], 2)
     torch.testing.assert_close(norms, per_example_norms(reference, 2), rtol=1e-4, atol=1e-5)
@@ -166,12 +166,17 @@ class ScaledLinear(nn.Module):
 
 def test_layers_without_a_grad_sampler_fall_back_to_opacus_hooks(digits_train):
     model = nn.Sequential(ScaledLinear(), nn.Linear(64, 10))
-    assert unsupported_bookkeeping_layers(model) == ["0 (ScaledLinear)"]
+    assert unsupported_bookkeeping_layers(model) == [
+        "0 (ScaledLinear): no book-keeping rule or recorded gradients for this layer type"]
     with pytest.raises(ValueError, match="ScaledLinear"):
         BookkeepingModule(model)
     options = dict(mechanism="lap2", laplace_scale=1.0, max_grad_norm=1.0, delta=1e-5, seed=0)
-    module, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train), **options)
+    with pytest.warns(GradientSourceWarning, match=r"0 \(ScaledLinear\): no book-keeping rule"):
+        module, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                            digits_loader(digits_train), **options)
     assert isinstance(module, GradSampleModule) and optimizer.privacy_engine.grad_sample_mode == "hooks"
+    assert optimizer.privacy_engine.gradient_sources == {"0 (ScaledLinear)": "hooks, functorch",
+                                                         "1 (Linear)": "hooks, grad sampler"}
     model = mlp()
     module, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train), **options)
     assert isinstance(module, BookkeepingModule) and optimizer.privacy_engine.grad_sample_mode == "bookkeeping"

@@ -59,6 +59,8 @@ from dpnoise.training.distributed import (
     generator_seeds,
 )
 
+from dpnoise.training.sampling import LogicalBatchTracker
+
 import distributed_workers as workers
 from training_helpers import digits_loader, mlp
 
@@ -123,12 +125,14 @@ def ranks(launched) -> list[dict]:
 
 
 def one_process(mechanism: str, grad_sample_mode: str = "auto", **options):
-    """``workers.private`` in this process (no process group)."""
+    """``workers.private`` in this process (no process group), fed by hand as the workers' scenarios are."""
     model = mlp(hidden=16, seed=0)
     noise = noise_keywords(mechanism, options.pop("noise", workers.GRADIENT_MECHANISMS.get(mechanism)))
-    return make_private(model, torch.optim.Adam(model.parameters(), lr=1e-2), digits_loader(workers.TRAIN, 64),
-                        mechanism=mechanism, delta=1e-5, max_grad_norm=1.0, seed=0, grad_sample_mode=grad_sample_mode,
-                        **noise, **options)
+    module, optimizer, loader = make_private(
+        model, torch.optim.Adam(model.parameters(), lr=1e-2), digits_loader(workers.TRAIN, 64), mechanism=mechanism,
+        delta=1e-5, max_grad_norm=1.0, seed=0, grad_sample_mode=grad_sample_mode, **noise, **options)
+    optimizer.logical_batches = LogicalBatchTracker()
+    return module, optimizer, loader
 
 
 @pytest.fixture(autouse=True)

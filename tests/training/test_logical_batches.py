@@ -99,10 +99,9 @@ def test_sampler_splits_every_logical_batch_and_flags_its_end():
                                   tracker=tracker)
     logical, current = [], []
     for batch in sampler:
-        tracker.advance()
-        assert len(batch) <= 8
+        assert tracker.advance() is batch and len(batch) <= 8
         current += batch
-        if tracker.ends_logical_batch:
+        if batch.ends_logical_batch:
             logical.append(current)
             current = []
     assert current == [] and len(logical) == 20
@@ -114,7 +113,8 @@ def test_an_empty_logical_batch_is_one_empty_physical_batch():
     tracker = LogicalBatchTracker()
     sampler = PoissonShardSampler(torch.arange(5), 1e-9, torch.Generator().manual_seed(0), steps=3,
                                   max_physical_batch_size=2, tracker=tracker)
-    assert list(sampler) == [[], [], []] and list(tracker.queued) == [(True, 0)] * 3  # (ends it, its size)
+    assert list(sampler) == [[], [], []]
+    assert [(b.ends_logical_batch, b.size, b.draw) for b in tracker.queued] == [(True, 0, 0), (True, 0, 1), (True, 0, 2)]
 
 
 def test_budget_stop_after_accumulated_physical_batches_leaves_nothing_behind():
@@ -195,7 +195,7 @@ def test_tensor_datasets_read_a_batch_at_a_time_give_the_same_batches(physical, 
                                 generator=torch.Generator().manual_seed(1), device=torch.device("cpu"),
                                 float_dtype=torch.float32, collate_fn=default_collate,
                                 max_physical_batch_size=physical, tracker=tracker)
-        seen.append([(x, y, tracker.ends_logical_batch) for x, y in loader])
+        seen.append([(x, y, tracker.last.ends_logical_batch) for x, y in loader])
     fast, generic = seen
     assert len(fast) == len(generic) >= 20
     for (x, y, ends), (x_ref, y_ref, ends_ref) in zip(fast, generic):

@@ -165,6 +165,18 @@ def test_report_rounds_the_noise_toward_privacy_and_names_an_unevaluated_run(tin
     assert report_lines({**summary, "test_accuracy": None})[0].startswith("test accuracy: not evaluated")
 
 
+def test_the_report_lists_gradient_sources_by_layer_unless_all_are_book_keeping(tiny_result):
+    from dpnoise.training.summary import report_lines
+
+    assert set(tiny_result.gradient_sources.values()) == {"book-keeping rule", "book-keeping, materialised"}  # the CNN
+    assert "gradient_sources" not in tiny_result.summary()
+    hooks = dataclasses.replace(tiny_result, grad_sample_mode="hooks", gradient_sources={
+        "scaled (Scaled)": "hooks, functorch", "conv (Conv2d)": "hooks, grad sampler", "fc (Linear)": "hooks, grad sampler"})
+    assert hooks.summary()["gradient_sources"] == hooks.gradient_sources
+    assert ("per-example gradients by layer: hooks, functorch: scaled (Scaled); hooks, grad sampler: conv (Conv2d), "
+            "fc (Linear)") in report_lines(hooks.summary())
+
+
 def test_the_progress_log_and_the_report_print_each_epsilon_rounded_up(capsys):
     """Two steps at b = 4: epsilon 0.257932..., which rounded to nearest would print as 0.2579, below the bound."""
     from dpnoise.training.summary import report_lines

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from dpnoise import make_private
 from dpnoise.data import TokenizedText
 from dpnoise.models import count_trainable_parameters
+from dpnoise.training.provenance import DrawnBatch
 from dpnoise.training import InvalidTrainingOptionError, endless_batches, evaluate_accuracy, train_step, train_steps
 
 transformers = pytest.importorskip("transformers")
@@ -97,8 +98,7 @@ def test_an_empty_dict_batch_takes_a_noise_only_step_without_a_forward_pass():
     assert set(empty) == {"input_ids", "attention_mask", "token_type_ids", "labels"}
     assert all(len(values) == 0 for values in empty.values())
     engine = optimizer.privacy_engine
-    engine.logical_batches.queue(True, 0)
-    engine.logical_batches.advance()  # what the loader tells the optimizer when it yields an empty batch
+    engine.batch_provenance.register(empty, DrawnBatch([], draw=0, piece=0, pieces=1))  # as the loader does
     before = [p.detach().clone() for p in model.parameters()]
     called = []
     hook = model.register_forward_pre_hook(lambda *_: called.append(1))

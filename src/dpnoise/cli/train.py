@@ -43,10 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train", help=f"train a model privately ({', '.join(MECHANISMS)})",
         description="Train a model with differential privacy on a packaged dataset (no downloads). Shows a progress "
-        "bar (loss, training-batch accuracy, epsilon so far), then prints the test accuracy and the epsilon under every "
+        "bar (epsilon so far), then prints the test accuracy and the epsilon under every "
         "accountant that applies (for lap2: the sound 'lap2' accountant and the Lap2 paper's published 'lap2-paper' one, "
         "which is NOT a valid bound in general). Batches are Poisson-sampled; the accountants are stepped once per "
-        "optimizer step.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "optimizer step. Nothing computed from a private batch without noise (its loss, accuracy or size) is shown or "
+        "written unless --log-private-batch-stats.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     groups = {heading: p.add_argument_group(heading) for heading in OPTION_GROUPS}
     groups[OPTION_GROUPS[0]].add_argument(
         "--recipe", choices=tuple(RECIPES), help="published hyper-parameters as defaults for the options below; "

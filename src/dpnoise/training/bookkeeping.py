@@ -8,17 +8,36 @@ Hugging Face's ``Conv1D``, ``nn.Embedding``, ``nn.LayerNorm``) runs its forward 
 function that back-propagates to its input only, so that autograd never computes the batch's
 summed parameter gradients that DP training discards; its per-example gradients stay factorised
 (:mod:`dpnoise.training.per_example_gradients`: ghost norms of sequences, the outer-product
-factorisation of 2-D inputs, token-id sums of embeddings).  Convolutions (``Conv2d``, any groups,
-zero padding) get exact per-example gradients from one batched matmul over a channels-last
-sliding-window view (:func:`conv2d_per_example_gradients`), other convolutions and GroupNorm from
-Opacus's registered grad samplers, as :class:`opacus.GradSampleModule` would compute them.
+factorisation of 2-D inputs, token-id sums of embeddings).  The calls of the other supported
+layers (:data:`RECORDED_LAYERS`) are recorded as they run:
 
-Exactness with models as they come (Hugging Face's among them):
+* ``Conv2d`` (any groups, padding, ``padding="same"``, every padding mode): one batched matmul
+  over a channels-last sliding-window view of its input, padded as the layer pads it
+  (:func:`conv2d_per_example_gradients`);
+* ``nn.EmbeddingBag`` (modes "sum", "mean", "max"; 1-D ids with offsets or 2-D ids;
+  ``per_sample_weights``, ``padding_idx``, ``include_last_offset``): token-id rows per bag
+  (:func:`~dpnoise.training.grad_samplers.embedding_bag_rows`);
+* ``Conv1d``, ``Conv3d`` (as ``Conv2d``), GroupNorm, RMSNorm, InstanceNorm1d/2d/3d: the grad samplers
+  the hooks use (:data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`: Opacus's, with convolutions
+  sampled exactly in every padding mode).
+
+Any other trainable layer makes ``grad_sample_mode="auto"`` take the whole model's per-example
+gradients from the hooks, with a warning that names it (:func:`unsupported_bookkeeping_layers`);
+``nn.RNN``, ``nn.LSTM``, ``nn.GRU`` and embeddings with ``max_norm`` or ``scale_grad_by_freq`` are
+refused for both sources (:func:`~dpnoise.training.grad_samplers.per_example_gradient_problems`).
+:func:`gradient_sources` says where each layer's per-example gradients come from.
+
+Exactness with models as they come (Hugging Face's among them), checked on every training call of a
+trainable layer (:class:`LayerInputs`, for Opacus's hooks too):
 
 * a layer whose input has batch size 1 while the model is called on B != 1 examples (BERT's and
   GPT-2's ``position_ids`` buffer of shape ``(1, T)``) is taken to be broadcast over the batch: its
-  input is expanded to B identical rows (:class:`BroadcastInputs`), so that each example gets its
-  own output gradient and its own per-example gradient;
+  input is expanded to B identical rows, so that each example gets its own output gradient and its
+  own per-example gradient;
+* a layer whose input has another leading dimension than the batch, or none (nanoGPT's position
+  embedding ``wpe(torch.arange(t))``, T5's ``relative_attention_bias`` on ``(q_len, k_len)``), or
+  that is called with arguments its per-example gradients would not read, is refused at that call,
+  naming its path;
 * a trainable layer that the loss does not reach (BERT's pooler when a head reads the first token's
   hidden state) has a zero gradient, as in non-private training;
 * the uses of a parameter in one forward pass (a layer applied twice, GPT-2's embedding tied to its
@@ -42,13 +61,21 @@ from functools import partial
 from typing import Any, Optional, Sequence
 
 import torch
-from opacus import GradSampleModule
 from opacus.utils.module_utils import trainable_modules
 from torch import nn
-from torch.nn import functional as F
 
 from dpnoise.training.bookkeeping_rules import BookkeepingRule, bookkeeping_rule
 from dpnoise.training.errors import EngineStateError, InvalidTrainingOptionError, UnsupportedLayerError
+from dpnoise.training.grad_samplers import (
+    GRAD_SAMPLERS,
+    OPACUS_RECURRENT_LAYERS,
+    bag_count,
+    embedding_bag_call,
+    embedding_bag_rows,
+    extra_arguments,
+    padded_conv_input,
+    per_example_gradient_problems,
+)
 from dpnoise.training.per_example_gradients import (
     MAX_CHUNK_ELEMENTS,
     Contribution,
@@ -62,11 +89,13 @@ from dpnoise.training.per_example_gradients import (
 #: conv2d_per_example_gradients gives weights as (out, kh, kw, in); this permutes them to (out, in, kh, kw)
 CONV_WEIGHT_PERMUTATION = (0, 3, 1, 2)
 
-#: Layer types without a rule whose per-example gradients book-keeping materialises (exact types, batch
-#: first, one tensor in and out): Conv2d by :func:`conv2d_per_example_gradients` where it applies, the
-#: others by Opacus's grad samplers.  Other layers (e.g. Opacus's RNN layers, whose batch is not on
-#: dimension 0) are left to ``GradSampleModule``.
-MATERIALISED_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.GroupNorm)
+#: Layer types without a rule whose calls book-keeping records (exact types, batch first, one tensor out):
+#: Conv2d's per-example gradients come from :func:`conv2d_per_example_gradients`, EmbeddingBag's from
+#: :func:`~dpnoise.training.grad_samplers.embedding_bag_rows` (token-id rows), the others' from
+#: :data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`.  Other layers (e.g. Opacus's RNN layers,
+#: whose batch is not on dimension 0) are left to ``GradSampleModule``.
+RECORDED_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.GroupNorm, nn.RMSNorm, nn.InstanceNorm1d, nn.InstanceNorm2d,
+                   nn.InstanceNorm3d, nn.EmbeddingBag)
 
 
 def factorised_norms(activations: torch.Tensor, backprops: torch.Tensor, norm_ord: int,
@@ -95,21 +124,21 @@ def factorised_clipped_sum(activations: torch.Tensor, backprops: torch.Tensor,
 
 def conv2d_per_example_gradients(layer: nn.Conv2d, activations: torch.Tensor,
                                  backprops: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-example (weight, bias) gradients of a ``Conv2d`` with zero padding (any ``groups``).
+    """Per-example (weight, bias) gradients of a ``Conv2d`` (any ``groups``, padding and padding mode).
 
     Weight: ``G_i[o, u, v, c] = sum_{h,w} g_i[o, h, w] x_i[k c_o + c, s_h h + d_h u, s_w w + d_w v]`` on
-    the zero-padded input ``x_i``, ``k`` input channels per group and ``c_o`` the group of ``o``,
-    returned as ``(batch, out, kh, kw, k)`` (see :data:`CONV_WEIGHT_PERMUTATION`); bias:
-    ``sum_{h,w} g_i[o, h, w]``, ``(batch, out)``.  One batched matmul per (example, group) over a
+    the input ``x_i`` padded as the layer pads it (:func:`~dpnoise.training.grad_samplers.padded_conv_input`),
+    ``k`` input channels per group and ``c_o`` the group of ``o``, returned as ``(batch, out, kh, kw, k)``
+    (see :data:`CONV_WEIGHT_PERMUTATION`); bias: ``sum_{h,w} g_i[o, h, w]``, ``(batch, out)``.  One batched matmul per (example, group) over a
     channels-last sliding-window view: the windows are copied once, contiguous along channels, and
     the result needs no transpose (Opacus's ``unfold2d`` + einsum copies both, and its grouped einsum
     is about 27 times slower on EfficientNet-Lite0's depthwise convolutions, benchmarks/bench_efficientnet.py).
     """
     n, out_channels, out_h, out_w = backprops.shape
-    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = layer.kernel_size, layer.stride, layer.dilation, layer.padding
+    (kh, kw), (sh, sw), (dh, dw) = layer.kernel_size, layer.stride, layer.dilation
     groups = layer.groups
     in_per_group = layer.in_channels // groups
-    padded = F.pad(activations, (pw, pw, ph, ph)).permute(0, 2, 3, 1).contiguous()
+    padded = padded_conv_input(layer, activations).permute(0, 2, 3, 1).contiguous()
     stride_n, stride_h, stride_w, stride_c = padded.stride()
     windows = padded.as_strided(
         (n, out_h, out_w, kh, kw, groups, in_per_group),
@@ -119,24 +148,55 @@ def conv2d_per_example_gradients(layer: nn.Conv2d, activations: torch.Tensor,
     return weight.view(n, out_channels, kh, kw, in_per_group), backprops.sum(dim=(2, 3))
 
 
-def has_channels_last_conv_gradients(layer: nn.Module) -> bool:
-    """True for the convolutions :func:`conv2d_per_example_gradients` handles."""
-    return (type(layer) is nn.Conv2d and layer.padding_mode == "zeros" and not isinstance(layer.padding, str))
+def layer_path(name: str, layer: nn.Module) -> str:
+    """How messages name a layer: ``"<path in the model> (<type>)"``, e.g. ``"transformer.wpe (Embedding)"``."""
+    return f"{name or '<model>'} ({type(layer).__name__})"
 
 
 def unsupported_bookkeeping_layers(module: nn.Module) -> list[str]:
-    """Trainable layers (and shared parameters) book-keeping does not handle (empty: the model is supported)."""
+    """``"<path> (<type>): <why>"`` for each trainable layer (and shared parameter) book-keeping does not
+    handle (empty: the model is supported)."""
     problems = []
     for name, layer in trainable_modules(module):
-        path = f"{name or '<model>'} ({type(layer).__name__})"
+        path = layer_path(name, layer)
         rule = bookkeeping_rule(layer)
+        reasons = per_example_gradient_problems(layer)
         if rule is not None:
-            problems.extend(f"{path}: {reason}" for reason in rule.problems(layer))
+            reasons += rule.problems(layer)
             if "forward" in layer.__dict__:
-                problems.append(f"{path}: its forward is replaced on the instance (e.g. by another library's hooks)")
-        elif type(layer) not in MATERIALISED_LAYERS or type(layer) not in GradSampleModule.GRAD_SAMPLERS:
-            problems.append(path)
+                reasons.append("its forward is replaced on the instance (e.g. by another library's hooks)")
+        elif type(layer) not in RECORDED_LAYERS:
+            reasons.append("no book-keeping rule or recorded gradients for this layer type")
+        problems.extend(f"{path}: {reason}" for reason in reasons)
     return problems + _shared_parameter_problems(module)
+
+
+def gradient_sources(module: nn.Module, grad_sample_mode: str) -> dict[str, str]:
+    """Where each trainable layer's per-example gradients come from, by ``"<path> (<type>)"``.
+
+    ``grad_sample_mode="bookkeeping"``: "book-keeping rule" (a registered rule), "book-keeping,
+    materialised" (a recorded call, its gradients built by a grad sampler or
+    :func:`conv2d_per_example_gradients`) or "book-keeping, token-id rows" (``nn.EmbeddingBag``).
+    ``"hooks"`` (:class:`~dpnoise.training.grad_samplers.ExactGradSampleModule`): "hooks, grad sampler"
+    (Opacus's DP recurrent layers too: their ``RNNLinear`` layers') or "hooks, functorch" (no grad
+    sampler: the layer, and the layers inside it, are differentiated per example by ``torch.func``).
+    """
+    sources: dict[str, str] = {}
+    functorch_paths: list[str] = []
+    for name, layer in trainable_modules(module):
+        if grad_sample_mode == "bookkeeping":
+            source = ("book-keeping rule" if bookkeeping_rule(layer) is not None
+                      else "book-keeping, token-id rows" if type(layer) is nn.EmbeddingBag
+                      else "book-keeping, materialised")
+        elif any(name.startswith(f"{outer}.") for outer in functorch_paths):
+            source = "hooks, functorch"
+        elif type(layer) in GRAD_SAMPLERS or isinstance(layer, OPACUS_RECURRENT_LAYERS):
+            source = "hooks, grad sampler"
+        else:
+            source = "hooks, functorch"
+            functorch_paths.append(name)
+        sources[layer_path(name, layer)] = source
+    return sources
 
 
 def _shared_parameter_problems(module: nn.Module) -> list[str]:
@@ -159,10 +219,10 @@ def _shared_parameter_problems(module: nn.Module) -> list[str]:
 
 def _gradient_form(layer: nn.Module, p: nn.Parameter) -> str:
     """How book-keeping holds ``layer``'s per-example gradients of ``p``: rows of outer products
-    (weights of rule layers), a rule's materialised gradients, or a grad sampler's."""
+    (weights of rule layers, EmbeddingBag's), a rule's materialised gradients, or a grad sampler's."""
     rule = bookkeeping_rule(layer)
     if rule is None:
-        return "grad sampler"
+        return "rows" if type(layer) is nn.EmbeddingBag else "grad sampler"
     return "rows" if p is getattr(layer, "weight", None) and rule.factorises_weight else "materialised"
 
 
@@ -191,29 +251,51 @@ def leading_size(value: Any) -> Optional[int]:
     return None
 
 
-class BroadcastInputs:
-    """Gives each example its own copy of a layer input that is broadcast over the batch.
+def _call_batch_size(layer: nn.Module, args: tuple, kwargs: dict) -> Optional[int]:
+    """The number of examples in a call of ``layer``: its number of bags for an ``nn.EmbeddingBag``, else
+    the leading dimension of its first tensor argument (None: no tensor, or a scalar first)."""
+    if type(layer) is nn.EmbeddingBag:
+        return bag_count(layer, *embedding_bag_call(layer, args, kwargs))
+    return leading_size((args, kwargs))
+
+
+class LayerInputs:
+    """Checks every training call of a trainable layer, and gives each example its own input.
 
     A forward pre-hook on the model reads the batch size B of each training call (the leading
-    dimension of its first tensor argument, positional or keyword) and counts the calls; a forward
-    pre-hook on each of ``layers`` expands an input of leading dimension 1 to B rows when B != 1
-    (no copy: ``expand``).  The layer's output then has B identical rows, each of which receives
-    only its own example's output gradient: per-example gradients of a broadcast layer are exact.
-    This assumes, as broadcasting does, that the batch-size-1 output combines with tensors whose
-    leading dimension is the batch (Hugging Face's position embeddings are added to the token
-    embeddings).  Only training-mode calls with autograd on are touched, and none while
-    :attr:`paused`.
+    dimension of its first tensor argument, positional or keyword; an ``nn.EmbeddingBag`` model's
+    number of bags) and counts the calls; a forward pre-hook on each of ``layers`` then:
+
+    * refuses a call with arguments that per-example gradients would not read
+      (:func:`~dpnoise.training.grad_samplers.extra_arguments`);
+    * passes an ``nn.EmbeddingBag`` its ids as 1-D ids with offsets, positionally
+      (:func:`~dpnoise.training.grad_samplers.embedding_bag_call`: the same call);
+    * expands an input of leading dimension 1 to B rows when B != 1 (no copy: ``expand``).  Such an
+      input is taken to be broadcast over the batch (BERT's and GPT-2's ``position_ids`` buffer of
+      shape ``(1, T)``): the layer's output then has B identical rows, each of which receives only
+      its own example's output gradient, so that per-example gradients of a broadcast layer are
+      exact.  This assumes, as broadcasting does, that the batch-size-1 output combines with tensors
+      whose leading dimension is the batch (Hugging Face's position embeddings are added to the
+      token embeddings);
+    * refuses an input of any other leading dimension than B, or without one (a scalar): such an
+      input is not one row per example, and neither gradient source can tell the examples' gradients
+      apart (nanoGPT's ``wpe(torch.arange(t))``).  When t equals B, shapes cannot tell.
+
+    Only training-mode calls with autograd on are touched, none while :attr:`paused`, and not those
+    of Opacus's DP recurrent layers (:data:`~dpnoise.training.grad_samplers.OPACUS_RECURRENT_LAYERS`,
+    which handle their own batches); errors name the layer's path.
     """
 
-    def __init__(self, module: nn.Module, layers: list[nn.Module]):
+    def __init__(self, module: nn.Module, layers: list[tuple[str, nn.Module]]):
         #: batch size of the model's last training call (None before one)
         self.batch_size: Optional[int] = None
         #: training calls of the model so far
         self.forward_passes = 0
-        #: while True, calls are neither counted nor expanded
+        #: while True, calls are neither counted nor checked
         self.paused = False
         self._handles = [module.register_forward_pre_hook(self._read_batch_size, with_kwargs=True)]
-        self._handles.extend(layer.register_forward_pre_hook(self._expand) for layer in layers)
+        self._handles.extend(layer.register_forward_pre_hook(partial(self._check, layer_path(name, layer)),
+                                                             with_kwargs=True) for name, layer in layers)
 
     def _active(self, layer: nn.Module) -> bool:
         return not self.paused and _recording(layer)
@@ -221,16 +303,32 @@ class BroadcastInputs:
     def _read_batch_size(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._active(module):
             self.forward_passes += 1
-            self.batch_size = leading_size((args, kwargs))
+            self.batch_size = _call_batch_size(module, args, kwargs)
 
-    def _expand(self, layer: nn.Module, args: tuple) -> Optional[tuple]:
-        batch = self.batch_size
-        if batch is None or batch == 1 or not args or not self._active(layer):
+    def _check(self, path: str, layer: nn.Module, args: tuple, kwargs: dict) -> Optional[tuple[tuple, dict]]:
+        if not self._active(layer):
             return None
-        inputs = args[0]
-        if not isinstance(inputs, torch.Tensor) or inputs.dim() == 0 or len(inputs) != 1:
-            return None
-        return (inputs.expand(batch, *inputs.shape[1:]), *args[1:])
+        extra = extra_arguments(layer, args, kwargs)
+        if extra is not None:
+            raise UnsupportedLayerError(
+                f"{path} is called with {extra}, which its per-example gradients would not read (grad samplers and "
+                f"functorch read a layer's first input only): call it on its input alone, e.g. by moving the rest "
+                f"into the layer's own attributes or into a layer without trainable parameters")
+        if type(layer) is nn.EmbeddingBag:
+            args, kwargs = embedding_bag_call(layer, args, kwargs), {}
+        batch, size = self.batch_size, _call_batch_size(layer, args, kwargs)
+        if batch is None or size == batch or not args or not isinstance(args[0], torch.Tensor):
+            return args, kwargs
+        if size == 1 and type(layer) is not nn.EmbeddingBag:
+            return (args[0].expand(batch, *args[0].shape[1:]), *args[1:]), kwargs
+        found = ("a scalar" if size is None else f"{size} bags" if type(layer) is nn.EmbeddingBag
+                 else f"leading dimension {size}")
+        raise UnsupportedLayerError(
+            f"{path}: its input has {found} in a call of the model on {batch} examples (the leading dimension of "
+            f"the model's first tensor argument), so neither gradient source can tell its examples' gradients apart: "
+            f"per-example clipping needs the batch on dimension 0 of every trainable layer's input. If its input has "
+            f"no batch dimension, being shared by all examples (positions pos = torch.arange(t), say), expand it "
+            f"over the batch: layer(pos[None].expand(B, -1)), e.g. self.wpe(pos.expand(B, t))")
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -238,10 +336,11 @@ class BroadcastInputs:
         self._handles.clear()
 
 
-def broadcast_inputs_over_batch(module: nn.Module) -> BroadcastInputs:
-    """:class:`BroadcastInputs` on every trainable layer of ``module`` (for Opacus's ``GradSampleModule``,
+def check_layer_inputs(module: nn.Module) -> LayerInputs:
+    """:class:`LayerInputs` on the trainable layers of ``module`` (for Opacus's ``GradSampleModule``,
     which records layer inputs in forward hooks, after these pre-hooks)."""
-    return BroadcastInputs(module, [layer for _, layer in trainable_modules(module)])
+    return LayerInputs(module, [(name, layer) for name, layer in trainable_modules(module)
+                                if not isinstance(layer, OPACUS_RECURRENT_LAYERS)])
 
 
 @dataclass(eq=False)
@@ -249,12 +348,14 @@ class LayerUse:
     """One call of a trainable layer in a recorded forward pass, and its output gradient."""
 
     layer: nn.Module
-    #: the layer's rule (None: its per-example gradients are materialised by a grad sampler)
+    #: the layer's rule (None: a recorded layer, see :data:`RECORDED_LAYERS`)
     rule: Optional[BookkeepingRule]
-    #: the layer's input (None once released)
-    inputs: Optional[torch.Tensor]
+    #: the call's positional inputs (a rule layer's: its one input; None once released)
+    inputs: Optional[tuple[torch.Tensor, ...]]
     #: which training call of the model it belongs to
     forward_pass: int
+    #: its number of examples (None: its input has no leading dimension)
+    batch_size: Optional[int]
     output_grad: Optional[torch.Tensor] = None
     backward_passes: int = 0
 
@@ -299,7 +400,7 @@ class _BookkeptForward:
         layer = self.layer
         if args or kwargs or not self.keeper.records(layer):
             return type(layer).forward(layer, inputs, *args, **kwargs)
-        use = self.keeper.record_use(layer, self.rule, inputs)
+        use = self.keeper.record_use(layer, self.rule, (inputs,))
         return _BookkeptCall.apply(use, inputs, *(p for p in layer.parameters(recurse=False) if p.requires_grad))
 
 
@@ -330,7 +431,7 @@ class BookkeepingModule(nn.Module):
         self._untracked: set[nn.Parameter] = set()
         self._gradients: Optional[tuple[int, dict[nn.Parameter, ParameterGradients]]] = None
         self._paused = False
-        self._broadcast = BroadcastInputs(module, layers)
+        self._layer_inputs = check_layer_inputs(module)
         self._hooks = []
         self._forwards: list[nn.Module] = []
         for layer in layers:
@@ -355,14 +456,14 @@ class BookkeepingModule(nn.Module):
     def paused(self) -> Iterator[None]:
         """Within: the wrapped model runs as if it were not wrapped.  Its layers call their own forward
         and record nothing (their parameters get ordinary autograd gradients), the parameter hooks
-        ignore those gradients, and no layer input is broadcast over the batch.  Records of an earlier
+        ignore those gradients, and no layer input is checked or broadcast over the batch.  Records of an earlier
         pass are kept as they are."""
         previous = self._paused
-        self._paused = self._broadcast.paused = True
+        self._paused = self._layer_inputs.paused = True
         try:
             yield
         finally:
-            self._paused = self._broadcast.paused = previous
+            self._paused = self._layer_inputs.paused = previous
 
     def _check_untracked(self, p: nn.Parameter, grad: Optional[torch.Tensor]) -> None:
         """A gradient hook of a rule layer's parameter: the rule's calls give it none (None); while
@@ -370,17 +471,19 @@ class BookkeepingModule(nn.Module):
         if grad is not None and not self._paused:
             self._untracked.add(p)
 
-    def record_use(self, layer: nn.Module, rule: Optional[BookkeepingRule], inputs: torch.Tensor) -> LayerUse:
-        """A new use of ``layer`` in the current forward pass (its output gradient comes later)."""
-        use = LayerUse(layer, rule, inputs.detach(), self._broadcast.forward_passes)
+    def record_use(self, layer: nn.Module, rule: Optional[BookkeepingRule], inputs: tuple) -> LayerUse:
+        """A new use of ``layer`` on the positional ``inputs``, in the current forward pass (its output
+        gradient comes later)."""
+        use = LayerUse(layer, rule, tuple(x.detach() for x in inputs), self._layer_inputs.forward_passes,
+                       _call_batch_size(layer, inputs, {}))
         self._uses.append(use)
         self._gradients = None
         return use
 
     def _watch_output(self, layer: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
-        """A materialised layer's call: record its input and, later, its output gradient."""
+        """A recorded layer's call: record its inputs and, later, its output gradient."""
         if self.records(layer) and output.requires_grad:
-            output.register_hook(self.record_use(layer, None, inputs[0]).receive)
+            output.register_hook(self.record_use(layer, None, inputs).receive)
 
     def _parameter_gradients(self) -> tuple[int, dict[nn.Parameter, ParameterGradients]]:
         """(batch size, per-example gradients of every reached trainable parameter) of this step."""
@@ -399,13 +502,13 @@ class BookkeepingModule(nn.Module):
                 "accumulation over Poisson batches (several backward passes, or forward passes, before a step) "
                 "is not supported")
         if not reached:
-            if self._broadcast.batch_size == 0:
+            if self._layer_inputs.batch_size == 0:
                 return 0, {}
             raise EngineStateError("per-example clipping needs exactly one forward and backward pass per optimizer "
                                    "step; no backward pass reached a trainable layer since the last step")
-        sizes = {len(use.inputs) for use in reached}
+        sizes = {use.batch_size for use in reached}
         if len(sizes) > 1:
-            seen = ", ".join(sorted({f"{type(use.layer).__name__} {len(use.inputs)}" for use in reached}))
+            seen = ", ".join(sorted({f"{type(use.layer).__name__} {use.batch_size}" for use in reached}))
             raise EngineStateError(f"trainable layers saw inputs of different batch sizes ({seen}): book-keeping "
                                    f"needs the batch on dimension 0 of every trainable layer's input")
         batch = sizes.pop()
@@ -422,18 +525,19 @@ class BookkeepingModule(nn.Module):
         """Per-example gradients (of the mean loss) of ``use``'s trainable parameters."""
         layer, inputs, output_grad = use.layer, use.inputs, use.output_grad
         if use.rule is not None:
-            return use.rule.gradients(layer, inputs, output_grad)
-        dtype = compute_dtype(output_grad.dtype)
-        inputs, output_grad = inputs.to(dtype), output_grad.to(dtype)
-        if has_channels_last_conv_gradients(layer):
-            weight, bias = conv2d_per_example_gradients(layer, inputs, output_grad)
-            samples = {layer.weight: MaterialisedGradients(weight, CONV_WEIGHT_PERMUTATION),
-                       layer.bias: MaterialisedGradients(bias)}
+            return use.rule.gradients(layer, inputs[0], output_grad)
+        if type(layer) is nn.EmbeddingBag:
+            samples = {layer.weight: embedding_bag_rows(layer, list(inputs), output_grad)}
         else:
-            sampler = GradSampleModule.GRAD_SAMPLERS[type(layer)]
-            # Opacus's conv sampler (unfold2d, 1.6) reads inputs as if contiguous: channels-last
-            # activations would give wrong per-example gradients.
-            samples = {p: MaterialisedGradients(g) for p, g in sampler(layer, [inputs.contiguous()], output_grad).items()}
+            dtype = compute_dtype(output_grad.dtype)
+            activations, output_grad = inputs[0].to(dtype), output_grad.to(dtype)
+            if type(layer) is nn.Conv2d:
+                weight, bias = conv2d_per_example_gradients(layer, activations, output_grad)
+                samples = {layer.weight: MaterialisedGradients(weight, CONV_WEIGHT_PERMUTATION),
+                           layer.bias: MaterialisedGradients(bias)}
+            else:
+                samples = {p: MaterialisedGradients(g)
+                           for p, g in GRAD_SAMPLERS[type(layer)](layer, [activations], output_grad).items()}
         return {p: g for p, g in samples.items() if p is not None and p.requires_grad}
 
     def per_example_norms(self, norm_ord: int) -> torch.Tensor:
@@ -494,7 +598,7 @@ class BookkeepingModule(nn.Module):
         for layer in self._forwards:
             del layer.forward
         self._forwards.clear()
-        self._broadcast.remove()
+        self._layer_inputs.remove()
         self.clear()
 
 

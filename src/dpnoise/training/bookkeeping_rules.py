@@ -10,8 +10,10 @@ of Opacus's ``register_grad_sampler``::
     @register_bookkeeping_rule(nn.Linear)
     class LinearRule(BookkeepingRule): ...
 
-The layer types without a rule here are left to Opacus's grad samplers (convolutions, GroupNorm)
-or are not book-kept at all (:func:`dpnoise.training.bookkeeping.unsupported_bookkeeping_layers`).
+The layer types without a rule here are recorded as they run, their per-example gradients built
+from their inputs and output gradients (:data:`dpnoise.training.bookkeeping.RECORDED_LAYERS`:
+convolutions, normalisations, ``nn.EmbeddingBag``), or are not book-kept at all
+(:func:`dpnoise.training.bookkeeping.unsupported_bookkeeping_layers`).
 """
 
 from __future__ import annotations
@@ -120,17 +122,10 @@ class TransposedLinearRule(BookkeepingRule):
 @register_bookkeeping_rule(nn.Embedding)
 class EmbeddingRule(BookkeepingRule):
     """Token ids ``(B, ...)``: one-hot weight rows ``e_{id_t}, v = g_t`` (``padding_idx`` gets none, as in
-    PyTorch)."""
+    PyTorch; ``max_norm`` and ``scale_grad_by_freq`` are refused for every gradient source:
+    :func:`~dpnoise.training.grad_samplers.per_example_gradient_problems`)."""
 
     factorises_weight = True
-
-    def problems(self, layer: nn.Embedding) -> list[str]:
-        reasons = []
-        if layer.max_norm is not None:
-            reasons.append("max_norm renormalises the weight in place during the forward pass")
-        if layer.scale_grad_by_freq:
-            reasons.append("scale_grad_by_freq divides gradients by the batch's token counts, mixing examples")
-        return reasons
 
     def forward(self, layer: nn.Embedding, inputs: torch.Tensor) -> torch.Tensor:
         return F.embedding(inputs, layer.weight, layer.padding_idx)

@@ -167,11 +167,21 @@ class OutputConfig:
 
     folder: Optional[Path] = option(None, flag="--out", group=RUN, check=("output_folder",),
                                     help="write metrics.json, steps.csv, epochs.csv, curves.png and checkpoint.pt "
-                                    "here (the checkpoint after every epoch)")
+                                    "here (the checkpoint after every epoch): the settings, each step's epsilon and "
+                                    "the evaluations, nothing computed from a private batch unless "
+                                    "--log-private-batch-stats")
     resume: Optional[Path] = option(None, flag="--resume", group=RUN, check=("checkpoint_file",),
                                     help="continue from a checkpoint written by --out")
     #: a progress bar on stderr
     progress: bool = option(True, flag="--no-progress", group=RUN, help="no progress bar")
+    #: each step's loss, accuracy and size of its private batch in the outputs and the progress bar: computed
+    #: without noise, not covered by the epsilon (warned)
+    log_private_batch_stats: bool = option(
+        False, flag="--log-private-batch-stats", group=RUN,
+        help="also record each step's training loss, training-batch accuracy and batch size (in steps.csv, "
+        "metrics.json, curves.png and the checkpoint) and show their running means on the progress bar. They are "
+        "computed from the private training batches without noise and are NOT covered by the epsilon (warned); "
+        "default: the outputs hold only the steps, the epsilon, the sample rate and the evaluations")
 
     def __post_init__(self) -> None:
         _as_path(self, "folder")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import asdict
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -41,6 +41,7 @@ from dpnoise.accounting.validation import InvalidParameterError, check_sample_ra
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.secure_noise import Plan
 from dpnoise.training.batches import check_batch_format
+from dpnoise.training.bookkeeping import gradient_sources, unsupported_bookkeeping_layers
 from dpnoise.training.devices import DeviceLike, module_device, module_float_dtype, resolve_device, seeded_generator
 from dpnoise.training.distributed import RankGroup, current_group, generator_seeds
 from dpnoise.training.execution import ExecutionOptions, GradSampleMode
@@ -54,6 +55,7 @@ from dpnoise.training.randomness import (
 from dpnoise.training.errors import (
     CheckpointMismatchError,
     EngineStateError,
+    GradientSourceWarning,
     InvalidTrainingOptionError,
 )
 from dpnoise.training.optimizers import (
@@ -70,6 +72,7 @@ from dpnoise.training.privacy_plan import (
     check_step_count,
     resolve,
 )
+from dpnoise.training.provenance import BatchProvenance
 from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
 from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
 from dpnoise.training.validation import check_optimizer_trains, check_supported_layers, check_training_mode
@@ -117,8 +120,14 @@ class PrivacyEngine:
         self.ledger: Optional[StepLedger] = None
         #: per-example gradient source in use ("bookkeeping" or "hooks"; None for output mechanisms)
         self.grad_sample_mode: Optional[str] = None
-        #: which physical batch ends a logical (Poisson) batch (set by make_private)
+        #: each trainable layer's per-example gradient source, by "<path> (<type>)"
+        #: (:func:`~dpnoise.training.bookkeeping.gradient_sources`; None for output mechanisms)
+        self.gradient_sources: Optional[dict[str, str]] = None
+        #: the physical batches the Poisson loader yielded, in order (set by make_private)
         self.logical_batches: Optional[LogicalBatchTracker] = None
+        #: the private loader's batches and the forward passes that used them, which every optimizer step
+        #: checks (None without Poisson sampling)
+        self.batch_provenance: Optional[BatchProvenance] = None
         #: secure mode's grid and integer noise parameters (None outside secure mode)
         self.secure_plan: Optional[Plan] = None
 
@@ -277,6 +286,9 @@ class PrivacyEngine:
         self.device, self.group = device, group
         self._create_generators()
         self.logical_batches = LogicalBatchTracker()
+        if poisson_sampling:
+            self.batch_provenance = BatchProvenance()
+            module.register_forward_pre_hook(self.batch_provenance.observe_forward, with_kwargs=True)
         private_loader = self._private_loader(data_loader, poisson_sampling, float_dtype=module_float_dtype(module),
                                               max_physical_batch_size=execution.max_physical_batch_size)
         sample_rate = self._sample_rate(private_loader, data_loader)
@@ -416,6 +428,7 @@ class PrivacyEngine:
                               generator=self.sampling_generator, device=self.device, float_dtype=float_dtype,
                               worker_generator=seeded_generator(worker_seed),
                               max_physical_batch_size=max_physical_batch_size, tracker=self.logical_batches,
+                              provenance=self.batch_provenance,
                               **common)
 
     @staticmethod
@@ -428,15 +441,18 @@ class PrivacyEngine:
         """The private module and optimizer (the distributed ones inside a process group)."""
         mech, setup, group = self.mechanism, self.setup, self.group
         if mech.needs_per_sample_gradients:
-            private_module, grad_sample_mode = wrap_for_per_example_gradients(module, grad_sample_mode)
+            if grad_sample_mode == "auto":
+                grad_sample_mode = self._automatic_grad_sample_mode(module)
             self.grad_sample_mode = grad_sample_mode
+            self.gradient_sources = gradient_sources(module, grad_sample_mode)
+            private_module, _ = wrap_for_per_example_gradients(module, grad_sample_mode)
             options = dict(
                 mechanism=mech,
                 noise=setup.noise,
                 max_grad_norm=setup.clip,
                 expected_batch_size=expected_batch_size,
                 gate=self.ledger,
-                logical_batches=self.logical_batches,
+                logical_batches=self.step_batches,
                 generator=self.noise_generator,
                 bookkeeping=private_module if grad_sample_mode == "bookkeeping" else None,
                 secure_plan=self.secure_plan,
@@ -448,10 +464,38 @@ class PrivacyEngine:
         private_module = mech.wrap_module(
             module, noise=setup.noise, clip=setup.clip, alpha=setup.alpha, generator=self.noise_generator
         )
-        options = dict(gate=self.ledger, logical_batches=self.logical_batches, module=private_module)
+        options = dict(gate=self.ledger, logical_batches=self.step_batches, module=private_module)
         if group is None:
             return private_module, OutputPrivateOptimizer(optimizer, **options)
         return private_module, DistributedOutputPrivateOptimizer(optimizer, group=group, **options)
+
+    @property
+    def step_batches(self) -> Union[BatchProvenance, LogicalBatchTracker]:
+        """What the optimizers ask for each step's batch: the checked provenance (Poisson sampling), else
+        the loader's last batch (shuffled batches, which the accountants do not cover anyway)."""
+        return self.logical_batches if self.batch_provenance is None else self.batch_provenance
+
+    def derived(self, source: torch.Tensor, derived: torch.Tensor) -> torch.Tensor:
+        """Declare inputs computed in the training loop from a private batch's tensor (one row per example,
+        e.g. an augmentation) as that batch's: ``module(engine.derived(x, augment(x)))``.  Without it a
+        forward pass on them is refused at the step (:class:`ForeignBatchError`)."""
+        if self.batch_provenance is None:
+            raise EngineStateError("derived() needs make_private with Poisson sampling")
+        return self.batch_provenance.derived(source, derived)
+
+    @staticmethod
+    def _automatic_grad_sample_mode(module: nn.Module) -> str:
+        """``grad_sample_mode="auto"``: "bookkeeping" when it supports every trainable layer, else "hooks",
+        with a :class:`GradientSourceWarning` that names each unsupported layer and why."""
+        unsupported = unsupported_bookkeeping_layers(module)
+        if not unsupported:
+            return "bookkeeping"
+        warnings.warn(
+            "grad_sample_mode='auto': book-keeping does not support these layers, so the whole model's per-example "
+            "gradients come from Opacus's hooks (exact as well; slower, and every layer's gradients materialised; "
+            "engine.gradient_sources gives each layer's source, grad_sample_mode='hooks' chooses them without "
+            "this warning):\n  " + "\n  ".join(unsupported), GradientSourceWarning, stacklevel=5)
+        return "hooks"
 
     # ----------------------------------------------------------------------------- accounting
     @property

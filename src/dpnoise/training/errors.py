@@ -1,4 +1,5 @@
-"""Errors raised by the private training engine (all derive from :class:`~dpnoise.errors.DpnoiseError`)."""
+"""Errors raised by the private training engine (all derive from :class:`~dpnoise.errors.DpnoiseError`), and
+its warnings."""
 
 from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.errors import DpnoiseError
@@ -39,3 +40,15 @@ class PerExampleCheckError(DpnoiseError, ValueError):
 
 class CheckpointKeyError(CheckpointError):
     """The checkpoint key is unusable (too short, unreadable key file)."""
+
+
+class ForeignBatchError(DpnoiseError, RuntimeError):
+    """An optimizer step would release gradients that do not come from one Poisson draw of the private
+    loader (another loader's batch, a repeated or re-dealt draw, several forward passes): refused before
+    any noise or accounting (the message names what happened and the fix)."""
+
+
+class GradientSourceWarning(UserWarning):
+    """``grad_sample_mode="auto"`` takes every per-example gradient from Opacus's hooks because book-keeping
+    does not support some layers (the message names each one and why; ``PrivacyEngine.gradient_sources``
+    gives each layer's source)."""

@@ -33,7 +33,7 @@ applies the update one process would compute from the union of the ranks' batche
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, Union
 
 import torch
 # Opacus's processed-flag helpers guard against reusing per-sample gradients across steps.
@@ -46,6 +46,7 @@ from dpnoise.mechanisms.registry import Mechanism
 from dpnoise.mechanisms.secure_noise import Plan, SystemRandomBits, secure_noisy_sums
 from dpnoise.training.bookkeeping import BookkeepingModule
 from dpnoise.training.distributed import DistributedError, RankGroup
+from dpnoise.training.provenance import BatchProvenance
 from dpnoise.training.sampling import LogicalBatchTracker
 
 
@@ -134,6 +135,8 @@ class NoisyGradientSum:
         self.random_bits = SystemRandomBits() if secure_plan is not None else None
         #: the step's clipped sums so far (None: no physical batch added yet)
         self.sums: Optional[list[torch.Tensor]] = None
+        #: the Poisson draw the step releases (its index in this process)
+        self.draw = 0
 
     def add_batch(self, params: list[torch.Tensor], batch_size: int) -> None:
         """Add this physical batch's clipped per-example gradients to the step's sum.  An empty Poisson
@@ -214,7 +217,7 @@ class DistributedNoisyGradientSum(NoisyGradientSum):
 
     def admit(self, gate: StepGate, params: list[torch.Tensor]) -> bool:
         """The engine's decision, taken with the other ranks (:func:`admit_with_the_other_ranks`)."""
-        return admit_with_the_other_ranks(gate, self.group, [*params, params[0].reshape(-1)[:1]])
+        return admit_with_the_other_ranks(gate, self.group, [*params, params[0].reshape(-1)[:1]], self.draw)
 
     def sample_noise(self, reference: torch.Tensor) -> torch.Tensor:
         """This rank's share of the noise (zero on ranks other than 0 with ``noise_shares="rank0"``)."""
@@ -227,7 +230,7 @@ class DistributedNoisyGradientSum(NoisyGradientSum):
         released = super().release(params, gate)
         added = torch.tensor([float(self.adds_share)], dtype=released[0].dtype, device=released[0].device)
         self.group.all_reduce_sum([*released, added], "summing the noisy clipped sums",
-                                  same=step_checks(gate, admitted=True))
+                                  same=step_checks(gate, admitted=True, draw=self.draw))
         expected = self.group.world_size if self.noise_shares == "split" else 1
         if int(added.item()) != expected:
             raise DistributedError(f"{int(added.item())} noise shares were added to this step, {expected} expected "
@@ -264,13 +267,15 @@ class NoisyGradientOptimizer(WrappedOptimizer):
         gate: StepGate,
         generator: Optional[torch.Generator],
         bookkeeping: Optional[BookkeepingModule] = None,
-        logical_batches: Optional[LogicalBatchTracker] = None,
+        logical_batches: Union[BatchProvenance, LogicalBatchTracker, None] = None,
         secure_plan: Optional[Plan] = None,
         noisy_sum: Optional[NoisyGradientSum] = None,
     ):
         """``bookkeeping``: the wrapped model when it is a ``BookkeepingModule``; None when it is
         Opacus's ``GradSampleModule`` (per-example gradients in ``p.grad_sample``).
-        ``logical_batches``: the loader's tracker of physical batches (None: every batch is a step).
+        ``logical_batches``: what says which batch a step is about (``take()``): the engine's
+        :class:`~dpnoise.training.provenance.BatchProvenance`, which refuses a batch that is not the
+        private loader's, or a loader's tracker (None: every backward pass is one whole step).
         ``secure_plan``: secure mode's grid and integer noise parameters for all the noised
         coordinates (None: the mechanism's float sampler with ``generator``).  ``noisy_sum``: the step
         object to use instead of the one these options build (the distributed form's)."""
@@ -291,12 +296,14 @@ class NoisyGradientOptimizer(WrappedOptimizer):
             with torch.enable_grad():
                 closure()
         params = self.params
-        if not self.logical_batches.ends_logical_batch:  # only added to the step's sum, then freed
-            self.noisy_sum.add_batch(params, self.logical_batches.batch_size)
+        batch = self.logical_batches.take()  # refuses a batch that is not the private loader's
+        if not batch.ends_logical_batch:  # only added to the step's sum, then freed
+            self.noisy_sum.add_batch(params, batch.size)
             self.noisy_sum.free_batch(params)
             for p in params:
                 p.grad = None
             return None
+        self.noisy_sum.draw = batch.draw
         admitted = False
         try:
             admitted = self.noisy_sum.admit(self.gate, params)
@@ -305,7 +312,7 @@ class NoisyGradientOptimizer(WrappedOptimizer):
                 self.noisy_sum.discard()
         if not admitted:
             return None
-        self.noisy_sum.add_batch(params, self.logical_batches.batch_size)
+        self.noisy_sum.add_batch(params, batch.size)
         for p, released in zip(params, self.noisy_sum.release(params, self.gate)):
             p.grad = released / self.expected_batch_size
         self.gate.record_step()
@@ -338,7 +345,7 @@ class OutputPrivateOptimizer(WrappedOptimizer):
     """
 
     def __init__(self, optimizer: Optimizer, *, gate: StepGate, module: torch.nn.Module,
-                 logical_batches: Optional[LogicalBatchTracker] = None):
+                 logical_batches: Union[BatchProvenance, LogicalBatchTracker, None] = None):
         super().__init__(optimizer)
         self.gate = gate
         self.logical_batches = logical_batches or LogicalBatchTracker()
@@ -374,7 +381,7 @@ class OutputPrivateOptimizer(WrappedOptimizer):
         return sums, examples
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        if not self.logical_batches.ends_logical_batch:
+        if not self.logical_batches.take().ends_logical_batch:
             self.accumulate_physical_batch()
             return None
         if self.accumulated is not None:  # the mean over the physical batches' examples
@@ -399,26 +406,32 @@ class DistributedOutputPrivateOptimizer(OutputPrivateOptimizer):
         self.group = group
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        if not self.logical_batches.ends_logical_batch:
+        batch = self.logical_batches.take()
+        if not batch.ends_logical_batch:
             self.accumulate_physical_batch()
             return None
+        draw = batch.draw
         sums, examples = self.logical_batch_sums()
-        if not admit_with_the_other_ranks(self.gate, self.group, [*sums, sums[0].reshape(-1)[:1]]):
+        if not admit_with_the_other_ranks(self.gate, self.group, [*sums, sums[0].reshape(-1)[:1]], draw):
             return None
         size = torch.tensor([float(examples)], dtype=sums[0].dtype, device=sums[0].device)
-        self.group.all_reduce_sum([*sums, size], "summing the gradients", same=step_checks(self.gate, admitted=True))
+        self.group.all_reduce_sum([*sums, size], "summing the gradients",
+                                  same=step_checks(self.gate, admitted=True, draw=draw))
         for p, summed in zip(self.params, sums):
             p.grad = summed / size.clamp(min=1.0)
         self.gate.record_step()
         return self.original_optimizer.step(closure)
 
 
-def step_checks(gate: StepGate, admitted: bool) -> dict[str, int]:
-    """What every rank must agree on in a step's all-reduce: its step count and whether it takes the step."""
-    return {"step count": gate.steps, "step admission (1: taken)": int(admitted)}
+def step_checks(gate: StepGate, admitted: bool, draw: int) -> dict[str, int]:
+    """What every rank must agree on in a step's all-reduce: its step count, whether it takes the step and
+    the Poisson draw it releases (the ranks' samplers draw in lockstep: a wrapper that deals different
+    draws to different ranks is refused)."""
+    return {"step count": gate.steps, "step admission (1: taken)": int(admitted), "Poisson draw": draw}
 
 
-def admit_with_the_other_ranks(gate: StepGate, group: RankGroup, like: list[torch.Tensor]) -> bool:
+def admit_with_the_other_ranks(gate: StepGate, group: RankGroup, like: list[torch.Tensor],
+                               draw: int) -> bool:
     """``gate.admit_step()``, with a rank that refuses the step (or raises) still joining the step's all-reduce.
 
     ``like``: tensors of the shapes and dtypes the step's all-reduce sums.  Ranks with the same ledger
@@ -428,7 +441,7 @@ def admit_with_the_other_ranks(gate: StepGate, group: RankGroup, like: list[torc
     checked values: every rank then raises :class:`DistributedError` naming the disagreement.
     """
     def join_as_refused() -> None:
-        group.all_reduce_sum([torch.zeros_like(t) for t in like], "refusing the step", step_checks(gate, False))
+        group.all_reduce_sum([torch.zeros_like(t) for t in like], "refusing the step", step_checks(gate, False, draw))
 
     try:
         admitted = gate.admit_step()

@@ -39,17 +39,22 @@ from functools import partial
 from typing import Any, Callable, Optional
 
 import torch
-from opacus import GradSampleModule
 from torch import nn
 from torch.nn import functional as F
 
 from dpnoise.accounting.validation import check_count, check_positive
 from dpnoise.training.batches import batch_loss, run_model
 from dpnoise.training.bookkeeping import BookkeepingModule, leading_size
-from dpnoise.training.errors import EngineStateError, InvalidTrainingOptionError, PerExampleCheckError
+from dpnoise.training.errors import (
+    EngineStateError,
+    InvalidTrainingOptionError,
+    PerExampleCheckError,
+    UnsupportedLayerError,
+)
 from dpnoise.training.execution import GradSampleMode
 from dpnoise.training.optimizers import flat_grad_sample
-from dpnoise.training.wrapping import wrap_for_per_example_gradients
+from dpnoise.training.provenance import unobserved_passes
+from dpnoise.training.wrapping import HooksModule, PrivateModule, wrap_for_per_example_gradients
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -111,14 +116,16 @@ def check_per_example(model: nn.Module, loss_fn: Optional[LossFunction], batch: 
     return verify_per_example_gradients(private_module, batch, loss_fn=loss_fn, examples=examples, rtol=rtol)
 
 
-def verify_per_example_gradients(private_module: nn.Module, batch: Any, *, loss_fn: Optional[LossFunction] = None,
-                                 examples: int = 3, rtol: float = 1e-5, atol: float = 1e-10) -> PerExampleCheckReport:
+def verify_per_example_gradients(private_module: PrivateModule, batch: Any, *,
+                                 loss_fn: Optional[LossFunction] = None, examples: int = 3, rtol: float = 1e-5,
+                                 atol: float = 1e-10) -> PerExampleCheckReport:
     """Compare the engine's per-example gradients of ``batch`` with each example's own (module docstring).
 
-    ``private_module``: a :class:`BookkeepingModule` or Opacus ``GradSampleModule`` wrapping the
-    model, between optimizer steps (no pass recorded).  The model's parameters and buffers are
-    replaced by float64 copies for the duration (the batch's floating tensors too): afterwards they,
-    and their ``grad``, are the very tensors they were, and nothing is recorded.  ``examples``
+    ``private_module``: the :class:`BookkeepingModule` or :class:`HooksModule` wrapping the model,
+    between optimizer steps (no pass recorded).  The model's parameters and buffers are replaced by
+    float64 copies for the duration (the batch's floating tensors too): afterwards they, and their
+    ``grad``, are the very tensors they were, nothing is recorded, and the next step sees only its own
+    batch's forward pass (:func:`~dpnoise.training.provenance.unobserved_passes`).  ``examples``
     examples are checked (at most all but one of the batch, which is the one replaced).  The error
     of a parameter is ``||engine - expected|| / max(||expected||, atol)``, for each checked example.
     A batch of fewer than 2 examples is not checked (the report says so).  Raises
@@ -139,10 +146,10 @@ def verify_per_example_gradients(private_module: nn.Module, batch: Any, *, loss_
     checked = spread_examples(batch_size, examples)
     replaced = next(i for i in range(batch_size) if i not in checked)
     source = checked[0]
-    with dropout_disabled(), float64_working_copy(model):
+    with dropout_disabled(), float64_working_copy(model), unobserved_passes():
         batch = floating_tensors_in_float64(batch)
         engine = engine_example_gradients(private_module, batch, loss_fn, params, checked)
-        with recording_paused(private_module):
+        with private_module.paused():
             expected = per_parameter([single_example_gradients(model, example_batch(batch, i), loss_fn, params)
                                       for i in checked])
         after_replacement = engine_example_gradients(
@@ -244,55 +251,43 @@ def floating_tensors_in_float64(batch: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------------- the engine's side
-def engine_kind(private_module: nn.Module) -> str:
-    """``"bookkeeping"`` for a :class:`BookkeepingModule`, ``"hooks"`` for Opacus's ``GradSampleModule``."""
+def engine_kind(private_module: PrivateModule) -> str:
+    """``"bookkeeping"`` for a :class:`BookkeepingModule`, ``"hooks"`` for a :class:`HooksModule`."""
     if isinstance(private_module, BookkeepingModule):
         return "bookkeeping"
-    if isinstance(private_module, GradSampleModule):
+    if isinstance(private_module, HooksModule):
         return "hooks"
     raise InvalidTrainingOptionError(f"the per-example check needs the private module make_private returns (a "
-                                     f"BookkeepingModule or GradSampleModule), got {type(private_module).__name__}")
+                                     f"BookkeepingModule or HooksModule), got {type(private_module).__name__}")
 
 
-def wrapped_model(private_module: nn.Module) -> nn.Module:
-    """The model a :class:`BookkeepingModule` or ``GradSampleModule`` wraps."""
+def wrapped_model(private_module: PrivateModule) -> nn.Module:
+    """The model a :class:`BookkeepingModule` or :class:`HooksModule` wraps."""
     engine_kind(private_module)
     return private_module._module
 
 
-@contextmanager
-def recording_paused(private_module: nn.Module) -> Iterator[None]:
-    """Within: the private module records nothing, and its model computes ordinary autograd gradients."""
-    if isinstance(private_module, BookkeepingModule):
-        with private_module.paused():
-            yield
-        return
-    enabled = private_module.hooks_enabled
-    private_module.disable_hooks()
-    try:
-        yield
-    finally:
-        if enabled:
-            private_module.enable_hooks()
-
-
-def engine_example_gradients(private_module: nn.Module, batch: Any, loss_fn: Optional[LossFunction],
+def engine_example_gradients(private_module: PrivateModule, batch: Any, loss_fn: Optional[LossFunction],
                              params: tuple[nn.Parameter, ...], examples: list[int]) -> list[torch.Tensor]:
     """``(len(examples), *p.shape)`` per parameter: the per-example gradients the engine would clip.
 
     One forward and backward pass of the batch's training loss (:func:`batch_loss`) through
-    ``private_module``; the records, ``grad`` and ``grad_sample`` of the pass are cleared after.
+    ``private_module``; the records, ``grad`` and ``grad_sample`` of the pass are cleared after.  A
+    layer the engine refuses during the pass (:class:`UnsupportedLayerError`) refuses the check.
     Both engines' gradients are of each example's own loss (the batch mean's, times the batch size).
     """
     _start_without_records(private_module, params)
     try:
-        batch_loss(run_model(private_module, batch), batch, loss_fn).backward()
+        try:
+            batch_loss(run_model(private_module, batch), batch, loss_fn).backward()
+        except UnsupportedLayerError as err:
+            raise PerExampleCheckError(f"the engine refuses this model: {err}") from err
         return _recorded_example_gradients(private_module, params, examples, leading_size(batch))
     finally:
         _clear_records(private_module, params)
 
 
-def _start_without_records(private_module: nn.Module, params: tuple[nn.Parameter, ...]) -> None:
+def _start_without_records(private_module: PrivateModule, params: tuple[nn.Parameter, ...]) -> None:
     """Refuse a recorded pass that no optimizer step has consumed yet; forget the per-example gradients a
     step has consumed (Opacus's, marked processed, which ``zero_grad`` would drop)."""
     if isinstance(private_module, BookkeepingModule):
@@ -312,8 +307,8 @@ def _consumed(grad_sample: Any) -> bool:
     return all(hasattr(part, "_processed") for part in parts)
 
 
-def _recorded_example_gradients(private_module: nn.Module, params: tuple[nn.Parameter, ...], examples: list[int],
-                                batch_size: int) -> list[torch.Tensor]:
+def _recorded_example_gradients(private_module: PrivateModule, params: tuple[nn.Parameter, ...],
+                                examples: list[int], batch_size: int) -> list[torch.Tensor]:
     """The recorded pass's gradients of ``examples``; an engine that cannot give them per example is refused."""
     if isinstance(private_module, BookkeepingModule):
         try:
@@ -337,7 +332,7 @@ def _recorded_example_gradients(private_module: nn.Module, params: tuple[nn.Para
     return gradients
 
 
-def _clear_records(private_module: nn.Module, params: tuple[nn.Parameter, ...]) -> None:
+def _clear_records(private_module: PrivateModule, params: tuple[nn.Parameter, ...]) -> None:
     """Forget a pass: book-keeping's records, Opacus's ``grad_sample`` and autograd's ``grad``."""
     if isinstance(private_module, BookkeepingModule):
         private_module.clear()

@@ -25,7 +25,7 @@ import math
 import sys
 import time
 import warnings
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from dpnoise.formatting import decimals
 from dpnoise.training.config import CHECKPOINT_NAME, InvalidConfigError, TrainingConfig, check_config
@@ -37,6 +37,7 @@ from dpnoise.training.preparation import (
     prepare_model_and_data,
     standardize_features,
 )
+from dpnoise.training.report import StepRecord
 from dpnoise.training.summary import TrainingResult, summarize
 
 if TYPE_CHECKING:  # annotations only
@@ -46,10 +47,19 @@ if TYPE_CHECKING:  # annotations only
 
     from dpnoise.accounting.events import DpEvent
     from dpnoise.training.engine import PrivacyEngine
+    from dpnoise.training.loop import StepMetrics
     from dpnoise.training.report import RunHistory
 
 #: batch size of the test-set evaluation
 EVAL_BATCH_SIZE = 1000
+#: the progress bar shows the mean loss and batch accuracy of the last this many steps (when they are logged)
+PROGRESS_WINDOW = 20
+#: the warning of a run that logs the statistics of its private batches (``output.log_private_batch_stats``)
+PRIVATE_BATCH_STATS_WARNING = (
+    "log_private_batch_stats: each step's training loss, training-batch accuracy and batch size, recorded in "
+    "steps.csv, metrics.json, curves.png and the checkpoint and shown on the progress bar, are computed from the "
+    "private training batches without noise and are not covered by the epsilon. Leave it off (the default) wherever "
+    "these outputs may be seen by someone the training data must be protected from.")
 
 
 def train_private(config: TrainingConfig) -> TrainingResult:
@@ -59,6 +69,8 @@ def train_private(config: TrainingConfig) -> TrainingResult:
     names the field).  With ``config.output.folder``, metrics.json, steps.csv, epochs.csv,
     curves.png and a checkpoint after every epoch are written there; ``config.output.resume``
     continues from such a checkpoint.  Progress goes to stderr; nothing is printed to stdout.
+    The outputs and the progress bar hold nothing computed from a private batch unless
+    ``config.output.log_private_batch_stats`` (warned: those statistics are not covered by the epsilon).
     """
     check_config(config)
     import torch
@@ -135,10 +147,12 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
         except DpnoiseError as err:  # unreadable, tampered or from another setup: name the field
             problem = str(err)
             raise InvalidConfigError(lambda n: f"{n('output.resume')}: {problem}") from err
-        history = RunHistory.from_dict(extra["history"])
+        history = RunHistory.from_dict(extra["history"], private_batch_stats=config.output.log_private_batch_stats)
         extras.load_state_dict(extra.get("post_processing", {}))
     test_shard = Subset(test_set, shard_indices(len(test_set), engine.rank, engine.world_size).tolist())
     test_loader = DataLoader(test_shard, batch_size=EVAL_BATCH_SIZE, **batch_collation(test_set))
+    if config.output.log_private_batch_stats and engine.rank == 0:  # the rank that publishes
+        warnings.warn(PRIVATE_BATCH_STATS_WARNING, UserWarning, stacklevel=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsoundAccountantWarning)  # stated in the final report
         # Opacus's hooks on the first layer trigger this torch notice on every run; it is harmless.
@@ -212,8 +226,8 @@ def run_epochs(
     from tqdm import tqdm
 
     from dpnoise.training.checkpoint import save_checkpoint
-    from dpnoise.training.loop import StepMetrics, endless_batches, train_steps
-    from dpnoise.training.report import EpochRecord, StepRecord
+    from dpnoise.training.loop import endless_batches, train_steps
+    from dpnoise.training.report import EpochRecord
 
     sample_rate = engine.setup.sample_rate
     label_smoothing = config.optimizer.label_smoothing
@@ -227,14 +241,10 @@ def run_epochs(
                mininterval=0.1 if sys.stderr.isatty() else 15.0)
 
     def on_step(metrics: StepMetrics) -> None:
-        record = StepRecord(metrics.step, metrics.step * sample_rate, metrics.loss, metrics.batch_accuracy,
-                            metrics.batch_size, engine.get_quick_epsilon())
-        history.steps.append(record)
+        history.steps.append(step_record(metrics, sample_rate, engine.get_quick_epsilon(),
+                                         config.output.log_private_batch_stats))
         extras.after_step()
-        window = history.steps[-20:]
-        bar.set_postfix(loss=f"{sum(s.loss for s in window) / len(window):.3f}",
-                        acc=f"{sum(s.batch_accuracy for s in window) / len(window):.3f}",
-                        eps=decimals(record.epsilon, 3, "up"), refresh=False)
+        bar.set_postfix(progress_postfix(history.steps[-PROGRESS_WINDOW:]), refresh=False)
         bar.update(1)
 
     folder = config.output.folder
@@ -252,6 +262,23 @@ def run_epochs(
             save_checkpoint(folder / CHECKPOINT_NAME, module=module, optimizer=optimizer, engine=engine,
                             extra={"history": history.to_dict(), "post_processing": extras.state_dict()})
     bar.close()
+
+
+def step_record(metrics: StepMetrics, sample_rate: float, epsilon: float, private_batch_stats: bool) -> StepRecord:
+    """The record of a step that spent ``epsilon`` so far; the loss, accuracy and size of its private batch
+    only with ``private_batch_stats``."""
+    stats = ({"loss": metrics.loss, "batch_accuracy": metrics.batch_accuracy, "batch_size": metrics.batch_size}
+             if private_batch_stats else {})
+    return StepRecord(metrics.step, metrics.step * sample_rate, epsilon=epsilon, **stats)
+
+
+def progress_postfix(recent: Sequence[StepRecord]) -> dict[str, str]:
+    """What the progress bar shows after the last of the ``recent`` steps: the mean loss and batch accuracy
+    over those that hold their private batch's statistics (none unless the run logs them), and the epsilon."""
+    logged = [s for s in recent if s.loss is not None]
+    postfix = {"loss": f"{sum(s.loss for s in logged) / len(logged):.3f}",
+               "acc": f"{sum(s.batch_accuracy for s in logged) / len(logged):.3f}"} if logged else {}
+    return {**postfix, "eps": decimals(recent[-1].epsilon, 3, "up")}
 
 
 def evaluate_test_accuracy(module: nn.Module, test_loader: DataLoader, engine: PrivacyEngine) -> float:

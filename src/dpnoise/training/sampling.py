@@ -22,20 +22,26 @@ batch, one accounted step) is yielded as ceil(n / m) physical batches of at most
 empty batch when n = 0).  The loader tells the optimizer, through a :class:`LogicalBatchTracker`,
 whether the physical batch it yielded last ends its logical batch: only then does the optimizer
 noise the accumulated clipped sum and take the step (Opacus's ``BatchMemoryManager`` does the same).
+Each physical batch's indices come as a :class:`~dpnoise.training.provenance.DrawnBatch` (its draw,
+piece and number of pieces), and the collate function or the loader registers the collated batch with
+the engine's :class:`~dpnoise.training.provenance.BatchProvenance`, which the optimizer asks at every
+step (docs/TRAINING.md, "Which batches a step may use").
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Mapping
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from dpnoise.training.devices import to_device
 from dpnoise.training.errors import InvalidTrainingOptionError
+from dpnoise.training.provenance import BatchProvenance, DrawnBatch, RegisteredBatch
 
 
 def shard_indices(size: int, rank: int, world_size: int) -> torch.Tensor:
@@ -44,26 +50,35 @@ def shard_indices(size: int, rank: int, world_size: int) -> torch.Tensor:
 
 
 class LogicalBatchTracker:
-    """Whether the physical batch a loader yielded last ends its logical (Poisson) batch, and its size.
+    """The physical batches a loader yielded, as the sampler made them (:class:`DrawnBatch`), in order.
 
-    The sampler queues one (flag, size) pair per physical batch in the order it makes them, and the
-    loader takes one off per batch it yields (the order a ``DataLoader`` keeps, workers or not), so
-    that what is read at ``optimizer.step()`` is about the batch just trained on.
+    The sampler queues each batch's indices as it makes them, and the loader takes one off per batch it
+    yields (the order a ``DataLoader`` keeps, workers or not): :attr:`last` is the batch just yielded.
+    An optimizer given the tracker itself (not the engine's provenance) trusts that the step is about
+    :attr:`last` (:meth:`take`), as when batches are fed by hand to an optimizer built directly.
     """
 
     def __init__(self) -> None:
-        self.queued: deque[tuple[bool, Optional[int]]] = deque()
-        #: True before the first batch and after every batch that ends a logical batch
-        self.ends_logical_batch = True
-        #: examples in the physical batch yielded last (None: unknown); 0 for an empty Poisson batch
-        self.batch_size: Optional[int] = None
+        self.queued: deque[DrawnBatch] = deque()
+        #: the physical batch yielded last (None before the first)
+        self.last: Optional[DrawnBatch] = None
 
-    def queue(self, ends_logical_batch: bool, batch_size: Optional[int] = None) -> None:
-        self.queued.append((ends_logical_batch, batch_size))
+    def queue(self, drawn: DrawnBatch) -> None:
+        self.queued.append(drawn)
 
-    def advance(self) -> None:
-        """The loader yielded the next physical batch."""
-        self.ends_logical_batch, self.batch_size = self.queued.popleft()
+    def advance(self) -> DrawnBatch:
+        """The loader yielded the next physical batch: its indices and place in its draw."""
+        self.last = self.queued.popleft()
+        return self.last
+
+    def take(self) -> DrawnBatch:
+        """The batch a step is about: the one yielded last (before any: one whole batch of unknown size)."""
+        return self.last if self.last is not None else WHOLE_BATCH
+
+
+#: the batch an optimizer without a loader takes: a whole logical batch whose size it does not know
+WHOLE_BATCH = DrawnBatch([], draw=0, piece=0, pieces=1)
+WHOLE_BATCH.size = None
 
 
 class PoissonShardSampler(Sampler[list[int]]):
@@ -84,36 +99,58 @@ class PoissonShardSampler(Sampler[list[int]]):
         self.steps = int(1 / sample_rate) if steps is None else steps
         self.max_physical_batch_size = max_physical_batch_size
         self.tracker = tracker
+        #: Poisson draws made so far (the next draw's index)
+        self.draws = 0
 
     def __len__(self) -> int:
         """Logical batches per pass (the physical ones are as many or more, depending on the draws)."""
         return self.steps
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[DrawnBatch]:
         for _ in range(self.steps):
             drawn = torch.rand(len(self.indices), generator=self.generator, device=self.generator.device)
             selected = self.indices[(drawn < self.sample_rate).nonzero().reshape(-1).cpu()].tolist()
             size = self.max_physical_batch_size or max(len(selected), 1)
             starts = range(0, max(len(selected), 1), size)  # an empty logical batch: one empty physical batch
-            for start in starts:
+            draw, self.draws = self.draws, self.draws + 1
+            for piece, start in enumerate(starts):
+                batch = DrawnBatch(selected[start : start + size], draw=draw, piece=piece, pieces=len(starts))
                 if self.tracker is not None:
-                    self.tracker.queue(start == starts[-1], len(selected[start : start + size]))
-                yield selected[start : start + size]
+                    self.tracker.queue(batch)
+                yield batch
 
 
-class TensorBatches(Dataset):
-    """A ``TensorDataset`` read a batch at a time: ``batches[indices]`` is the tuple of its tensors at
-    ``indices`` (a list of positions; an empty list gives empty tensors of the right shapes)."""
+@dataclass(frozen=True)
+class DrawnExamples:
+    """The examples of one physical batch (a list, or a ``TensorDataset``'s tensors at the indices) and
+    its indices with their place in their Poisson draw, on their way to the collate function."""
 
-    def __init__(self, dataset: TensorDataset):
-        self.tensors = dataset.tensors
+    drawn: DrawnBatch
+    examples: Any
+
+
+class DrawnDataset(Dataset):
+    """A data set read a physical batch at a time: ``__getitems__`` gives the batch's examples together
+    with its :class:`DrawnBatch`, so that the collate function can register what it collates.
+
+    A ``TensorDataset`` is read by one indexing of each tensor (``tensors_at_once``): no per-example
+    calls, no stacking (an empty list of indices gives empty tensors of the right shapes)."""
+
+    def __init__(self, dataset: Dataset, tensors_at_once: bool):
+        self.dataset = dataset
+        self.tensors_at_once = tensors_at_once
 
     def __len__(self) -> int:
-        return len(self.tensors[0])
+        return len(self.dataset)
 
-    def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
-        positions = torch.as_tensor(indices, dtype=torch.long)
-        return tuple(tensor[positions] for tensor in self.tensors)
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, drawn: DrawnBatch) -> DrawnExamples:
+        if self.tensors_at_once:
+            positions = torch.as_tensor(list(drawn), dtype=torch.long)
+            return DrawnExamples(drawn, tuple(tensor[positions] for tensor in self.dataset.tensors))
+        return DrawnExamples(drawn, [self.dataset[index] for index in drawn])
 
 
 def empty_batch_like(batch: Any) -> Any:
@@ -130,6 +167,25 @@ def empty_batch_like(batch: Any) -> Any:
                                      f"{type(batch).__name__}")
 
 
+class RegisteringCollate:
+    """Collates a physical batch with ``collate`` (a ``DrawnDataset`` reading tensors at once gives the
+    batch itself) and, in the main process, registers it with ``provenance`` (with worker processes the
+    private loader registers it); so a wrapper that rebuilds the ``DataLoader`` from its sampler and
+    collate function keeps the provenance.  A plain list of examples is collated and not registered."""
+
+    def __init__(self, collate: Callable[[list], Any], provenance: Optional[BatchProvenance]):
+        self.collate = collate
+        self.provenance = provenance
+
+    def __call__(self, examples: Union[DrawnExamples, list]) -> Any:
+        if not isinstance(examples, DrawnExamples):
+            return self.collate(examples)
+        batch = examples.examples if isinstance(examples.examples, tuple) else self.collate(examples.examples)
+        if self.provenance is not None and get_worker_info() is None:
+            self.provenance.register(batch, examples.drawn)
+        return batch
+
+
 class CollateWithEmpty:
     """``collate`` for a list of examples, and for an empty one (an empty Poisson batch) the structure
     of ``collate([example])`` with zero examples (:func:`empty_batch_like`)."""
@@ -143,22 +199,36 @@ class CollateWithEmpty:
 
 
 class DeviceDataLoader(DataLoader):
-    """A ``DataLoader`` whose batches are moved to ``device`` (floating tensors cast to ``float_dtype``)."""
+    """A ``DataLoader`` whose batches are moved to ``device`` (floating tensors cast to ``float_dtype``);
+    with a ``tracker``, each batch's :class:`DrawnBatch` is read as it is yielded and, with a
+    ``provenance``, the batch registered (or, registered by the collate function, its moved tensors added)."""
 
     def __init__(self, dataset: Dataset, *, device: torch.device, float_dtype: Optional[torch.dtype],
-                 tracker: Optional[LogicalBatchTracker] = None, **options: Any):
+                 tracker: Optional[LogicalBatchTracker] = None, provenance: Optional[BatchProvenance] = None,
+                 **options: Any):
         super().__init__(dataset, **options)
         self.device = device
         self.float_dtype = float_dtype
         self.tracker = tracker
+        self.provenance = provenance
 
     def __iter__(self) -> Iterator[Any]:
         if self.tracker is not None:
-            self.tracker.queued.clear()  # flags of batches an abandoned pass prefetched
+            self.tracker.queued.clear()  # batches an abandoned pass prefetched
         for batch in super().__iter__():
+            moved = to_device(batch, self.device, self.float_dtype)
             if self.tracker is not None:
-                self.tracker.advance()
-            yield to_device(batch, self.device, self.float_dtype)
+                drawn = self.tracker.advance()
+                if self.provenance is not None:
+                    self.provenance.moved(self._registered(drawn, batch), moved)
+            yield moved
+
+    def _registered(self, drawn: DrawnBatch, batch: Any) -> RegisteredBatch:
+        """The registration of ``batch`` by the collate function (main process), or a new one (workers)."""
+        for registered in reversed(self.provenance.pending):
+            if registered.batch is batch:
+                return registered
+        return self.provenance.register(batch, drawn)
 
 
 def poisson_loader(dataset: Dataset, *, sample_rate: float, shard: torch.Tensor, generator: torch.Generator,
@@ -166,30 +236,29 @@ def poisson_loader(dataset: Dataset, *, sample_rate: float, shard: torch.Tensor,
                    collate_fn: Optional[Callable] = None, num_workers: int = 0,
                    worker_generator: Optional[torch.Generator] = None,
                    max_physical_batch_size: Optional[int] = None,
-                   tracker: Optional[LogicalBatchTracker] = None) -> DeviceDataLoader:
+                   tracker: Optional[LogicalBatchTracker] = None,
+                   provenance: Optional[BatchProvenance] = None) -> DeviceDataLoader:
     """Poisson batches of ``shard`` (indices into ``dataset``) at ``sample_rate``, on ``device``; with
     ``max_physical_batch_size``, each in physical batches of at most that size (``tracker`` says
-    which one ends it).
+    which one ends it); every batch registered with ``provenance`` when given.
 
     ``worker_generator`` (CPU) is the one the ``DataLoader`` draws its worker base seed from at every
     new pass; it is kept apart from the sampler's, so that the draws do not depend on pass boundaries.
     """
     sampler = PoissonShardSampler(shard, sample_rate, generator, max_physical_batch_size=max_physical_batch_size,
                                   tracker=tracker)
-    if type(dataset) is TensorDataset and collate_fn in (None, default_collate):
-        # Whole batches by one indexing of each tensor: no per-example calls, no stacking (the same
-        # batches, empty ones included, several times faster at batches of thousands).
-        loader = DeviceDataLoader(TensorBatches(dataset), device=device, float_dtype=float_dtype, tracker=tracker,
-                                  sampler=sampler, batch_size=None, num_workers=num_workers, generator=worker_generator)
-        loader.sample_rate = sample_rate
-        return loader
+    # A TensorDataset with the default collation is read a whole batch at a time (the same batches, empty
+    # ones included, several times faster at batches of thousands).
+    tensors_at_once = type(dataset) is TensorDataset and collate_fn in (None, default_collate)
+    collate = CollateWithEmpty(collate_fn or default_collate, dataset[0])
     loader = DeviceDataLoader(
-        dataset,
+        DrawnDataset(dataset, tensors_at_once),
         device=device,
         float_dtype=float_dtype,
         tracker=tracker,
+        provenance=provenance,
         batch_sampler=sampler,
-        collate_fn=CollateWithEmpty(collate_fn or default_collate, dataset[0]),
+        collate_fn=RegisteringCollate(collate, provenance),
         num_workers=num_workers,
         generator=worker_generator,
     )

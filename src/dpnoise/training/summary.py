@@ -91,9 +91,12 @@ class TrainingResult:
     lora_rank: Optional[int] = None
     resolution: Optional[int] = None
     eval_split: str = "test"
-    #: the curves: per-step (loss, batch accuracy, quick epsilon) and per-epoch (test accuracy,
-    #: epsilon by accountant) records
+    #: the curves: per-step (quick epsilon; the private batch's loss, accuracy and size only with
+    #: ``output.log_private_batch_stats``) and per-epoch (test accuracy, epsilon by accountant) records
     history: RunHistory = field(default_factory=RunHistory)
+    #: each trainable layer's per-example gradient source by "<path> (<type>)"
+    #: (``PrivacyEngine.gradient_sources``; None for output mechanisms), in the summary when not all book-keeping
+    gradient_sources: Optional[dict[str, str]] = None
     #: files written into the output folder
     files: tuple[Path, ...] = ()
 
@@ -111,6 +114,9 @@ class TrainingResult:
         for name, default in {**OPTIONAL_FIELDS, **MODEL_FIELDS}.items():
             if getattr(self, name) != default:
                 summary[name] = getattr(self, name)
+        if self.gradient_sources and not all(source.startswith("book-keeping")
+                                             for source in self.gradient_sources.values()):
+            summary["gradient_sources"] = self.gradient_sources
         if self.files:
             summary["files"] = [str(p) for p in self.files]
         return summary
@@ -174,6 +180,7 @@ def summarize(
         seed=config.seed,
         scope=engine.scope_statement,
         grad_sample_mode=engine.grad_sample_mode,
+        gradient_sources=engine.gradient_sources,
         device=engine.device.type,
         processes=engine.world_size,
         wall_time_s=wall_time,
@@ -223,6 +230,8 @@ def report_lines(summary: dict[str, Any]) -> list[str]:
         + "".join(f", {name.replace('_', ' ')} {summary[name]}" for name in MODEL_FIELDS if name in summary)
         + (f"; per-example gradients by {summary['grad_sample_mode']}" if summary["grad_sample_mode"] else ""),
     ]
+    if "gradient_sources" in summary:
+        lines.append(gradient_sources_line(summary["gradient_sources"]))
     if summary.get("secure_mode"):
         secure = summary["secure_noise"]
         lines.append(f"secure mode: {secure['sampler']} noise from {secure['random_bytes']} on the grid "
@@ -243,3 +252,21 @@ def report_lines(summary: dict[str, Any]) -> list[str]:
     if summary.get("files"):
         lines.append("wrote " + ", ".join(summary["files"]))
     return lines
+
+
+#: layers named per gradient source in the report (metrics.json names them all)
+LAYERS_NAMED_PER_SOURCE = 8
+
+
+def gradient_sources_line(sources: dict[str, str]) -> str:
+    """The layers of each per-example gradient source, e.g. ``"per-example gradients by layer: hooks, grad
+    sampler: conv (Conv2d), fc (Linear); hooks, functorch: scale (Scale)"``."""
+    by_source: dict[str, list[str]] = {}
+    for layer, source in sources.items():
+        by_source.setdefault(source, []).append(layer)
+    parts = []
+    for source, layers in by_source.items():
+        more = len(layers) - LAYERS_NAMED_PER_SOURCE
+        parts.append(f"{source}: " + ", ".join(layers[:LAYERS_NAMED_PER_SOURCE])
+                     + (f" and {more} more" if more > 0 else ""))
+    return "per-example gradients by layer: " + "; ".join(parts)

@@ -10,6 +10,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
 from dpnoise.training.errors import InvalidTrainingOptionError, UnsupportedLayerError
+from dpnoise.training.grad_samplers import per_example_gradient_problems
 
 
 def unsupported_layer_reasons(module: nn.Module, *, needs_per_sample_gradients: bool) -> list[str]:
@@ -17,7 +18,10 @@ def unsupported_layer_reasons(module: nn.Module, *, needs_per_sample_gradients: 
 
     Batch normalisation is always refused: its batch statistics make each example's output depend
     on the other examples in the batch, which no per-example mechanism accounts for.  For gradient
-    mechanisms, trainable layers with buffers and layers Opacus's validators reject are refused too.
+    mechanisms, trainable layers with buffers, layers whose exact per-example gradients neither gradient
+    source computes (:func:`~dpnoise.training.grad_samplers.per_example_gradient_problems`: ``nn.RNN``,
+    ``nn.LSTM``, ``nn.GRU``, embeddings with ``max_norm`` or ``scale_grad_by_freq``) and layers Opacus's
+    validators reject are refused too.
     """
     reasons = []
     for name, layer in module.named_modules():
@@ -33,9 +37,11 @@ def unsupported_layer_reasons(module: nn.Module, *, needs_per_sample_gradients: 
             path = name or "<model>"
             if any(True for _ in layer.buffers(recurse=False)):
                 reasons.append(f"{path} ({type(layer).__name__}): trainable layer with buffers")
+            problems = per_example_gradient_problems(layer)
             validator = ModuleValidator.VALIDATORS.get(type(layer))
-            if validator is not None:
-                reasons.extend(f"{path} ({type(layer).__name__}): {error}" for error in validator(layer))
+            if validator is not None and not problems:  # Opacus's message for nn.LSTM would repeat ours
+                problems = [str(error) for error in validator(layer)]
+            reasons.extend(f"{path} ({type(layer).__name__}): {problem}" for problem in problems)
     return reasons
 
 

@@ -2,32 +2,55 @@
 
 One place for what ``make_private`` does to a model of a gradient mechanism, so that whatever
 checks the per-example gradients of a model (:func:`dpnoise.training.check_per_example`) checks
-the ones training will use.
+the ones training will use.  Both private modules can run their model unrecorded (``paused()``),
+e.g. for a reference gradient by plain autograd.
 """
 
 from __future__ import annotations
 
-from opacus import GradSampleModule
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Union
+
 from torch import nn
 
-from dpnoise.training.bookkeeping import BookkeepingModule, broadcast_inputs_over_batch, unsupported_bookkeeping_layers
+from dpnoise.training.bookkeeping import BookkeepingModule, check_layer_inputs, unsupported_bookkeeping_layers
 from dpnoise.training.execution import GradSampleMode, check_grad_sample_mode
+from dpnoise.training.grad_samplers import ExactGradSampleModule
 
 
-def make_conv_inputs_contiguous(module: nn.Module) -> None:
-    """Make every Conv2d of ``module`` see contiguous inputs (no copy when they already are).
+class HooksModule(ExactGradSampleModule):
+    """The private module of ``grad_sample_mode="hooks"``: :class:`ExactGradSampleModule` for the
+    batch-mean loss, gradient accumulation forbidden, every training call of a trainable layer
+    checked (:func:`~dpnoise.training.bookkeeping.check_layer_inputs`)."""
 
-    Opacus 1.6's conv grad sampler (``unfold2d``) reads its input as if contiguous, so a
-    channels-last model would get wrong per-example gradients under ``GradSampleModule``.
-    """
-    for layer in module.modules():
-        if isinstance(layer, nn.Conv2d):
-            layer.register_forward_pre_hook(lambda _layer, args: (args[0].contiguous(), *args[1:]))
+    def __init__(self, module: nn.Module):
+        layer_inputs = check_layer_inputs(module)
+        super().__init__(module, loss_reduction="mean")
+        self.forbid_grad_accumulation()
+        self.layer_inputs = layer_inputs
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Within: the wrapped model runs as if it were not wrapped (no per-example gradient recorded, no
+        layer input checked or broadcast over the batch)."""
+        hooks_enabled, inputs_paused = self.hooks_enabled, self.layer_inputs.paused
+        self.disable_hooks()
+        self.layer_inputs.paused = True
+        try:
+            yield
+        finally:
+            self.layer_inputs.paused = inputs_paused
+            if hooks_enabled:
+                self.enable_hooks()
+
+
+PrivateModule = Union[BookkeepingModule, HooksModule]
 
 
 def resolve_grad_sample_mode(module: nn.Module, grad_sample_mode: GradSampleMode) -> GradSampleMode:
     """``"bookkeeping"`` or ``"hooks"``: ``"auto"`` is book-keeping when every trainable layer of
-    ``module`` supports it, else hooks."""
+    ``module`` supports it, else hooks (``make_private`` warns about the latter)."""
     check_grad_sample_mode(grad_sample_mode)
     if grad_sample_mode != "auto":
         return grad_sample_mode
@@ -35,16 +58,11 @@ def resolve_grad_sample_mode(module: nn.Module, grad_sample_mode: GradSampleMode
 
 
 def wrap_for_per_example_gradients(module: nn.Module,
-                                   grad_sample_mode: GradSampleMode) -> tuple[nn.Module, GradSampleMode]:
-    """The private module that computes ``module``'s per-example gradients, and its mode (``"auto"``
-    resolved): a :class:`BookkeepingModule`, or Opacus's ``GradSampleModule`` for the batch-mean loss
-    (gradient accumulation forbidden) with contiguous conv inputs and batch-size-1 layer inputs
-    broadcast over the batch.  Hooks are added to ``module`` itself."""
+                                   grad_sample_mode: GradSampleMode) -> tuple[PrivateModule, GradSampleMode]:
+    """The private module that computes ``module``'s per-example gradients (a :class:`BookkeepingModule`
+    or a :class:`HooksModule`), and its mode (``"auto"`` resolved by :func:`resolve_grad_sample_mode`).
+    Hooks are added to ``module`` itself."""
     grad_sample_mode = resolve_grad_sample_mode(module, grad_sample_mode)
     if grad_sample_mode == "bookkeeping":
         return BookkeepingModule(module), grad_sample_mode
-    make_conv_inputs_contiguous(module)
-    broadcast_inputs_over_batch(module)
-    private_module = GradSampleModule(module, loss_reduction="mean")
-    private_module.forbid_grad_accumulation()
-    return private_module, grad_sample_mode
+    return HooksModule(module), grad_sample_mode
