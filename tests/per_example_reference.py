@@ -26,3 +26,18 @@ def per_example_gradients(params: list[torch.Tensor], example_loss, batch: int) 
     if not rows:
         return [torch.zeros(0, *p.shape, dtype=p.dtype) for p in params]
     return [torch.stack(per_param) for per_param in zip(*rows)]
+
+
+def tanh_losses(inputs, weights):
+    """Per-example losses ``sum(w_i * tanh(layer(x_i)))``: arbitrary, non-linear output gradients."""
+    def losses(module, examples):
+        return (weights[examples] * torch.tanh(module(inputs[examples]))).flatten(1).sum(1)
+    return losses
+
+
+def layer_case(layer, inputs):
+    """``layer`` in float64 and per-example losses of it with random weights (:func:`tanh_losses`)."""
+    layer = layer.double()
+    with torch.no_grad():
+        weights = torch.randn_like(layer(inputs).double())
+    return layer, tanh_losses(inputs, weights)

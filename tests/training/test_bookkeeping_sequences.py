@@ -20,7 +20,7 @@ from dpnoise.training.per_example_gradients import (
     ghost_squared_norms,
 )
 
-from per_example_reference import per_example_gradients
+from per_example_reference import layer_case, per_example_gradients
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,20 +42,6 @@ def assert_matches_single_examples(model, example_losses, batch=BATCH, **options
         torch.testing.assert_close(summed, torch.einsum("i,i...->...", factors, per_example), rtol=1e-5, atol=1e-9)
     wrapped.remove_hooks()
     return reference
-
-
-def tanh_losses(inputs, weights):
-    """Per-example losses ``sum(w_i * tanh(layer(x_i)))``: arbitrary, non-linear output gradients."""
-    def losses(module, examples):
-        return (weights[examples] * torch.tanh(module(inputs[examples]))).flatten(1).sum(1)
-    return losses
-
-
-def layer_case(layer, inputs):
-    layer = layer.double()
-    with torch.no_grad():
-        weights = torch.randn_like(layer(inputs).double())
-    return layer, tanh_losses(inputs, weights)
 
 
 @pytest.mark.parametrize("extra", [(), (1,), (4,), (2, 3)], ids=["2d", "T=1", "T=4", "extra-dims"])

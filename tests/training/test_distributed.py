@@ -345,6 +345,11 @@ def test_every_mechanism_trains_on_cuda(digits_train, mechanism, grad_sample_mod
     assert engine.sampling_generator.device.type == "cuda"
     train_steps(module, optimizer, endless_batches(loader), engine, 3)
     assert engine.steps == 3 and all(p.is_cuda and torch.isfinite(p).all() for p in model.parameters())
+    if engine.mechanism.needs_per_sample_gradients:  # the first step's per-example check ran on CUDA
+        assert engine.per_example_report.skipped is None and engine.per_example_report.exactness.error < 1e-5
+    inputs, targets = next(iter(loader))  # a framework's round trip through the CPU keeps the provenance
+    train_step(module, optimizer, (inputs.cpu().to("cuda"), targets.cpu().to("cuda")))
+    assert engine.steps == 4
 
 
 @needs_cuda

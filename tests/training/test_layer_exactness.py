@@ -23,7 +23,7 @@ from dpnoise.training.errors import GradientSourceWarning, UnsupportedLayerError
 from dpnoise.training.grad_samplers import ExactGradSampleModule
 from dpnoise.training.summary import gradient_sources_line
 
-from per_example_reference import per_example_gradients
+from per_example_reference import layer_case, per_example_gradients
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
@@ -75,20 +75,6 @@ def assert_exact(source, model, example_losses, batch=BATCH):
         torch.testing.assert_close(norms, expected_norms, rtol=1e-5, atol=1e-9)
         for summed, expected in zip(sums, expected_sums):
             torch.testing.assert_close(summed, expected, rtol=1e-5, atol=1e-9)
-
-
-def tanh_losses(inputs, weights):
-    """Per-example losses ``sum(w_i * tanh(model(x_i)))``: arbitrary, non-linear output gradients."""
-    def losses(module, examples):
-        return (weights[examples] * torch.tanh(module(inputs[examples]))).flatten(1).sum(1)
-    return losses
-
-
-def layer_case(layer, inputs):
-    layer = layer.double()
-    with torch.no_grad():
-        weights = torch.randn_like(layer(inputs).double())
-    return layer, tanh_losses(inputs, weights)
 
 
 # ---------------------------------------------------------------------------------------- convolutions

@@ -10,6 +10,7 @@ one-example autograd (``tests/per_example_reference.py``) within 1e-5; a refused
 from __future__ import annotations
 
 import copy
+from functools import partial
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -363,6 +364,19 @@ CASES = [
          refusal=r"engine refuses this model: .*relative_attention_bias \(Embedding\): its input has leading "
                  r"dimension 5",
          bookkeeping=False),
+    Case("conv2d-reflect-padding", seeded(lambda: nn.Sequential(nn.Conv2d(3, 2, 3, padding=1, padding_mode="reflect"),
+                                                                nn.Flatten(), nn.Linear(72, CLASSES))), images),
+    Case("conv1d-circular-padding", seeded(lambda: nn.Sequential(nn.Conv1d(2, 3, 3, padding=2, padding_mode="circular"),
+                                                                 nn.Flatten(), nn.Linear(27, CLASSES))), signals),
+    Case("conv2d-instancenorm", seeded(lambda: nn.Sequential(nn.Conv2d(3, 2, 3), nn.InstanceNorm2d(2, affine=True),
+                                                             nn.Flatten(), nn.Linear(32, CLASSES))), images),
+    Case("embedding-padding-idx-rmsnorm", seeded(lambda: nn.Sequential(
+        nn.Embedding(VOCAB, WIDTH, padding_idx=0), nn.RMSNorm(WIDTH), nn.Flatten(), nn.Linear(LENGTH * WIDTH, CLASSES))),
+        lambda: (tokens() * (torch.arange(LENGTH) < lengths()[:, None]), features()[1])),
+    Case("embeddingbag-mean-repeated-ids", seeded(lambda: nn.Sequential(nn.EmbeddingBag(VOCAB, WIDTH, mode="mean"),
+                                                                        nn.Linear(WIDTH, CLASSES))),
+         lambda: (torch.cat([tokens(2), tokens(2)], dim=1), features()[1])),
+    Case("label-smoothing-loss", seeded(mlp), features, partial(F.cross_entropy, label_smoothing=0.1)),
     Case("vit", seeded(vit), lambda: {"pixel_values": images(size=8)[0], "labels": images()[1]},
          refusal=r"engine refuses this model: vit\.embeddings \(ViTEmbeddings\) is called with keyword arguments",
          bookkeeping=False),

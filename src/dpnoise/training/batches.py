@@ -19,6 +19,9 @@ from dpnoise.training.errors import InvalidTrainingOptionError
 #: the key of the labels in a dict batch (what Hugging Face models and collators use)
 LABELS = "labels"
 
+#: a training loss ``loss_fn(logits, labels)``: the mean over the batch's examples
+LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
 
 def is_keyword_batch(batch: Any) -> bool:
     """True for a dict batch (the model's keyword arguments), False for an ``(inputs, targets)`` pair."""
@@ -65,8 +68,7 @@ def run_model(module: torch.nn.Module, batch: Any, with_labels: bool = True) -> 
     return module(**(batch if with_labels else {k: v for k, v in batch.items() if k != LABELS}))
 
 
-def batch_loss(outputs: Any, batch: Any,
-               loss_fn: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]) -> torch.Tensor:
+def batch_loss(outputs: Any, batch: Any, loss_fn: Optional[LossFunction]) -> torch.Tensor:
     """``loss_fn(logits, labels)`` when given; otherwise the model's ``outputs.loss`` for a dict batch
     and the cross-entropy of the logits for a pair."""
     if loss_fn is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import asdict
+from functools import partial
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -40,9 +41,16 @@ from dpnoise.accounting.secure_noise import DiscreteGaussianPlan, plan_discrete_
 from dpnoise.accounting.validation import InvalidParameterError, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.secure_noise import Plan
-from dpnoise.training.batches import check_batch_format
+from dpnoise.training.batches import LossFunction, check_batch_format
 from dpnoise.training.bookkeeping import gradient_sources, unsupported_bookkeeping_layers
-from dpnoise.training.devices import DeviceLike, module_device, module_float_dtype, resolve_device, seeded_generator
+from dpnoise.training.devices import (
+    DeviceLike,
+    module_device,
+    module_float_dtype,
+    resolve_device,
+    seeded_generator,
+    to_device,
+)
 from dpnoise.training.distributed import RankGroup, current_group, generator_seeds
 from dpnoise.training.execution import ExecutionOptions, GradSampleMode
 from dpnoise.training.randomness import (
@@ -56,6 +64,7 @@ from dpnoise.training.errors import (
     CheckpointMismatchError,
     EngineStateError,
     GradientSourceWarning,
+    UncheckedPerExampleGradientsWarning,
     InvalidTrainingOptionError,
 )
 from dpnoise.training.optimizers import (
@@ -76,6 +85,11 @@ from dpnoise.training.provenance import BatchProvenance
 from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
 from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
 from dpnoise.training.validation import check_optimizer_trains, check_supported_layers, check_training_mode
+from dpnoise.training.per_example_check import (
+    PerExampleCheckReport,
+    refuse_token_mean_lm_loss,
+    verify_per_example_gradients,
+)
 from dpnoise.training.wrapping import wrap_for_per_example_gradients
 
 logger = logging.getLogger(__name__)
@@ -130,6 +144,8 @@ class PrivacyEngine:
         self.batch_provenance: Optional[BatchProvenance] = None
         #: secure mode's grid and integer noise parameters (None outside secure mode)
         self.secure_plan: Optional[Plan] = None
+        #: the per-example check of the first batch (None: not run yet, or not run in this setting)
+        self.per_example_report: Optional[PerExampleCheckReport] = None
 
     # ----------------------------------------------------------------------------- wrapping
     def make_private(
@@ -157,6 +173,8 @@ class PrivacyEngine:
         max_physical_batch_size: Optional[int] = None,
         data_releases: Sequence[DpEvent] = (),
         secure_mode: bool = False,
+        loss_fn: Optional[LossFunction] = None,
+        per_example_check: bool = True,
     ) -> tuple[nn.Module, Optimizer, DataLoader]:
         """Return the private (module, optimizer, data loader).
 
@@ -236,6 +254,18 @@ class PrivacyEngine:
                 computed on the CPU (its cost: benchmarks/README.md).  Refused for other mechanisms,
                 with the engine's ``noise_seed``, in a process group of K > 1 ranks, without Poisson
                 sampling and for parameters whose dtype cannot hold the grid.
+            loss_fn: the training loss ``loss_fn(logits, labels)``, the mean over the batch's examples, as the
+                training loop computes it (None: the model's own ``outputs.loss`` for dict batches, the
+                cross-entropy for pairs); what the per-example check differentiates.  A Hugging Face causal
+                language model needs ``loss_fn=dpnoise.training.causal_lm_loss`` (its ``outputs.loss`` is the
+                mean over the batch's tokens, which mixes the examples: refused).
+            per_example_check: gradient mechanisms in one process: at the first physical batch of at least 2
+                examples, before any noise, the engine's per-example gradients of a few examples are compared
+                with one-example-at-a-time autograd of ``loss_fn``, and shown unchanged when another example of
+                the batch is replaced (:func:`~dpnoise.training.verify_per_example_gradients`, dropout off for the
+                check); a mismatch raises :class:`~dpnoise.training.PerExampleCheckError` naming the parameter,
+                and every later step repeats the check.  Its report is ``per_example_report``.  False skips it
+                (warned).
         """
         # Every argument is checked here, before any work (errors name the parameter).
         if self.setup is not None:
@@ -250,17 +280,19 @@ class PrivacyEngine:
         )
         execution = ExecutionOptions(poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode,
                                      device=device, noise_shares=noise_shares,
-                                     max_physical_batch_size=max_physical_batch_size)
-        return self.make_private_with_options(module, optimizer, data_loader, privacy=privacy, execution=execution)
+                                     max_physical_batch_size=max_physical_batch_size,
+                                     per_example_check=per_example_check)
+        return self.make_private_with_options(module, optimizer, data_loader, privacy=privacy, execution=execution,
+                                              loss_fn=loss_fn)
 
     def make_private_with_options(
         self, module: nn.Module, optimizer: Optimizer, data_loader: DataLoader, *, privacy: PrivacyOptions,
-        execution: ExecutionOptions = ExecutionOptions(),
+        execution: ExecutionOptions = ExecutionOptions(), loss_fn: Optional[LossFunction] = None,
     ) -> tuple[nn.Module, Optimizer, DataLoader]:
         """:meth:`make_private` with its options as the two checked dataclasses: what is released
         (:class:`~dpnoise.training.privacy_plan.PrivacyOptions`) and how the run executes
         (:class:`~dpnoise.training.execution.ExecutionOptions`), e.g. both built once from a
-        configuration."""
+        configuration; ``loss_fn`` as in :meth:`make_private`."""
         if self.setup is not None:
             raise EngineStateError("this PrivacyEngine already made a model private; create a new one")
         check_optimizer_trains(module, optimizer)
@@ -280,6 +312,13 @@ class PrivacyEngine:
         check_batch_format(data_loader, perturbs_gradients=mech.needs_per_sample_gradients)
         check_training_mode(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
+        if mech.needs_per_sample_gradients:
+            refuse_token_mean_lm_loss(module, loss_fn)
+            if not execution.per_example_check:
+                warnings.warn("per_example_check=False: nothing checks that each example's clipped gradient is its "
+                              "own; a layer input without a batch dimension, a loss averaged over the batch's tokens "
+                              "or batch statistics would break the epsilon without a word",
+                              UncheckedPerExampleGradientsWarning, stacklevel=3)
         self._check_secure_mode(privacy.secure_mode, mech, group, poisson_sampling, module)
 
         module.to(device)
@@ -308,7 +347,14 @@ class PrivacyEngine:
             module, optimizer, expected_batch_size=sample_rate * len(data_loader.dataset),
             grad_sample_mode=execution.grad_sample_mode, noise_shares=execution.noise_shares,
         )
+        if execution.per_example_check and mech.needs_per_sample_gradients and group is None:
+            private_optimizer.per_example_check = partial(self._check_per_example, private_module, loss_fn)
         return private_module, private_optimizer, private_loader
+
+    def _check_per_example(self, private_module: nn.Module, loss_fn: Optional[LossFunction], batch: Any) -> None:
+        """The first batch's per-example check (on the run's device), its report kept in ``per_example_report``."""
+        self.per_example_report = verify_per_example_gradients(
+            private_module, to_device(batch, self.device, module_float_dtype(private_module)), loss_fn=loss_fn)
 
     def _check_secure_mode(self, secure_mode: bool, mech: Mechanism, group: Optional[RankGroup],
                            poisson_sampling: bool, module: nn.Module) -> None:

@@ -52,3 +52,8 @@ class GradientSourceWarning(UserWarning):
     """``grad_sample_mode="auto"`` takes every per-example gradient from Opacus's hooks because book-keeping
     does not support some layers (the message names each one and why; ``PrivacyEngine.gradient_sources``
     gives each layer's source)."""
+
+
+class UncheckedPerExampleGradientsWarning(UserWarning):
+    """``per_example_check=False``: nothing checks that each example's clipped gradient is its own (a model or a
+    loss that mixes the examples would break the epsilon without a word)."""

@@ -59,11 +59,19 @@ class ExecutionOptions:
         help="process each Poisson batch in pieces of at most this many examples: their clipped gradients are summed "
         "and noised once, the same step in less memory (default: one piece)")
     poisson_sampling: bool = True
+    #: gradient mechanisms in one process: the first batch's per-example gradients checked before any noise
+    per_example_check: bool = option(
+        True, flag="--no-per-example-check", group=PRIVACY,
+        help="skip the check, before the first noised step, that the engine's per-example gradients of a few "
+        "examples of the first batch equal one-example-at-a-time autograd and do not change when another example is "
+        "replaced (about one extra step; warned: nothing then catches a model or loss that mixes the examples)")
 
     def __post_init__(self) -> None:
         if not isinstance(self.poisson_sampling, bool):
             raise InvalidTrainingOptionError(f"poisson_sampling must be True or False, got {self.poisson_sampling!r}")
         check_grad_sample_mode(self.grad_sample_mode)
+        if not isinstance(self.per_example_check, bool):
+            raise InvalidTrainingOptionError(f"per_example_check must be True or False, got {self.per_example_check!r}")
         if self.max_physical_batch_size is not None:
             object.__setattr__(self, "max_physical_batch_size",
                                check_count("max_physical_batch_size", self.max_physical_batch_size, 1))

@@ -10,11 +10,10 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from dpnoise.training.batches import batch_labels, batch_loss, is_keyword_batch, model_logits, run_model
+from dpnoise.training.batches import LossFunction, batch_labels, batch_loss, is_keyword_batch, model_logits, run_model
 from dpnoise.training.devices import module_device, module_float_dtype, to_device
 from dpnoise.training.engine import PrivacyEngine
 
-LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ applies the update one process would compute from the union of the ranks' batche
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, Union
+from typing import Any, Callable, Optional, Protocol, Union
 
 import torch
 # Opacus's processed-flag helpers guard against reusing per-sample gradients across steps.
@@ -285,6 +285,9 @@ class NoisyGradientOptimizer(WrappedOptimizer):
         self.expected_batch_size = expected_batch_size
         self.gate = gate
         self.logical_batches = logical_batches or LogicalBatchTracker()
+        #: run once on the first physical batch of at least 2 examples, before any noise (set by make_private:
+        #: the engine's per-example check; None: none)
+        self.per_example_check: Optional[Callable[[Any], None]] = None
         self.noisy_sum = noisy_sum or NoisyGradientSum(mechanism=mechanism, noise=noise, clip=max_grad_norm,
                                                        generator=generator, bookkeeping=bookkeeping,
                                                        secure_plan=secure_plan)
@@ -300,6 +303,7 @@ class NoisyGradientOptimizer(WrappedOptimizer):
         if not batch.ends_logical_batch:  # only added to the step's sum, then freed
             self.noisy_sum.add_batch(params, batch.size)
             self.noisy_sum.free_batch(params)
+            self._check_per_example(batch)
             for p in params:
                 p.grad = None
             return None
@@ -313,10 +317,25 @@ class NoisyGradientOptimizer(WrappedOptimizer):
         if not admitted:
             return None
         self.noisy_sum.add_batch(params, batch.size)
+        try:
+            self.noisy_sum.free_batch(params)
+            self._check_per_example(batch)
+        except BaseException:
+            self.noisy_sum.discard()
+            raise
         for p, released in zip(params, self.noisy_sum.release(params, self.gate)):
             p.grad = released / self.expected_batch_size
         self.gate.record_step()
         return self.original_optimizer.step()
+
+    def _check_per_example(self, batch) -> None:
+        """Run :attr:`per_example_check` on the step's batch (its clipped sum taken, nothing noised yet) if it has
+        at least 2 examples; after it passes, no more (a failure raises, and the next step checks again)."""
+        registered = getattr(batch, "batch", None)
+        if self.per_example_check is None or registered is None or (batch.size or 0) < 2:
+            return
+        self.per_example_check(registered)
+        self.per_example_check = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear ``p.grad`` and the per-example gradients; a logical batch's clipped sum so far is kept."""

@@ -43,7 +43,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpnoise.accounting.validation import check_count, check_positive
-from dpnoise.training.batches import batch_loss, run_model
+from dpnoise.training.batches import LossFunction, batch_loss, run_model
 from dpnoise.training.bookkeeping import BookkeepingModule, leading_size
 from dpnoise.training.errors import (
     EngineStateError,
@@ -56,7 +56,6 @@ from dpnoise.training.optimizers import flat_grad_sample
 from dpnoise.training.provenance import unobserved_passes
 from dpnoise.training.wrapping import HooksModule, PrivateModule, wrap_for_per_example_gradients
 
-LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 #: the functions of ``torch.nn.functional`` that drop activations at random (``nn.Dropout`` and its
 #: kin, and Hugging Face's eager attention, call them through the module at call time)

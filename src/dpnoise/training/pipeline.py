@@ -25,6 +25,7 @@ import math
 import sys
 import time
 import warnings
+from functools import partial
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from dpnoise.formatting import decimals
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # annotations only
     from torch.utils.data import DataLoader
 
     from dpnoise.accounting.events import DpEvent
+    from dpnoise.training.batches import LossFunction
     from dpnoise.training.engine import PrivacyEngine
     from dpnoise.training.loop import StepMetrics
     from dpnoise.training.report import RunHistory
@@ -174,7 +176,19 @@ def make_private_from_config(
     ``device``."""
     privacy = dataclasses.replace(config.privacy, data_releases=releases, on_budget_exhausted="stop")
     return engine.make_private_with_options(model, optimizer, loader, privacy=privacy,
-                                            execution=dataclasses.replace(config.execution, device=device))
+                                            execution=dataclasses.replace(config.execution, device=device),
+                                            loss_fn=training_loss(config))
+
+
+def training_loss(config: TrainingConfig) -> Optional[LossFunction]:
+    """The run's loss ``loss_fn(logits, labels)``: the cross-entropy with the configuration's label smoothing;
+    without it None, the model's own loss for dict batches (Hugging Face), the cross-entropy otherwise."""
+    from torch.nn import functional as F
+
+    label_smoothing = config.optimizer.label_smoothing
+    if not label_smoothing:
+        return None
+    return partial(F.cross_entropy, label_smoothing=label_smoothing)
 
 
 class PostProcessing:
@@ -222,7 +236,6 @@ def run_epochs(
     extras: PostProcessing,
 ) -> None:
     """Train to ``total_steps``, evaluating (and checkpointing into the output folder) after every epoch."""
-    from torch.nn import functional as F
     from tqdm import tqdm
 
     from dpnoise.training.checkpoint import save_checkpoint
@@ -230,10 +243,7 @@ def run_epochs(
     from dpnoise.training.report import EpochRecord
 
     sample_rate = engine.setup.sample_rate
-    label_smoothing = config.optimizer.label_smoothing
-    # Without label smoothing, the model's own loss for dict batches (Hugging Face), the cross-entropy otherwise.
-    loss_fn = None if not label_smoothing else (
-        lambda logits, targets: F.cross_entropy(logits, targets, label_smoothing=label_smoothing))
+    loss_fn = training_loss(config)
     batches = endless_batches(loader)
     # Redraw rarely when stderr is a log file, not a terminal (keeps logs readable).
     bar = tqdm(total=total_steps, initial=engine.steps, desc=config.privacy.mechanism, unit="step",

@@ -97,6 +97,11 @@ class TrainingResult:
     #: each trainable layer's per-example gradient source by "<path> (<type>)"
     #: (``PrivacyEngine.gradient_sources``; None for output mechanisms), in the summary when not all book-keeping
     gradient_sources: Optional[dict[str, str]] = None
+    #: what the first step's per-example check found (:func:`per_example_check_statement`; None: not a
+    #: gradient mechanism)
+    per_example_check: Optional[str] = None
+    #: why the epsilon does not cover the run (None: it does): batches that are not Poisson samples
+    epsilon_not_covered: Optional[str] = None
     #: files written into the output folder
     files: tuple[Path, ...] = ()
 
@@ -117,6 +122,9 @@ class TrainingResult:
         if self.gradient_sources and not all(source.startswith("book-keeping")
                                              for source in self.gradient_sources.values()):
             summary["gradient_sources"] = self.gradient_sources
+        for name in ("per_example_check", "epsilon_not_covered"):
+            if getattr(self, name) is not None:
+                summary[name] = getattr(self, name)
         if self.files:
             summary["files"] = [str(p) for p in self.files]
         return summary
@@ -181,6 +189,10 @@ def summarize(
         scope=engine.scope_statement,
         grad_sample_mode=engine.grad_sample_mode,
         gradient_sources=engine.gradient_sources,
+        per_example_check=per_example_check_statement(engine, config.execution.per_example_check),
+        epsilon_not_covered=None if config.execution.poisson_sampling else (
+            "poisson_sampling=False: the batches were shuffled fixed-size batches, which the accountants' "
+            "Poisson sampling does not describe; no epsilon printed here covers this run"),
         device=engine.device.type,
         processes=engine.world_size,
         wall_time_s=wall_time,
@@ -232,6 +244,10 @@ def report_lines(summary: dict[str, Any]) -> list[str]:
     ]
     if "gradient_sources" in summary:
         lines.append(gradient_sources_line(summary["gradient_sources"]))
+    if "per_example_check" in summary:
+        lines.append(f"per-example check: {summary['per_example_check']}")
+    if "epsilon_not_covered" in summary:
+        lines.append(f"WARNING: {summary['epsilon_not_covered']}")
     if summary.get("secure_mode"):
         secure = summary["secure_noise"]
         lines.append(f"secure mode: {secure['sampler']} noise from {secure['random_bytes']} on the grid "
@@ -256,6 +272,20 @@ def report_lines(summary: dict[str, Any]) -> list[str]:
 
 #: layers named per gradient source in the report (metrics.json names them all)
 LAYERS_NAMED_PER_SOURCE = 8
+
+
+def per_example_check_statement(engine: "PrivacyEngine", asked: bool) -> Optional[str]:
+    """One line on the first step's per-example check (None for the output mechanisms, which it does not cover)."""
+    if engine.grad_sample_mode is None:
+        return None
+    if not asked:
+        return "skipped (--no-per-example-check): nothing checked that each example's gradient is its own"
+    report = engine.per_example_report
+    if report is None:
+        return ("not run (several processes)" if engine.world_size > 1 else
+                "not run (no batch of 2 or more examples was trained in this process)")
+    return (f"passed on examples {', '.join(map(str, report.examples))} of the first batch (largest relative "
+            f"error {max(report.exactness.error, report.independence.error):.1e})")
 
 
 def gradient_sources_line(sources: dict[str, str]) -> str:
