@@ -558,24 +558,28 @@ class BookkeepingModule(nn.Module):
 
     def example_gradients(self, params: list[nn.Parameter], examples: Sequence[int]) -> list[torch.Tensor]:
         """``(len(examples), *p.shape)`` gradients ``grad_i`` of the given examples for each of ``params``:
-        the per-example gradients the clipping sees (:meth:`clipped_sums` with one-hot factors); keeps
-        this step's records."""
-        batch, _ = self._parameter_gradients()
-        device = params[0].device if params else None
-        one_hot = torch.eye(batch, device=device)[list(examples)]
-        sums = [self._weighted_sums(params, factors) for factors in one_hot]
-        return [torch.stack(per_example) for per_example in zip(*sums)]
+        the per-example gradients the clipping sees (each example's own rows summed, as :meth:`clipped_sums`
+        sums the batch's); keeps this step's records."""
+        batch, gradients = self._parameter_gradients()
+        self._check_layer_parameters(params)
+        scale = torch.full((1,), float(batch), device=params[0].device if params else None)
+        return [torch.stack([gradients[p].of_examples([i]).clipped_sum(scale) if p in gradients else
+                             torch.zeros_like(p) for i in examples]) for p in params]
 
     def _weighted_sums(self, params: list[nn.Parameter], factors: torch.Tensor) -> list[torch.Tensor]:
         """``sum_i factors[i] * grad_i`` for each of ``params``, ``grad_i`` the gradient of example i's own
         loss: the recorded gradients are of the batch's mean loss, so they are scaled by the batch size."""
         batch, gradients = self._parameter_gradients()
+        self._check_layer_parameters(params)
+        scaled = factors * batch
+        return [gradients[p].clipped_sum(scaled) if p in gradients else torch.zeros_like(p) for p in params]
+
+    def _check_layer_parameters(self, params: list[nn.Parameter]) -> None:
+        """Refuse parameters that belong to no trainable layer of the wrapped model (no per-example gradients)."""
         missing = [tuple(p.shape) for p in params if p not in self._layer_parameters]
         if missing:
             raise EngineStateError(f"no per-example gradients for parameters of shapes {missing}: they belong to no "
                                    f"trainable layer of the wrapped model")
-        scaled = factors * batch
-        return [gradients[p].clipped_sum(scaled) if p in gradients else torch.zeros_like(p) for p in params]
 
     @property
     def has_records(self) -> bool:

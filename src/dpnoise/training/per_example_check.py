@@ -61,6 +61,10 @@ from dpnoise.training.wrapping import HooksModule, PrivateModule, wrap_for_per_e
 #: kin, and Hugging Face's eager attention, call them through the module at call time)
 DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
 
+#: the examples of a batch the check runs on (their first ones): enough for any mixing to show, few enough
+#: that its passes cost about a training step (benchmarks/README.md)
+CHECKED_BATCH = 8
+
 #: endings of the class names of Hugging Face's causal language models
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
@@ -117,7 +121,8 @@ def check_per_example(model: nn.Module, loss_fn: Optional[LossFunction], batch: 
 
 def verify_per_example_gradients(private_module: PrivateModule, batch: Any, *,
                                  loss_fn: Optional[LossFunction] = None, examples: int = 3, rtol: float = 1e-5,
-                                 atol: float = 1e-10) -> PerExampleCheckReport:
+                                 atol: float = 1e-10, batch_limit: Optional[int] = CHECKED_BATCH
+                                 ) -> PerExampleCheckReport:
     """Compare the engine's per-example gradients of ``batch`` with each example's own (module docstring).
 
     ``private_module``: the :class:`BookkeepingModule` or :class:`HooksModule` wrapping the model,
@@ -129,6 +134,10 @@ def verify_per_example_gradients(private_module: PrivateModule, batch: Any, *,
     of a parameter is ``||engine - expected|| / max(||expected||, atol)``, for each checked example.
     A batch of fewer than 2 examples is not checked (the report says so).  Raises
     :class:`PerExampleCheckError` when an error exceeds ``rtol``.
+
+    ``batch_limit``: the check runs on the batch's first ``batch_limit`` examples (None: all), which
+    bounds its cost: examples mix in a batch of any size, and a layer input whose length equals the
+    training batch's size no longer does in the smaller batch (the layer-input checks then refuse it).
     """
     start = time.perf_counter()
     examples = check_count("examples", examples, 1)
@@ -142,6 +151,8 @@ def verify_per_example_gradients(private_module: PrivateModule, batch: Any, *,
         return PerExampleCheckReport(engine_name, (), Discrepancy(0.0), Discrepancy(0.0), time.perf_counter() - start,
                                      skipped=f"{reason}: nothing to compare")
     names, params = zip(*trained)
+    if batch_limit is not None and batch_size > batch_limit:
+        batch, batch_size = examples_batch(batch, slice(0, batch_limit)), check_count("batch_limit", batch_limit, 2)
     checked = spread_examples(batch_size, examples)
     replaced = next(i for i in range(batch_size) if i not in checked)
     source = checked[0]
@@ -374,8 +385,13 @@ def spread_examples(batch_size: int, examples: int) -> list[int]:
 def example_batch(batch: Any, index: int) -> Any:
     """``batch`` restricted to example ``index``: every tensor of it (pairs, dicts, nested) whose leading
     dimension is the batch size, labels included, sliced to ``[index : index + 1]``."""
+    return examples_batch(batch, slice(index, index + 1))
+
+
+def examples_batch(batch: Any, examples: slice) -> Any:
+    """``batch`` restricted to the ``examples`` (a slice of its examples), as :func:`example_batch`."""
     batch_size = leading_size(batch)
-    return _map_tensors(batch, lambda t: t[index : index + 1] if _is_per_example(t, batch_size) else t)
+    return _map_tensors(batch, lambda t: t[examples] if _is_per_example(t, batch_size) else t)
 
 
 def batch_with_example_replaced(batch: Any, replaced: int, source: int) -> Any:

@@ -113,6 +113,20 @@ class ParameterGradients:
                 samples = samples + more.samples
             self.materialised = MaterialisedGradients(samples, materialised[0].permutation)
 
+    def of_examples(self, examples: Sequence[int]) -> "ParameterGradients":
+        """The same gradients of ``examples`` only (their rows: nothing of the other examples is computed)."""
+        parts: list[Contribution] = []
+        if self.materialised is not None:
+            rows = torch.as_tensor(list(examples), device=self.materialised.samples.device)
+            parts.append(MaterialisedGradients(self.materialised.samples[rows], self.materialised.permutation))
+        if self.dense is not None:
+            rows = torch.as_tensor(list(examples), device=self.dense.left.device)
+            parts.append(DenseRows(self.dense.left[rows], self.dense.right[rows]))
+        if self.indexed is not None:
+            rows = torch.as_tensor(list(examples), device=self.indexed.right.device)
+            parts.append(IndexedRows(self.indexed.index[rows], self.indexed.right[rows], self.indexed.rows))
+        return ParameterGradients(self.shape, parts, self.max_chunk_elements)
+
     def norm_power(self, norm_ord: int) -> torch.Tensor:
         """``(B,)`` per-example ``sum |G_i|^p`` over the parameter's entries (p = ``norm_ord``, 1 or 2)."""
         if self.materialised is not None:
