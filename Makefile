@@ -46,6 +46,7 @@ bench: install data
 	$(PY) benchmarks/bench_secure_mode.py $(BENCH_FLAGS)
 	$(PY) benchmarks/bench_finetune.py $(BENCH_FLAGS)
 	$(PY) benchmarks/bench_efficientnet.py $(BENCH_FLAGS)
+	$(PY) benchmarks/bench_per_example_check.py $(BENCH_FLAGS)
 
 # The papers' experiments (records in reproductions/results/, tables and figures in
 # reproductions/reports/), e.g. make reproduce ARGS="--experiment table2 --quick".

@@ -12,7 +12,7 @@ book-keeping.  In one process, interleaved rounds on the same pre-drawn batches:
 A figure is the median over rounds; the ratio is the median over rounds of check / dp-step within a round.
 
     .venv/bin/python benchmarks/bench_per_example_check.py             # 5 rounds, one thread
-    .venv/bin/python benchmarks/bench_per_example_check.py --quick     # 1 round
+    .venv/bin/python benchmarks/bench_per_example_check.py --quick     # 1 round (make bench)
     python benchmarks/bench_per_example_check.py --random --device cuda --threads 8
 
 ``--random``: MiniLM-L6's architecture with random weights and random token ids (the cost does not depend on
