@@ -383,3 +383,16 @@ def test_a_cuda_checkpoint_resumes_on_the_cpu_and_back(digits_train, tmp_path):
     with pytest.warns(UserWarning, match="re-seeded"):
         load_checkpoint(tmp_path / "cpu.pt", module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
     assert optimizer.privacy_engine.steps == 3 and all(p.is_cuda for p in model.parameters())
+
+
+def test_one_process_on_cuda_keeps_the_current_device(monkeypatch):
+    # torch.cuda.set_device refuses a device without an index (torch 2.11 on an H200: `dpnoise train` failed
+    # before any work); one process on "cuda" uses the current device, torchrun's ranks their cuda:LOCAL_RANK.
+    from dpnoise.training.distributed import join_process_group
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert join_process_group(torch.device("cuda")) == (torch.device("cuda"), False) and chosen == []
+    assert join_process_group(torch.device("cuda", 1)) == (torch.device("cuda", 1), False)
+    assert chosen == [torch.device("cuda", 1)]

@@ -149,7 +149,7 @@ def join_process_group(device: torch.device) -> tuple[torch.device, bool]:
     """
     if device.type == "cuda" and device.index is None and launched_world_size() > 1:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:  # "cuda" alone is the current device (torch refuses it)
         torch.cuda.set_device(device)
     if launched_world_size() == 1 or dist.is_initialized():
         return device, False
