@@ -25,6 +25,7 @@ from dpnoise.cli.main import main
 from dpnoise.data import load_dataset
 from dpnoise.training import endless_batches, make_private, train_step, train_steps
 from dpnoise.training.distributed import DistributedError
+from dpnoise.training.errors import PerExampleCheckError
 from dpnoise.training.provenance import DrawnBatch
 from dpnoise.training.sampling import LogicalBatchTracker
 
@@ -140,6 +141,34 @@ def refusals(rank: int) -> dict:
     return messages
 
 
+class CentredOnOneRank(torch.nn.Module):
+    """The digits MLP, whose inputs are centred on the batch mean on rank 0 only (there, examples mix)."""
+
+    def __init__(self, mixes: bool):
+        super().__init__()
+        self.mlp, self.mixes = mlp(hidden=16, seed=0), mixes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x - x.mean(0) if self.mixes else x)
+
+
+def per_example_check(rank: int) -> dict:
+    """A model that mixes the examples on rank 0 only: what each rank's first step raises, the steps taken and
+    whether the parameters moved (the check's failure on one rank must refuse the step on both, with no hang)."""
+    model = CentredOnOneRank(mixes=rank == 0)
+    before = [p.detach().clone() for p in model.parameters()]
+    module, optimizer, loader = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                             digits_loader(TRAIN, 64), mechanism="gaussian", noise_multiplier=1.0,
+                                             delta=1e-5, seed=0)
+    try:
+        train_step(module, optimizer, next(iter(loader)), F.cross_entropy)
+        message = None
+    except PerExampleCheckError as err:
+        message = str(err)
+    return dict(message=message, steps=optimizer.privacy_engine.steps,
+                moved=not all(torch.equal(a, b) for a, b in zip(before, model.parameters())))
+
+
 def budget_runs() -> dict:
     """Train with the loader until the budget stops the run: steps, budget, epsilon and a parameter checksum."""
     runs = {}
@@ -163,7 +192,8 @@ if __name__ == "__main__":
     TRAIN = load_dataset("digits", "train")
     results = {}
     for name, scenario in (("clipped_sums", lambda: clipped_sums(RANK, WORLD_SIZE)), ("shares", lambda: noise_shares(RANK)),
-                           ("refusals", lambda: refusals(RANK)), ("budget", budget_runs)):
+                           ("refusals", lambda: refusals(RANK)), ("check", lambda: per_example_check(RANK)),
+                           ("budget", budget_runs)):
         results[name] = scenario()
         print(f"rank {RANK}: {name} done at {time.perf_counter() - started:.1f} s", file=sys.stderr)
     torch.save(results, Path(sys.argv[1]) / f"rank{RANK}.pt")

@@ -186,6 +186,14 @@ def test_a_missing_share_a_skipped_step_or_another_setup_stops_every_rank(ranks)
             assert messages[f"budget boundary, {policy}"].startswith("ranks disagree on the step count: rank 0 has ")
 
 
+def test_a_per_example_check_failing_on_one_rank_refuses_the_first_step_on_every_rank(ranks):
+    first, second = (rank["check"] for rank in ranks)
+    assert first["message"].startswith("per-example gradient check failed (exactness vs. one-example autograd)")
+    assert second["message"] == ("the per-example check failed on 1 other rank(s) (their error names the parameter); "
+                                 "nothing was noised or accounted")
+    assert first["steps"] == second["steps"] == 0 and not first["moved"] and not second["moved"]
+
+
 @pytest.mark.parametrize("mechanism", sorted(workers.BUDGET))
 def test_the_budget_stops_every_rank_at_the_same_step_with_the_one_process_epsilon(ranks, mechanism):
     first, second = (rank["budget"][mechanism] for rank in ranks)

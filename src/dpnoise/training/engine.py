@@ -259,8 +259,8 @@ class PrivacyEngine:
                 cross-entropy for pairs); what the per-example check differentiates.  A Hugging Face causal
                 language model needs ``loss_fn=dpnoise.training.causal_lm_loss`` (its ``outputs.loss`` is the
                 mean over the batch's tokens, which mixes the examples: refused).
-            per_example_check: gradient mechanisms in one process: at the first physical batch of at least 2
-                examples, before any noise, the engine's per-example gradients of a few examples are compared
+            per_example_check: gradient mechanisms: at the first physical batch of at least 2 examples (in a
+                process group, at every rank's first physical batch, the ranks agreeing), before any noise, the engine's per-example gradients of a few examples are compared
                 with one-example-at-a-time autograd of ``loss_fn``, and shown unchanged when another example of
                 the batch is replaced (:func:`~dpnoise.training.verify_per_example_gradients`, dropout off for the
                 check); a mismatch raises :class:`~dpnoise.training.PerExampleCheckError` naming the parameter,
@@ -347,7 +347,7 @@ class PrivacyEngine:
             module, optimizer, expected_batch_size=sample_rate * len(data_loader.dataset),
             grad_sample_mode=execution.grad_sample_mode, noise_shares=execution.noise_shares,
         )
-        if execution.per_example_check and mech.needs_per_sample_gradients and group is None:
+        if execution.per_example_check and mech.needs_per_sample_gradients:
             private_optimizer.per_example_check = partial(self._check_per_example, private_module, loss_fn)
         return private_module, private_optimizer, private_loader
 

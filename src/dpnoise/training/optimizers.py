@@ -46,6 +46,7 @@ from dpnoise.mechanisms.registry import Mechanism
 from dpnoise.mechanisms.secure_noise import Plan, SystemRandomBits, secure_noisy_sums
 from dpnoise.training.bookkeeping import BookkeepingModule
 from dpnoise.training.distributed import DistributedError, RankGroup
+from dpnoise.training.errors import PerExampleCheckError
 from dpnoise.training.provenance import BatchProvenance
 from dpnoise.training.sampling import LogicalBatchTracker
 
@@ -300,10 +301,14 @@ class NoisyGradientOptimizer(WrappedOptimizer):
                 closure()
         params = self.params
         batch = self.logical_batches.take()  # refuses a batch that is not the private loader's
-        if not batch.ends_logical_batch:  # only added to the step's sum, then freed
-            self.noisy_sum.add_batch(params, batch.size)
-            self.noisy_sum.free_batch(params)
-            self._check_per_example(batch)
+        self.noisy_sum.add_batch(params, batch.size)
+        self.noisy_sum.free_batch(params)
+        try:
+            self._check_per_example(batch)  # before the budget's all-reduce: every rank checks at its first step
+        except BaseException:
+            self.noisy_sum.discard()
+            raise
+        if not batch.ends_logical_batch:  # only added to the step's sum
             for p in params:
                 p.grad = None
             return None
@@ -316,13 +321,6 @@ class NoisyGradientOptimizer(WrappedOptimizer):
                 self.noisy_sum.discard()
         if not admitted:
             return None
-        self.noisy_sum.add_batch(params, batch.size)
-        try:
-            self.noisy_sum.free_batch(params)
-            self._check_per_example(batch)
-        except BaseException:
-            self.noisy_sum.discard()
-            raise
         for p, released in zip(params, self.noisy_sum.release(params, self.gate)):
             p.grad = released / self.expected_batch_size
         self.gate.record_step()
@@ -353,6 +351,27 @@ class DistributedNoisyGradientOptimizer(NoisyGradientOptimizer):
             clip=options["max_grad_norm"], generator=options["generator"], bookkeeping=options.get("bookkeeping"),
             secure_plan=options.get("secure_plan"))
         super().__init__(optimizer, noisy_sum=noisy_sum, **options)
+        self.group = group
+
+    def _check_per_example(self, batch) -> None:
+        """Every rank checks its own batch at its first ``step()`` (a rank whose physical batch has fewer than 2
+        examples checks nothing) and the ranks agree before any noise: a failure on one rank refuses the step on
+        all of them, instead of leaving the others waiting in the step's all-reduce."""
+        if self.per_example_check is None:
+            return
+        failure = None
+        try:
+            super()._check_per_example(batch)
+        except PerExampleCheckError as err:
+            failure = err
+        failed = torch.tensor([float(failure is not None)], device=self.group.device)
+        self.group.all_reduce_sum([failed], "agreeing on the per-example check")
+        if failure is not None:
+            raise failure
+        if failed.item():
+            raise PerExampleCheckError(f"the per-example check failed on {int(failed.item())} other rank(s) (their "
+                                       f"error names the parameter); nothing was noised or accounted")
+        self.per_example_check = None
 
 
 class OutputPrivateOptimizer(WrappedOptimizer):

@@ -282,8 +282,7 @@ def per_example_check_statement(engine: "PrivacyEngine", asked: bool) -> Optiona
         return "skipped (--no-per-example-check): nothing checked that each example's gradient is its own"
     report = engine.per_example_report
     if report is None:
-        return ("not run (several processes)" if engine.world_size > 1 else
-                "not run (no batch of 2 or more examples was trained in this process)")
+        return "not run (no physical batch of 2 or more examples was trained in this process)"
     return (f"passed on examples {', '.join(map(str, report.examples))} of the first batch (largest relative "
             f"error {max(report.exactness.error, report.independence.error):.1e})")
 
