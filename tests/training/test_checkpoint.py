@@ -378,3 +378,28 @@ def test_short_or_unreadable_keys_are_refused(tmp_path, monkeypatch):
     (tmp_path / "good.key").write_bytes(b"\x01" * 40)
     monkeypatch.setenv(KEY_FILE_VARIABLE, str(tmp_path / "good.key"))
     assert checkpoint_key() == b"\x01" * 40
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({KEY_VARIABLE: ""}, r"\$DPNOISE_CHECKPOINT_KEY is set but empty"),
+    ({KEY_FILE_VARIABLE: ""}, r"\$DPNOISE_CHECKPOINT_KEY_FILE is set but empty"),
+    ({KEY_VARIABLE: "k" * 40, KEY_FILE_VARIABLE: "key.txt"}, "both .* are set; set one"),
+])
+def test_key_settings_fail_closed(setting, message, monkeypatch):
+    # An empty value (a failed $(cat key)) must not mean "no key": the run would write unkeyed checkpoints.
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(CheckpointKeyError, match=message):
+        checkpoint_key()
+
+
+@pytest.mark.parametrize("setting", [{KEY_VARIABLE: ""}, {KEY_VARIABLE: "k" * 10}, {KEY_FILE_VARIABLE: "/no/such.key"}])
+def test_a_bad_key_setting_stops_dpnoise_train_before_any_work_even_without_out(setting, monkeypatch, capsys):
+    from dpnoise.cli.main import main
+
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    assert main(["train", "--dataset", "digits", "--limit", "128", "--mechanism", "lap2", "--noise", "1",
+                 "--delta", "1e-5", "--epochs", "0.1", "--batch-size", "32", "--no-progress"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "checkpoint key" in error[0]

@@ -74,18 +74,14 @@ def checkpoint_key(key: CheckpointKey = None) -> Optional[bytes]:
     """The checkpoint key: ``key`` (bytes, or a str taken as UTF-8), else ``$DPNOISE_CHECKPOINT_KEY``,
     else the bytes of the file ``$DPNOISE_CHECKPOINT_KEY_FILE``; None when none is set.
 
-    Raises :class:`CheckpointKeyError` for a key shorter than 32 bytes or an unreadable key file
-    (call it before training, so that a bad key stops the run before any step).
+    Fails closed, with :class:`CheckpointKeyError` (one line): a key shorter than 32 bytes, a variable
+    that is set but empty (e.g. a failed ``$(cat key)``: without the check it would mean "no key"), both
+    variables set, an unreadable key file.  Call it before training, so that a bad setting stops the run
+    before any step, with or without an output folder.
     """
     source = "key"
-    if key is None and os.environ.get(KEY_VARIABLE):
-        key, source = os.environ[KEY_VARIABLE], f"${KEY_VARIABLE}"
-    elif key is None and os.environ.get(KEY_FILE_VARIABLE):
-        source = f"${KEY_FILE_VARIABLE} ({os.environ[KEY_FILE_VARIABLE]})"
-        try:
-            key = Path(os.environ[KEY_FILE_VARIABLE]).read_bytes()
-        except OSError as err:
-            raise CheckpointKeyError(f"checkpoint key: cannot read {source}: {err.strerror or err}") from None
+    if key is None:
+        key, source = _key_from_environment()
     if key is None:
         return None
     if isinstance(key, str):
@@ -96,6 +92,26 @@ def checkpoint_key(key: CheckpointKey = None) -> Optional[bytes]:
         raise CheckpointKeyError(f"checkpoint key from {source} is {len(key)} bytes; at least {MIN_KEY_BYTES} "
                                  "are needed (e.g. python -c 'import secrets; print(secrets.token_hex(32))')")
     return key
+
+
+def _key_from_environment() -> tuple[Optional[bytes | str], str]:
+    """(the key the environment gives, where it came from); (None, "") when neither variable is set."""
+    given = [name for name in (KEY_VARIABLE, KEY_FILE_VARIABLE) if name in os.environ]
+    if len(given) == 2:
+        raise CheckpointKeyError(f"checkpoint key: both ${KEY_VARIABLE} and ${KEY_FILE_VARIABLE} are set; set one")
+    if not given:
+        return None, ""
+    name = given[0]
+    if not os.environ[name]:
+        raise CheckpointKeyError(f"checkpoint key: ${name} is set but empty; give it a value, or unset it to write "
+                                 f"checkpoints without a key")
+    if name == KEY_VARIABLE:
+        return os.environ[name], f"${name}"
+    source = f"${name} ({os.environ[name]})"
+    try:
+        return Path(os.environ[name]).read_bytes(), source
+    except OSError as err:
+        raise CheckpointKeyError(f"checkpoint key: cannot read {source}: {err.strerror or err}") from None
 
 
 def _authentication_code(key: bytes, payload: bytes) -> str:

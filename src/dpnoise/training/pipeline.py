@@ -125,8 +125,7 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
     from dpnoise.training.report import RunHistory, write_run_outputs
     from dpnoise.training.sampling import shard_indices
 
-    if config.output.folder or config.output.resume:
-        checkpoint_key()  # a short or unreadable key stops the run here, before any step
+    checkpoint_key()  # a short, empty, conflicting or unreadable key setting stops the run here, before any step
     torch.manual_seed(config.seed)
     model, train_set, test_set = prepare_model_and_data(config)
     releases = standardize_features(config, model, train_set)
