@@ -49,7 +49,7 @@ def test_gaussian_at_tiny_sigma_is_not_private(capsys, mechanism, noise):
     """Was epsilon 0.8254 (after a NaN) for every sigma below ~1e-155."""
     out = run_json(capsys, ["account", "--mechanism", mechanism, "--noise", noise, "--sample-rate", "0.01",
                             "--steps", "100", "--delta", "1e-5"])
-    assert out["epsilon"] == "inf" or out["epsilon"] > 1e100
+    assert (out["epsilon"] is None and out["epsilon_reason"].startswith("inf")) or out["epsilon"] > 1e100
 
 
 def test_gaussian_at_huge_sigma_gives_a_number_not_a_traceback(capsys):
@@ -65,3 +65,17 @@ def test_training_without_noise_is_refused(capsys, mechanism):
                  "--delta", "1e-5", "--epochs", "1", "--batch-size", "64", "--threads", "1", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and "epsilon 3" in err and len(err.strip().splitlines()) == 1
+
+
+def test_json_output_is_strict_json_with_a_reason_for_an_uncertified_epsilon(capsys):
+    from dpnoise.cli.main import main
+
+    assert main(["account", "--mechanism", "gaussian", "--noise", "1e-300", "--sample-rate", "0.01", "--steps",
+                 "100", "--delta", "1e-5", "--json"]) == 0
+    raw = capsys.readouterr().out
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    out = json.loads(raw, parse_constant=refuse)
+    assert out["epsilon"] is None and out["epsilon_reason"].startswith("inf (not a finite number")

@@ -130,13 +130,26 @@ def accountant_lines(epsilon_by_accountant: dict[str, float]) -> list[str]:
 
 def emit(payload: dict[str, Any], as_json: bool, lines: list[str]) -> None:
     """Print ``payload`` as JSON or ``lines`` as text."""
-    if as_json:
-        print(json.dumps(payload, indent=None, allow_nan=True, default=_jsonable))
-    else:
-        print("\n".join(lines))
+    print(json_text(payload) if as_json else "\n".join(lines))
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    return str(value)
+def json_text(payload: dict[str, Any]) -> str:
+    """``payload`` as strict JSON, which any parser reads: a value that is not a finite number (an epsilon no
+    route certifies) becomes null, with a ``<key>_reason`` beside it; other objects their ``str``."""
+    return json.dumps(_finite(payload), allow_nan=False, default=str)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float in a dict replaced by None and its reason (lists: None alone)."""
+    if isinstance(value, dict):
+        finite = {}
+        for key, item in value.items():
+            finite[key] = _finite(item)
+            if isinstance(item, float) and not math.isfinite(item):
+                finite[f"{key}_reason"] = f"{item} (not a finite number: no bound could be certified)"
+        return finite
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

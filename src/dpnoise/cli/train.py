@@ -10,12 +10,11 @@ as their flags.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import MISSING
 
 from dpnoise import checks
 from dpnoise.accounting import MECHANISMS
-from dpnoise.cli.common import accountant_names, mechanism_help, noise_help
+from dpnoise.cli.common import accountant_names, json_text, mechanism_help, noise_help
 from dpnoise.training.config import OPTIONS, effective_lr_applies, effective_lr_mechanisms
 from dpnoise.training.options import OPTION_GROUPS, Option
 from dpnoise.training.recipes import RECIPES, apply_recipe
@@ -123,5 +122,5 @@ def run(args: argparse.Namespace) -> int:
     except InvalidConfigError as err:  # the configuration's field names become the flags
         raise checks.InvalidParameterError(err.named(lambda path: OPTIONS[path].flag)) from err
     if result.rank == 0:  # under torchrun, one report
-        print(json.dumps(result.summary()) if args.json else "\n".join(report_lines(result.summary())))
+        print(json_text(result.summary()) if args.json else "\n".join(report_lines(result.summary())))
     return 0

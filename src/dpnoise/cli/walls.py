@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from dpnoise import checks
+from dpnoise.cli.common import json_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,5 +44,5 @@ def run(args: argparse.Namespace) -> int:
 
     summary = walls_figure(out, sample_rates=args.sample_rates, epochs=args.epochs, params=params, delta=delta,
                            fixed_noise=fixed)
-    print(json.dumps({"out": str(out), "rows": summary}) if args.json else f"wrote {out}")
+    print(json_text({"out": str(out), "rows": summary}) if args.json else f"wrote {out}")
     return 0
