@@ -87,3 +87,29 @@ def test_an_accountant_s_rdp_route_applies_to_its_own_event_type_only():
     assert (event_rdp(step, orders, lap2_paper) == event_rdp(step, orders)).all()  # another type's: the default
     with pytest.raises(NotImplementedError, match="RDP route 'tight' of GaussianEvent is not registered"):
         event_rdp(step, orders, (GaussianEvent, "tight"))
+
+
+@pytest.mark.parametrize("spec, message", [
+    (AccountantSpec(name="lap2-mine", mechanism="lap2", sound=True, description="x", kind="rdp", rdp_route="paper"),
+     "declared sound over RDP route 'paper', which its mechanism's plugin declares not sound"),
+    (AccountantSpec(name="dirichlet-mine", mechanism="dirichlet", sound=True, description="x", kind="release-count",
+                    rdp_route="add-remove"),
+     "declared sound over RDP route 'add-remove'"),
+    (AccountantSpec(name=None, mechanism="lap2", sound=True, description="x"), "needs a name"),
+    (AccountantSpec(name=5, mechanism="lap2", sound=True, description="x"), "needs a name"),
+    (AccountantSpec(name="", mechanism="lap2", sound=True, description="x"), "needs a name"),
+    (AccountantSpec(name="my acc", mechanism="lap2", sound=True, description="x"), "needs a name"),
+    (AccountantSpec(name="lap2-mine", mechanism="lap2", sound=1, description="x"), "needs sound=True or False"),
+])
+def test_an_unsound_route_cannot_be_declared_sound_and_every_field_is_checked(spec, message):
+    # The reproduction: as make_private's primary, "lap2-mine" reported 6.0490 where the exact lower
+    # bound of the lap2-paper route's mechanism is 13.198.
+    before = dict(ACCOUNTANTS)
+    with pytest.raises(InvalidParameterError, match=message):
+        register_accountant(spec)
+    assert ACCOUNTANTS == before
+
+
+def test_register_accountant_refuses_what_is_not_a_spec():
+    with pytest.raises(InvalidParameterError, match="takes an AccountantSpec, got a dict"):
+        register_accountant({"name": "x"})

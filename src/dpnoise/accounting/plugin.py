@@ -36,12 +36,15 @@ class MechanismPlugin:
     privacy profile of k releases of an event of its type, for the accountants that count an
     example's releases (:mod:`~dpnoise.accounting.release_count`; None: none, or one already
     registered, as for ``pld``; without one, releases are accounted by their RDP curve);
-    ``accountants``: its named accountants, the routes of a minimum before it.
+    ``accountants``: its named accountants, the routes of a minimum before it; ``unsound_rdp``: the
+    routes of ``rdp`` that are not proven bounds (a paper's formula kept for reproduction), which no
+    accountant declared sound may use.
     """
 
     mechanism: MechanismSpec
     accountants: tuple[AccountantSpec, ...]
     rdp: Mapping[str, RdpFunction] = field(default_factory=dict)
+    unsound_rdp: tuple[str, ...] = ()
     pld: Optional[PldRoute] = None
     release_profile: Optional[ExactLogProfile] = None
 
@@ -54,6 +57,9 @@ def _refusal(plugin: MechanismPlugin) -> Optional[str]:
         return "has an accountant of another mechanism"
     if not plugin.rdp and not rdp_routes(spec.event_type) and plugin.pld is None:
         return f"gives {spec.event_type.__name__} neither an RDP nor a PLD route"
+    unknown = [route for route in plugin.unsound_rdp if route not in plugin.rdp]
+    if unknown:
+        return f"declares unsound RDP routes it does not give: {', '.join(unknown)}"
     return None
 
 
@@ -71,7 +77,7 @@ def register_plugin(plugin: MechanismPlugin) -> MechanismPlugin:
     try:
         register_event_type(spec.event_type)
         for route, fn in plugin.rdp.items():
-            register_rdp(spec.event_type, route)(fn)
+            register_rdp(spec.event_type, route, sound=route not in plugin.unsound_rdp)(fn)
             added_routes.append(route)
         if plugin.pld is not None:
             register_pld(spec.event_type, plugin.pld)

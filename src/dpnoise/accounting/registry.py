@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional, get_args
 
 from dpnoise.accounting.mechanisms import MECHANISMS, get_mechanism_spec
-from dpnoise.accounting.rdp.registry import RdpRoute, rdp_routes
+from dpnoise.accounting.rdp.registry import RdpRoute, rdp_route_is_sound, rdp_routes
 from dpnoise.accounting.validation import InvalidParameterError
 
 
@@ -51,8 +51,29 @@ class AccountantSpec:
 ACCOUNTANTS: dict[str, AccountantSpec] = {}
 
 
+def _field_problem(spec: AccountantSpec) -> Optional[str]:
+    """Why a field of ``spec`` has the wrong type or form (None: none has)."""
+    if not isinstance(spec.name, str) or not spec.name or spec.name != spec.name.strip() or " " in spec.name:
+        return "needs a name: a non-empty string without spaces"
+    for name, value in (("mechanism", spec.mechanism), ("description", spec.description), ("kind", spec.kind)):
+        if not isinstance(value, str):
+            return f"needs a string {name}, got {type(value).__name__}"
+    if type(spec.sound) is not bool:
+        return f"needs sound=True or False, got {spec.sound!r}"
+    if spec.warning is not None and not isinstance(spec.warning, str):
+        return f"needs a string warning (or None), got {type(spec.warning).__name__}"
+    if spec.rdp_route is not None and not isinstance(spec.rdp_route, str):
+        return f"needs a string rdp_route (or None), got {type(spec.rdp_route).__name__}"
+    if not isinstance(spec.routes, tuple) or not all(isinstance(route, str) for route in spec.routes):
+        return "needs routes as a tuple of accountant names"
+    return None
+
+
 def _refusal(spec: AccountantSpec) -> Optional[str]:
     """Why ``spec`` cannot be registered now (None if it can)."""
+    problem = _field_problem(spec)
+    if problem is not None:
+        return problem
     if spec.name in ACCOUNTANTS:
         return "is already registered"
     if spec.mechanism not in MECHANISMS:
@@ -66,6 +87,10 @@ def _refusal(spec: AccountantSpec) -> Optional[str]:
         if spec.rdp_route not in rdp_routes(event_type):
             return (f"names RDP route {spec.rdp_route!r}, which {event_type.__name__} does not have (it has "
                     f"{', '.join(rdp_routes(event_type)) or 'none'})")
+    if spec.sound and spec.kind in ("rdp", "release-count") and \
+            not rdp_route_is_sound(MECHANISMS[spec.mechanism].event_type, spec.rdp_route):
+        return (f"is declared sound over RDP route {spec.rdp_route!r}, which its mechanism's plugin declares not "
+                f"sound (a formula kept for reproduction, not a proven bound)")
     if spec.sound and spec.warning is not None:
         return "is sound and takes no warning"
     if not spec.sound and spec.warning is None:
@@ -89,13 +114,18 @@ def _refusal(spec: AccountantSpec) -> Optional[str]:
 def register_accountant(spec: AccountantSpec) -> AccountantSpec:
     """Add ``spec`` to :data:`ACCOUNTANTS`, after checking it.
 
-    Refused (:class:`InvalidParameterError` naming the accountant): a name already registered; a
-    mechanism not in :data:`MECHANISMS`; an unknown kind; an unsound accountant without a warning or
+    Refused (:class:`InvalidParameterError` naming the accountant): a ``spec`` that is not an
+    :class:`AccountantSpec`, or a field of the wrong type (a name that is not a non-empty string
+    without spaces, ``sound`` not a bool); a sound accountant over an RDP route its plugin declares
+    unsound; a name already registered; a mechanism not in :data:`MECHANISMS`; an unknown kind; an
+    unsound accountant without a warning or
     a sound one with a warning; routes on an accountant that is not a minimum; a minimum without
     routes, not declared sound, or with a route that is not registered yet, of another mechanism or
     not sound.  A minimum is listed just before the first of its routes (the command line lists a
     mechanism's default accountant first): register the routes, then their minimum.
     """
+    if not isinstance(spec, AccountantSpec):
+        raise InvalidParameterError(f"register_accountant takes an AccountantSpec, got a {type(spec).__name__}")
     reason = _refusal(spec)
     if reason is not None:
         raise InvalidParameterError(f"accountant {spec.name!r} {reason}")

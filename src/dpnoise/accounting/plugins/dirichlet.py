@@ -142,6 +142,7 @@ PLUGIN = register_plugin(MechanismPlugin(
     ),
     rdp={"replace-one": _rdp("exact-vertex", "replace-one"), "add-remove": _rdp("exact-vertex", "general"),
          "ponnoprat": _rdp("ponnoprat", "general"), "tight": _rdp("exact-vertex", "tight")},
+    unsound_rdp=("add-remove", "ponnoprat", "tight"),
     pld=PldRoute(loss_width=_two_class_loss_width,
                  single_step=lambda event, q, grid: two_class_vertex_pld(q, event.r, event.alpha, grid),
                  unavailable=_two_class_unavailable),

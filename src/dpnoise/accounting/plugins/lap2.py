@@ -57,6 +57,7 @@ PLUGIN = register_plugin(MechanismPlugin(
         audit_pair=AuditPair("laplace-spread"),
     ),
     rdp={"sound": _rdp(lap2_sound_rdp), "paper": _rdp(lap2_paper_rdp), "add-only": _rdp(lap2_add_only_rdp)},
+    unsound_rdp=("paper", "add-only"),
     pld=PldRoute(loss_width=lambda event, q: gaussian_loss_width(dominating_noise_multiplier(event), q),
                  single_step=lambda event, q, grid: gaussian_pld(dominating_noise_multiplier(event), q, grid)),
     accountants=(

@@ -24,17 +24,25 @@ RdpFunction = Callable[[Any, float, np.ndarray], np.ndarray]
 RdpRoute = Optional[tuple[type, str]]
 #: event type -> {route name: RDP function}, in registration order (the first is the default)
 _RDP_ROUTES: dict[type, dict[str, RdpFunction]] = {}
+#: the routes registered as not sound (faithful to a paper, not a proven bound), by event type
+_UNSOUND_ROUTES: dict[type, set[str]] = {}
 
 
-def register_rdp(event_type: type, route: str) -> Callable[[RdpFunction], RdpFunction]:
+def register_rdp(event_type: type, route: str, sound: bool = True) -> Callable[[RdpFunction], RdpFunction]:
     """Decorator registering ``route``, an RDP function of the (Poisson-subsampled) ``event_type``;
-    the first route of a type is its default.  A route already registered is refused."""
+    the first route of a type is its default.  ``sound``: whether the route is a proven upper bound
+    (an accountant declared sound may only use a sound route).  A route already registered is refused."""
 
     def decorator(fn: RdpFunction) -> RdpFunction:
         routes = _RDP_ROUTES.setdefault(event_type, {})
         if route in routes:
             raise InvalidParameterError(f"RDP route {route!r} of {event_type.__name__} is already registered")
+        if not routes and not sound:
+            raise InvalidParameterError(f"RDP route {route!r} of {event_type.__name__} would be its default, which "
+                                        f"must be sound")
         routes[route] = fn
+        if not sound:
+            _UNSOUND_ROUTES.setdefault(event_type, set()).add(route)
         _mechanism_rdp.cache_clear()
         return fn
 
@@ -45,9 +53,16 @@ def unregister_rdp(event_type: type, route: str) -> None:
     """Remove ``route`` of ``event_type`` (and the type, with its last route)."""
     routes = _RDP_ROUTES.get(event_type, {})
     routes.pop(route, None)
+    _UNSOUND_ROUTES.get(event_type, set()).discard(route)
     if not routes:
         _RDP_ROUTES.pop(event_type, None)
+        _UNSOUND_ROUTES.pop(event_type, None)
     _mechanism_rdp.cache_clear()
+
+
+def rdp_route_is_sound(event_type: type, route: Optional[str]) -> bool:
+    """Whether ``event_type``'s RDP route ``route`` (None: its default) was registered as sound."""
+    return route is None or route not in _UNSOUND_ROUTES.get(event_type, set())
 
 
 def rdp_routes(event_type: type) -> tuple[str, ...]:
