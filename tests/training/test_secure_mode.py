@@ -199,3 +199,23 @@ def test_cli_secure_mode_reports_the_grid(capsys):
     assert main([*common, "--noise-seed", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--secure-mode" in err[0] and "--noise-seed" in err[0]
+
+
+def test_secure_mode_draws_the_poisson_batches_from_the_operating_system(digits_train):
+    # Amplification by subsampling needs the batches as secret as the noise: none of them may come from the
+    # Mersenne-Twister sampling generator (issue: it was seeded with 63 secret bits, then deterministic).
+    module, optimizer, loader = build(digits_train)
+    state = optimizer.privacy_engine.sampling_generator.get_state()
+    sizes = [len(targets) for _, (_, targets) in zip(range(20), loader)]
+    assert torch.equal(optimizer.privacy_engine.sampling_generator.get_state(), state)
+    assert 20 < sum(sizes) / len(sizes) < 110  # Poisson batches of about 64
+
+
+def test_system_random_inclusions_have_the_sample_rate():
+    from dpnoise.training.sampling import system_random_inclusions
+
+    n, q = 400_000, 0.01
+    included = system_random_inclusions(n, q)
+    assert included.dtype == torch.bool and included.shape == (n,)
+    assert abs(included.sum().item() - n * q) < 5 * (n * q * (1 - q)) ** 0.5
+    assert not system_random_inclusions(1000, 0.0).any() and system_random_inclusions(1000, 1.0).all()

@@ -242,7 +242,8 @@ class PrivacyEngine:
                 together, and checkpoints record them.  Gradient mechanisms only (the output
                 mechanisms' epsilon has another scope and adjacency).
             secure_mode: release each step's clipped sum as ``grid * (round(S / grid) + Z)``, Z exact
-                integer noise drawn from the operating system's cryptographically secure generator
+                integer noise drawn from the operating system's cryptographically secure generator (the
+                Poisson batches too: each example in when a uniform 64-bit integer from it is below q 2^64)
                 (floored Laplace for ``lap2`` and ``laplace-l1``, the discrete Gaussian for
                 ``gaussian``; docs/theory/secure_noise.md), so that neither the noise nor the
                 floating-point bits of the released gradients reveal anything.  The noise is raised
@@ -329,6 +330,7 @@ class PrivacyEngine:
             self.batch_provenance = BatchProvenance()
             module.register_forward_pre_hook(self.batch_provenance.observe_forward, with_kwargs=True)
         private_loader = self._private_loader(data_loader, poisson_sampling, float_dtype=module_float_dtype(module),
+                                              system_random=privacy.secure_mode,
                                               max_physical_batch_size=execution.max_physical_batch_size)
         sample_rate = self._sample_rate(private_loader, data_loader)
         self.plan = resolve(privacy, sample_rate=sample_rate, params=count_trainable_parameters(module))
@@ -451,9 +453,10 @@ class PrivacyEngine:
             self.sampling_generator.manual_seed(sampling_seed)
 
     def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool, float_dtype: Optional[torch.dtype],
-                        max_physical_batch_size: Optional[int]) -> DeviceDataLoader:
-        """Poisson loader of this rank's shard with the engine's sampling generator (or shuffled
-        batches, warned), its batches on the run's device, split into physical batches if asked."""
+                        system_random: bool, max_physical_batch_size: Optional[int]) -> DeviceDataLoader:
+        """Poisson loader of this rank's shard with the engine's sampling generator, or the OS's CSPRNG
+        (``system_random``: secure mode), or shuffled batches (warned); its batches on the run's device,
+        split into physical batches if asked."""
         dataset = data_loader.dataset
         common = dict(collate_fn=data_loader.collate_fn, num_workers=data_loader.num_workers)
         if not poisson_sampling:
@@ -474,7 +477,7 @@ class PrivacyEngine:
                               generator=self.sampling_generator, device=self.device, float_dtype=float_dtype,
                               worker_generator=seeded_generator(worker_seed),
                               max_physical_batch_size=max_physical_batch_size, tracker=self.logical_batches,
-                              provenance=self.batch_provenance,
+                              provenance=self.batch_provenance, system_random=system_random,
                               **common)
 
     @staticmethod

@@ -30,11 +30,13 @@ step (docs/TRAINING.md, "Which batches a step may use").
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
@@ -81,6 +83,15 @@ WHOLE_BATCH = DrawnBatch([], draw=0, piece=0, pieces=1)
 WHOLE_BATCH.size = None
 
 
+def system_random_inclusions(size: int, sample_rate: float) -> torch.Tensor:
+    """``(size,)`` Bernoulli inclusions from the operating system's CSPRNG (secure mode): example i is in
+    when a uniform 64-bit integer from ``os.urandom`` is below ``floor(sample_rate * 2^64)``, so that each is
+    included with probability at most ``sample_rate`` (less by under 2^-64; a smaller rate only adds privacy)."""
+    threshold = min(int(sample_rate * 2.0**64), 2**64 - 1)
+    words = np.frombuffer(os.urandom(8 * size), dtype=np.uint64)
+    return torch.from_numpy(words < np.uint64(threshold))
+
+
 class PoissonShardSampler(Sampler[list[int]]):
     """Batches of the examples ``indices``, each included independently with probability ``sample_rate``.
 
@@ -92,7 +103,7 @@ class PoissonShardSampler(Sampler[list[int]]):
 
     def __init__(self, indices: torch.Tensor, sample_rate: float, generator: torch.Generator,
                  steps: Optional[int] = None, max_physical_batch_size: Optional[int] = None,
-                 tracker: Optional[LogicalBatchTracker] = None):
+                 tracker: Optional[LogicalBatchTracker] = None, system_random: bool = False):
         self.indices = indices
         self.sample_rate = sample_rate
         self.generator = generator
@@ -101,6 +112,14 @@ class PoissonShardSampler(Sampler[list[int]]):
         self.tracker = tracker
         #: Poisson draws made so far (the next draw's index)
         self.draws = 0
+        #: draw the inclusions from the OS's CSPRNG (secure mode) instead of ``generator``
+        self.system_random = system_random
+
+    def inclusions(self) -> torch.Tensor:
+        """One Poisson draw: whether each example of the shard is in the batch."""
+        if self.system_random:
+            return system_random_inclusions(len(self.indices), self.sample_rate)
+        return torch.rand(len(self.indices), generator=self.generator, device=self.generator.device) < self.sample_rate
 
     def __len__(self) -> int:
         """Logical batches per pass (the physical ones are as many or more, depending on the draws)."""
@@ -108,8 +127,7 @@ class PoissonShardSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[DrawnBatch]:
         for _ in range(self.steps):
-            drawn = torch.rand(len(self.indices), generator=self.generator, device=self.generator.device)
-            selected = self.indices[(drawn < self.sample_rate).nonzero().reshape(-1).cpu()].tolist()
+            selected = self.indices[self.inclusions().nonzero().reshape(-1).cpu()].tolist()
             size = self.max_physical_batch_size or max(len(selected), 1)
             starts = range(0, max(len(selected), 1), size)  # an empty logical batch: one empty physical batch
             draw, self.draws = self.draws, self.draws + 1
@@ -237,16 +255,17 @@ def poisson_loader(dataset: Dataset, *, sample_rate: float, shard: torch.Tensor,
                    worker_generator: Optional[torch.Generator] = None,
                    max_physical_batch_size: Optional[int] = None,
                    tracker: Optional[LogicalBatchTracker] = None,
-                   provenance: Optional[BatchProvenance] = None) -> DeviceDataLoader:
+                   provenance: Optional[BatchProvenance] = None, system_random: bool = False) -> DeviceDataLoader:
     """Poisson batches of ``shard`` (indices into ``dataset``) at ``sample_rate``, on ``device``; with
     ``max_physical_batch_size``, each in physical batches of at most that size (``tracker`` says
-    which one ends it); every batch registered with ``provenance`` when given.
+    which one ends it); every batch registered with ``provenance`` when given; ``system_random``: the
+    inclusions drawn from the OS's CSPRNG (secure mode), not from ``generator``.
 
     ``worker_generator`` (CPU) is the one the ``DataLoader`` draws its worker base seed from at every
     new pass; it is kept apart from the sampler's, so that the draws do not depend on pass boundaries.
     """
     sampler = PoissonShardSampler(shard, sample_rate, generator, max_physical_batch_size=max_physical_batch_size,
-                                  tracker=tracker)
+                                  tracker=tracker, system_random=system_random)
     # A TensorDataset with the default collation is read a whole batch at a time (the same batches, empty
     # ones included, several times faster at batches of thousands).
     tensors_at_once = type(dataset) is TensorDataset and collate_fn in (None, default_collate)
