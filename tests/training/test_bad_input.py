@@ -255,3 +255,11 @@ def test_a_configuration_section_of_the_wrong_type_is_refused_naming_it(section)
     assert "\n" not in str(caught.value)
     with pytest.raises(InvalidConfigError, match="must be a TrainingConfig"):
         train_private(sections)
+
+
+@pytest.mark.parametrize("seed", ["a", -1, 1.5, 2**64, True])
+def test_an_engine_seed_that_is_not_a_seed_is_refused_by_name(seed):
+    from dpnoise.training import PrivacyEngine
+
+    with pytest.raises(DpnoiseError, match="^seed "):
+        PrivacyEngine(seed=seed)

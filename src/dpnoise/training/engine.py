@@ -114,7 +114,7 @@ class PrivacyEngine:
     """
 
     def __init__(self, seed: Optional[int] = None, *, noise_seed: Optional[int] = None):
-        self.seed = int(torch.seed() if seed is None else seed)
+        self.seed = torch.seed() if seed is None else checks.seed("seed", seed)
         if noise_seed is not None:
             noise_seed = checks.seed("noise_seed", noise_seed)
             warnings.warn(reproducible_noise_warning(noise_seed), ReproducibleNoiseWarning, stacklevel=2)
