@@ -79,3 +79,11 @@ def test_json_output_is_strict_json_with_a_reason_for_an_uncertified_epsilon(cap
 
     out = json.loads(raw, parse_constant=refuse)
     assert out["epsilon"] is None and out["epsilon_reason"].startswith("inf (not a finite number")
+
+
+def test_a_dataset_size_beside_a_sample_rate_is_refused_not_ignored(capsys):
+    from dpnoise.cli.main import main
+
+    assert main(["account", "--mechanism", "gaussian", "--noise", "1", "--sample-rate", "0.01", "--steps", "10",
+                 "--delta", "1e-5", "--dataset-size", "-5"]) == 2
+    assert "--dataset-size goes with --batch-size" in capsys.readouterr().err

@@ -263,3 +263,21 @@ def test_an_engine_seed_that_is_not_a_seed_is_refused_by_name(seed):
 
     with pytest.raises(DpnoiseError, match="^seed "):
         PrivacyEngine(seed=seed)
+
+
+def test_options_of_the_wrong_type_are_refused_by_name(digits_train):
+    from dpnoise.training import PrivacyEngine, PrivacyOptions
+    from dpnoise.training.config import TrainingConfig
+
+    model = torch.nn.Linear(64, 10)
+    privacy = PrivacyOptions(mechanism="lap2", delta=1e-5, noise=1.0)
+    for options, message in (({"privacy": privacy, "execution": None}, "^execution must be an ExecutionOptions"),
+                             ({"privacy": {"mechanism": "lap2"}}, "^privacy must be a PrivacyOptions")):
+        with pytest.raises(DpnoiseError, match=message):
+            PrivacyEngine(seed=0).make_private_with_options(
+                model, torch.optim.SGD(model.parameters(), lr=0.1),
+                torch.utils.data.DataLoader(digits_train, batch_size=64), **options)
+    with pytest.raises(DpnoiseError, match="takes a mapping of dotted field paths"):
+        TrainingConfig.from_fields([("seed", 0)])
+    with pytest.raises(DpnoiseError, match="field paths are strings"):
+        TrainingConfig.from_fields({5: 0})

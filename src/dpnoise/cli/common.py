@@ -85,6 +85,9 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
         accountant = args.accountant
     check_delta("--delta", args.delta)
     if args.sample_rate is not None:
+        if args.dataset_size is not None:
+            raise InvalidParameterError("--dataset-size goes with --batch-size (q = B/N); with --sample-rate it "
+                                        "would be ignored: drop it")
         q = check_sample_rate("--sample-rate", args.sample_rate)
     else:
         if args.dataset_size is None:

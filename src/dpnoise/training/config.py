@@ -251,9 +251,14 @@ class TrainingConfig:
         """A configuration from ``{dotted path: value}`` (``{"data.name": "digits", "seed": 0, ...}``);
         paths that are left out keep their defaults.  The fields are checked (:func:`check_fields`)
         before the sections are built, so that an error names the field by its path."""
+        if not isinstance(values, Mapping):
+            raise InvalidParameterError(f"TrainingConfig.from_fields takes a mapping of dotted field paths to values, "
+                                        f"got a {type(values).__name__}")
         groups: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
         top: dict[str, Any] = {}
         for path, value in values.items():
+            if not isinstance(path, str):
+                raise InvalidParameterError(f"configuration field paths are strings, got {path!r}")
             group, _, name = path.rpartition(".")
             known = {f.name for f in fields(SECTIONS[group] if group in SECTIONS else cls) if f.init}
             if group not in ("", *SECTIONS) or name not in known or (not group and name in SECTIONS):

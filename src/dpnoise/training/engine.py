@@ -296,6 +296,10 @@ class PrivacyEngine:
         configuration; ``loss_fn`` as in :meth:`make_private`."""
         if self.setup is not None:
             raise EngineStateError("this PrivacyEngine already made a model private; create a new one")
+        if not isinstance(privacy, PrivacyOptions):
+            raise InvalidTrainingOptionError(f"privacy must be a PrivacyOptions, got a {type(privacy).__name__}")
+        if not isinstance(execution, ExecutionOptions):
+            raise InvalidTrainingOptionError(f"execution must be an ExecutionOptions, got a {type(execution).__name__}")
         check_optimizer_trains(module, optimizer)
         device = module_device(module) if execution.device is None else resolve_device(execution.device)
         group = current_group(device)
