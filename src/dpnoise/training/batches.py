@@ -23,6 +23,31 @@ LABELS = "labels"
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def map_tensors(value: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` (tensors nested in tuples, lists and mappings) with ``change`` applied to each of its tensors;
+    anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return change(value)
+    if isinstance(value, Mapping):
+        return {key: map_tensors(item, change) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(item, change) for item in value)
+    return value
+
+
+def leading_size(value: Any) -> Optional[int]:
+    """The leading dimension of the first tensor in ``value`` (nested tuples, lists, mappings) that has one,
+    or None (a batch's number of examples)."""
+    if isinstance(value, torch.Tensor):
+        return len(value) if value.dim() else None
+    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else ()
+    for item in items:
+        size = leading_size(item)
+        if size is not None:
+            return size
+    return None
+
+
 def is_keyword_batch(batch: Any) -> bool:
     """True for a dict batch (the model's keyword arguments), False for an ``(inputs, targets)`` pair."""
     return isinstance(batch, Mapping)

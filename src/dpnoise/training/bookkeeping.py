@@ -54,7 +54,7 @@ about 0.68x the time it takes with Opacus's hooks (``benchmarks/bench_training.p
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -64,6 +64,7 @@ import torch
 from opacus.utils.module_utils import trainable_modules
 from torch import nn
 
+from dpnoise.training.batches import leading_size
 from dpnoise.training.bookkeeping_rules import BookkeepingRule, bookkeeping_rule
 from dpnoise.training.errors import EngineStateError, InvalidTrainingOptionError, UnsupportedLayerError
 from dpnoise.training.grad_samplers import (
@@ -237,18 +238,6 @@ def _parameter_names(module: nn.Module) -> dict[nn.Parameter, str]:
 def _recording(layer: nn.Module) -> bool:
     """Book-keeping records training-mode calls with autograd on."""
     return layer.training and torch.is_grad_enabled()
-
-
-def leading_size(value: Any) -> Optional[int]:
-    """The leading dimension of the first tensor in ``value`` (nested tuples, lists, mappings), or None."""
-    if isinstance(value, torch.Tensor):
-        return len(value) if value.dim() else None
-    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else ()
-    for item in items:
-        size = leading_size(item)
-        if size is not None:
-            return size
-    return None
 
 
 def _call_batch_size(layer: nn.Module, args: tuple, kwargs: dict) -> Optional[int]:

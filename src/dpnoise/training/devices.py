@@ -12,6 +12,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from dpnoise.training.batches import map_tensors
 from dpnoise.training.execution import DEVICE_CHOICES
 from dpnoise.training.errors import InvalidTrainingOptionError
 
@@ -59,11 +60,8 @@ def to_device(batch: Any, device: torch.device, float_dtype: Optional[torch.dtyp
     """``batch`` (tensors, possibly nested in lists, tuples and dicts) on ``device``; floating-point
     tensors also cast to ``float_dtype`` when given (integer tensors such as labels and token ids
     keep theirs)."""
-    if isinstance(batch, torch.Tensor):
-        dtype = float_dtype if float_dtype is not None and batch.is_floating_point() else batch.dtype
-        return batch.to(device=device, dtype=dtype, non_blocking=True)
-    if isinstance(batch, dict):
-        return {key: to_device(value, device, float_dtype) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(value, device, float_dtype) for value in batch)
-    return batch
+    def move(tensor: torch.Tensor) -> torch.Tensor:
+        dtype = float_dtype if float_dtype is not None and tensor.is_floating_point() else tensor.dtype
+        return tensor.to(device=device, dtype=dtype, non_blocking=True)
+
+    return map_tensors(batch, move)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -43,8 +43,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpnoise.accounting.validation import check_count, check_positive
-from dpnoise.training.batches import LossFunction, batch_loss, run_model
-from dpnoise.training.bookkeeping import BookkeepingModule, leading_size
+from dpnoise.training.batches import LossFunction, batch_loss, leading_size, map_tensors, run_model
+from dpnoise.training.bookkeeping import BookkeepingModule
 from dpnoise.training.errors import (
     EngineStateError,
     InvalidTrainingOptionError,
@@ -257,7 +257,7 @@ def float64_working_copy(model: nn.Module) -> Iterator[None]:
 
 def floating_tensors_in_float64(batch: Any) -> Any:
     """``batch`` with its floating-point tensors (inputs, pixel values) in float64, the others as they are."""
-    return _map_tensors(batch, lambda t: t.to(torch.float64) if t.is_floating_point() else t)
+    return map_tensors(batch, lambda t: t.to(torch.float64) if t.is_floating_point() else t)
 
 
 # ------------------------------------------------------------------------------------------- the engine's side
@@ -391,7 +391,7 @@ def example_batch(batch: Any, index: int) -> Any:
 def examples_batch(batch: Any, examples: slice) -> Any:
     """``batch`` restricted to the ``examples`` (a slice of its examples), as :func:`example_batch`."""
     batch_size = leading_size(batch)
-    return _map_tensors(batch, lambda t: t[examples] if _is_per_example(t, batch_size) else t)
+    return map_tensors(batch, lambda t: t[examples] if _is_per_example(t, batch_size) else t)
 
 
 def batch_with_example_replaced(batch: Any, replaced: int, source: int) -> Any:
@@ -404,23 +404,12 @@ def batch_with_example_replaced(batch: Any, replaced: int, source: int) -> Any:
         return changed
 
     batch_size = leading_size(batch)
-    return _map_tensors(batch, replace)
+    return map_tensors(batch, replace)
 
 
 def _is_per_example(tensor: torch.Tensor, batch_size: int) -> bool:
     """Whether ``tensor`` holds one row per example of a batch of ``batch_size``."""
     return tensor.dim() > 0 and len(tensor) == batch_size
-
-
-def _map_tensors(value: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``value`` (nested tuples, lists, mappings) with ``change`` applied to each of its tensors."""
-    if isinstance(value, torch.Tensor):
-        return change(value)
-    if isinstance(value, Mapping):
-        return {key: _map_tensors(item, change) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_tensors(item, change) for item in value)
-    return value
 
 
 # ------------------------------------------------------------------------------------------- the verdict

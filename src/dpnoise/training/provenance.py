@@ -40,6 +40,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from dpnoise.training.batches import leading_size
 from dpnoise.training.errors import ForeignBatchError
 
 #: registered batches kept while no step has taken them (a loader's prefetching, an abandoned pass)
@@ -116,12 +117,6 @@ def batch_tensors(value: Any) -> list[torch.Tensor]:
     return [tensor for item in items for tensor in batch_tensors(item)]
 
 
-def batch_size_of(batch: Any) -> int:
-    """The number of examples of a collated batch (the leading dimension of its first tensor)."""
-    tensors = [t for t in batch_tensors(batch) if t.dim()]
-    return len(tensors[0]) if tensors else 0
-
-
 def holds(registered: torch.Tensor, seen: torch.Tensor) -> bool:
     """Whether ``seen`` is ``registered``: the same tensor, a view of its storage with the same leading
     dimension, or the same values on another device or in another dtype."""
@@ -151,7 +146,7 @@ class BatchProvenance:
     # --------------------------------------------------------------------------- the loader's side
     def register(self, batch: Any, drawn: DrawnBatch) -> RegisteredBatch:
         """Record a batch the private loader produced (collated from the indices ``drawn``)."""
-        registered = RegisteredBatch(drawn.draw, drawn.piece, drawn.pieces, batch_size_of(batch), batch,
+        registered = RegisteredBatch(drawn.draw, drawn.piece, drawn.pieces, leading_size(batch) or 0, batch,
                                      batch_tensors(batch))
         self.pending.append(registered)
         return registered
