@@ -81,16 +81,16 @@ from dpnoise.training.privacy_plan import (
     check_step_count,
     resolve,
 )
-from dpnoise.training.provenance import BatchProvenance
-from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
-from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
-from dpnoise.training.validation import check_optimizer_trains, check_supported_layers, check_training_mode
 from dpnoise.training.per_example_check import (
     PerExampleCheckReport,
     refuse_token_mean_lm_loss,
     verify_per_example_gradients,
 )
-from dpnoise.training.wrapping import wrap_for_per_example_gradients
+from dpnoise.training.provenance import BatchProvenance
+from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
+from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
+from dpnoise.training.validation import check_optimizer_trains, check_supported_layers, check_training_mode
+from dpnoise.training.wrapping import resolve_grad_sample_mode, wrap_for_per_example_gradients
 
 logger = logging.getLogger(__name__)
 
@@ -261,9 +261,9 @@ class PrivacyEngine:
                 language model needs ``loss_fn=dpnoise.training.causal_lm_loss`` (its ``outputs.loss`` is the
                 mean over the batch's tokens, which mixes the examples: refused).
             per_example_check: gradient mechanisms: at the first physical batch of at least 2 examples (in a
-                process group, at every rank's first physical batch, the ranks agreeing), before any noise, the engine's per-example gradients of a few examples are compared
-                with one-example-at-a-time autograd of ``loss_fn``, and shown unchanged when another example of
-                the batch is replaced (:func:`~dpnoise.training.verify_per_example_gradients`, dropout off for the
+                process group, at every rank's first physical batch, the ranks agreeing), before any noise,
+                the engine's per-example gradients of a few examples are compared with one-example-at-a-time
+                autograd of ``loss_fn``, and shown unchanged when another example of the batch is replaced (:func:`~dpnoise.training.verify_per_example_gradients`, dropout off for the
                 check); a mismatch raises :class:`~dpnoise.training.PerExampleCheckError` naming the parameter,
                 and every later step repeats the check.  Its report is ``per_example_report``.  False skips it
                 (warned).
@@ -494,9 +494,10 @@ class PrivacyEngine:
         """The private module and optimizer (the distributed ones inside a process group)."""
         mech, setup, group = self.mechanism, self.setup, self.group
         if mech.needs_per_sample_gradients:
-            if grad_sample_mode == "auto":
-                grad_sample_mode = self._automatic_grad_sample_mode(module)
-            self.grad_sample_mode = grad_sample_mode
+            resolved = resolve_grad_sample_mode(module, grad_sample_mode)
+            if grad_sample_mode == "auto" and resolved == "hooks":
+                _warn_of_the_hooks_fallback(module)
+            grad_sample_mode = self.grad_sample_mode = resolved
             self.gradient_sources = gradient_sources(module, grad_sample_mode)
             private_module, _ = wrap_for_per_example_gradients(module, grad_sample_mode)
             options = dict(
@@ -535,20 +536,6 @@ class PrivacyEngine:
         if self.batch_provenance is None:
             raise EngineStateError("derived() needs make_private with Poisson sampling")
         return self.batch_provenance.derived(source, derived)
-
-    @staticmethod
-    def _automatic_grad_sample_mode(module: nn.Module) -> str:
-        """``grad_sample_mode="auto"``: "bookkeeping" when it supports every trainable layer, else "hooks",
-        with a :class:`GradientSourceWarning` that names each unsupported layer and why."""
-        unsupported = unsupported_bookkeeping_layers(module)
-        if not unsupported:
-            return "bookkeeping"
-        warnings.warn(
-            "grad_sample_mode='auto': book-keeping does not support these layers, so the whole model's per-example "
-            "gradients come from Opacus's hooks (exact as well; slower, and every layer's gradients materialised; "
-            "engine.gradient_sources gives each layer's source, grad_sample_mode='hooks' chooses them without "
-            "this warning):\n  " + "\n  ".join(unsupported), GradientSourceWarning, stacklevel=5)
-        return "hooks"
 
     # ----------------------------------------------------------------------------- accounting
     @property
@@ -805,6 +792,17 @@ class PrivacyEngine:
                 if own.get(f"{name}_tag") != generator_state_tag(self.noise_seed, rank, name, own[name]):
                     raise inconsistent(f"rank {rank}'s {name} generator", "its state does not carry this run's "
                                                                           "noise-seed tag (replaced or edited)")
+
+def _warn_of_the_hooks_fallback(module: nn.Module) -> None:
+    """``grad_sample_mode="auto"`` chose the hooks: a :class:`GradientSourceWarning` naming each layer book-keeping
+    does not support, and why."""
+    warnings.warn(
+        "grad_sample_mode='auto': book-keeping does not support these layers, so the whole model's per-example "
+        "gradients come from Opacus's hooks (exact as well; slower, and every layer's gradients materialised; "
+        "engine.gradient_sources gives each layer's source, grad_sample_mode='hooks' chooses them without "
+        "this warning):\n  " + "\n  ".join(unsupported_bookkeeping_layers(module)), GradientSourceWarning,
+        stacklevel=5)
+
 
 def make_private(
     module: nn.Module, optimizer: Optimizer, data_loader: DataLoader, *, seed: Optional[int] = None,
