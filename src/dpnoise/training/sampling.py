@@ -140,11 +140,13 @@ class PoissonShardSampler(Sampler[list[int]]):
 
 @dataclass(frozen=True)
 class DrawnExamples:
-    """The examples of one physical batch (a list, or a ``TensorDataset``'s tensors at the indices) and
-    its indices with their place in their Poisson draw, on their way to the collate function."""
+    """The examples of one physical batch and its indices with their place in their Poisson draw, on their
+    way to the collate function: a list of examples, or (``collated``) the batch itself (a
+    ``TensorDataset``'s tensors at the indices)."""
 
     drawn: DrawnBatch
     examples: Any
+    collated: bool = False
 
 
 class DrawnDataset(Dataset):
@@ -167,7 +169,7 @@ class DrawnDataset(Dataset):
     def __getitems__(self, drawn: DrawnBatch) -> DrawnExamples:
         if self.tensors_at_once:
             positions = torch.as_tensor(list(drawn), dtype=torch.long)
-            return DrawnExamples(drawn, tuple(tensor[positions] for tensor in self.dataset.tensors))
+            return DrawnExamples(drawn, tuple(tensor[positions] for tensor in self.dataset.tensors), collated=True)
         return DrawnExamples(drawn, [self.dataset[index] for index in drawn])
 
 
@@ -186,10 +188,10 @@ def empty_batch_like(batch: Any) -> Any:
 
 
 class RegisteringCollate:
-    """Collates a physical batch with ``collate`` (a ``DrawnDataset`` reading tensors at once gives the
-    batch itself) and, in the main process, registers it with ``provenance`` (with worker processes the
-    private loader registers it); so a wrapper that rebuilds the ``DataLoader`` from its sampler and
-    collate function keeps the provenance.  A plain list of examples is collated and not registered."""
+    """Collates a physical batch with ``collate`` (unless ``DrawnDataset`` gave it collated) and, in the main
+    process, registers it with ``provenance`` (with worker processes the private loader registers it); so
+    a wrapper that rebuilds the ``DataLoader`` from its sampler and collate function keeps the
+    provenance.  A plain list of examples is collated and not registered."""
 
     def __init__(self, collate: Callable[[list], Any], provenance: Optional[BatchProvenance]):
         self.collate = collate
@@ -198,7 +200,7 @@ class RegisteringCollate:
     def __call__(self, examples: Union[DrawnExamples, list]) -> Any:
         if not isinstance(examples, DrawnExamples):
             return self.collate(examples)
-        batch = examples.examples if isinstance(examples.examples, tuple) else self.collate(examples.examples)
+        batch = examples.examples if examples.collated else self.collate(examples.examples)
         if self.provenance is not None and get_worker_info() is None:
             self.provenance.register(batch, examples.drawn)
         return batch
