@@ -281,3 +281,15 @@ def test_options_of_the_wrong_type_are_refused_by_name(digits_train):
         TrainingConfig.from_fields([("seed", 0)])
     with pytest.raises(DpnoiseError, match="field paths are strings"):
         TrainingConfig.from_fields({5: 0})
+
+
+def test_a_loss_fn_that_is_not_a_function_is_refused_by_name(digits_train):
+    from dpnoise.training import check_per_example, make_private
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    with pytest.raises(DpnoiseError, match="^loss_fn must be None or a function"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                     torch.utils.data.DataLoader(digits_train, batch_size=64), mechanism="lap2", laplace_scale=1.0,
+                     delta=1e-5, loss_fn=5)
+    with pytest.raises(DpnoiseError, match="^loss_fn must be None or a function"):
+        check_per_example(model, "cross_entropy", digits_train[:4])

@@ -23,6 +23,13 @@ LABELS = "labels"
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def check_loss_fn(loss_fn: Any) -> None:
+    """Refuse a ``loss_fn`` that is neither None nor callable (the error names it)."""
+    if loss_fn is not None and not callable(loss_fn):
+        raise InvalidTrainingOptionError(f"loss_fn must be None or a function loss_fn(logits, labels), got a "
+                                         f"{type(loss_fn).__name__}")
+
+
 def map_tensors(value: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """``value`` (tensors nested in tuples, lists and mappings) with ``change`` applied to each of its tensors;
     anything else as it is."""

@@ -41,7 +41,7 @@ from dpnoise.accounting.secure_noise import DiscreteGaussianPlan, plan_discrete_
 from dpnoise.accounting.validation import InvalidParameterError, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.secure_noise import Plan
-from dpnoise.training.batches import LossFunction, check_batch_format
+from dpnoise.training.batches import LossFunction, check_batch_format, check_loss_fn
 from dpnoise.training.bookkeeping import gradient_sources, unsupported_bookkeeping_layers
 from dpnoise.training.devices import (
     DeviceLike,
@@ -300,6 +300,7 @@ class PrivacyEngine:
             raise InvalidTrainingOptionError(f"privacy must be a PrivacyOptions, got a {type(privacy).__name__}")
         if not isinstance(execution, ExecutionOptions):
             raise InvalidTrainingOptionError(f"execution must be an ExecutionOptions, got a {type(execution).__name__}")
+        check_loss_fn(loss_fn)
         check_optimizer_trains(module, optimizer)
         device = module_device(module) if execution.device is None else resolve_device(execution.device)
         group = current_group(device)

@@ -43,7 +43,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpnoise.accounting.validation import check_count, check_positive
-from dpnoise.training.batches import LossFunction, batch_loss, leading_size, map_tensors, run_model
+from dpnoise.training.batches import LossFunction, batch_loss, check_loss_fn, leading_size, map_tensors, run_model
 from dpnoise.training.bookkeeping import BookkeepingModule
 from dpnoise.training.errors import (
     EngineStateError,
@@ -114,6 +114,7 @@ def check_per_example(model: nn.Module, loss_fn: Optional[LossFunction], batch: 
     training (None: the model's ``outputs.loss`` for a dict batch, else cross-entropy).  Raises
     :class:`PerExampleCheckError` when the check fails.
     """
+    check_loss_fn(loss_fn)
     private_module, _ = wrap_for_per_example_gradients(copy.deepcopy(model), grad_sample_mode)
     private_module.train()
     return verify_per_example_gradients(private_module, batch, loss_fn=loss_fn, examples=examples, rtol=rtol)
