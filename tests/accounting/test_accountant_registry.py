@@ -102,7 +102,7 @@ def test_an_accountant_s_rdp_route_applies_to_its_own_event_type_only():
     (AccountantSpec(name="lap2-mine", mechanism="lap2", sound=1, description="x"), "needs sound=True or False"),
 ])
 def test_an_unsound_route_cannot_be_declared_sound_and_every_field_is_checked(spec, message):
-    # The reproduction: as make_private's primary, "lap2-mine" reported 6.0490 where the exact lower
+    # Accepted, "lap2-mine" reported 6.0490 as make_private's primary where the exact lower
     # bound of the lap2-paper route's mechanism is 13.198.
     before = dict(ACCOUNTANTS)
     with pytest.raises(InvalidParameterError, match=message):

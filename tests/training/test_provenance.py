@@ -53,7 +53,7 @@ def unchanged(model, before) -> bool:
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 @pytest.mark.parametrize("grad_sample_mode", ["bookkeeping", "hooks"])
 def test_a_batch_of_the_users_own_loader_is_refused_before_any_noise(mechanism, grad_sample_mode):
-    # The reproduction: q = 0.01 from make_private, two steps on a shuffled loader of 500.
+    # q = 0.01 from make_private, then a step on a shuffled loader of 500: it was accounted at q = 0.01.
     model, module, optimizer, _ = private(mechanism, grad_sample_mode=grad_sample_mode)
     engine = optimizer.privacy_engine
     before = [p.detach().clone() for p in model.parameters()]

@@ -203,7 +203,7 @@ def test_cli_secure_mode_reports_the_grid(capsys):
 
 def test_secure_mode_draws_the_poisson_batches_from_the_operating_system(digits_train):
     # Amplification by subsampling needs the batches as secret as the noise: none of them may come from the
-    # Mersenne-Twister sampling generator (issue: it was seeded with 63 secret bits, then deterministic).
+    # Mersenne-Twister sampling generator (63 secret bits of seed, then deterministic).
     module, optimizer, loader = build(digits_train)
     state = optimizer.privacy_engine.sampling_generator.get_state()
     sizes = [len(targets) for _, (_, targets) in zip(range(20), loader)]
