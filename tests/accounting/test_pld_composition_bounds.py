@@ -1,14 +1,15 @@
 """What the round-off bound of a composed PLD rests on, checked where a composition could escape it.
 
-* dp_accounting's composition of two different PMFs (``DensePLDPmf.compose``) truncates its tails
-  by summing *computed* masses: the truncated entries' round-off must be charged too.
+* The tilted FFT composition (:mod:`dpnoise.accounting.pld.tilted`): every entry bound it reports
+  covers the exact composition of the single-step PMFs (direct convolutions of nonnegative terms,
+  relative error ~1e-13), at every tilt, also when the FFT's output is off by its whole entry
+  error bound in the unfavourable direction.
 * The single-step relative error rho (``SINGLE_STEP_RELATIVE_ERROR``) must bound the error of every
   upper tail sum of the single-step PMF (the convolution argument of docs/theory/pld_roundoff.md
   needs tail sums, not single masses: dp_accounting's masses at negative losses are second
   differences of delta values near 1 - e^eps, off by up to 100%).
 * The loss sum is a BLAS dot product, not a pairwise sum.
-References: exact masses with mpmath (40 digits); dp_accounting's own FFT as the "exact" masses
-where an error within the claimed entry bound is injected.
+References: exact masses with mpmath (40 digits).
 """
 
 import math
@@ -16,43 +17,92 @@ from unittest import mock
 
 import mpmath as mp
 import numpy as np
-import scipy.signal
+import pytest
 
 from dpnoise.accounting.events import GaussianEvent, PoissonSampledEvent
-from dpnoise.accounting.pld import distribution
+from dpnoise.accounting.pld import distribution, tilted
 from dpnoise.accounting.pld.roundoff import SINGLE_STEP_RELATIVE_ERROR, UNIT_ROUNDOFF, summation_error_factor
 
-
-def _reference_delta(pmf, epsilon: float) -> float:
-    above = pmf.losses > epsilon
-    return pmf.infinity_mass + float(-np.expm1(epsilon - pmf.losses[above]) @ np.maximum(pmf.probs[above], 0.0))
+GRID = 0.02
 
 
-def test_round_off_of_the_entries_compose_truncates_is_charged():
-    """Inject into the composition of two different PMFs an error the entry bound allows (minus the
-    bound on the top entries): dp_accounting then truncates many more entries into the infinity mass
-    at their computed (too small) value.  The bound must still cover the unperturbed composition."""
-    history = ((PoissonSampledEvent(0.01, GaussianEvent(1.0)), 60), (PoissonSampledEvent(0.02, GaussianEvent(1.5)), 40))
-    distribution.composed_pld.cache_clear()
-    reference = distribution.composed_pld(history, distribution.COARSE_DISCRETIZATION)
-    error = min(direction.entry_error for direction in reference.directions)
-    convolve = scipy.signal.fftconvolve
+def _direct_composition(steps):
+    """(lowest loss index, masses) of the exact-order composition by direct convolutions."""
+    lowest, masses = 0, np.ones(1)
+    for pmf, count in steps:
+        for _ in range(count):
+            masses = np.convolve(masses, pmf.probs)
+            lowest += pmf.lower
+    return lowest, masses
 
-    def rounded_down(a, b, *args, **kwargs):
-        out = convolve(a, b, *args, **kwargs)
-        out[-3000:] -= error
-        return out
 
-    distribution.composed_pld.cache_clear()
-    try:
-        with mock.patch.object(scipy.signal, "fftconvolve", rounded_down):
-            perturbed = distribution.composed_pld(history, distribution.COARSE_DISCRETIZATION)
-    finally:
-        distribution.composed_pld.cache_clear()
-    assert perturbed.directions[0].probs.size < reference.directions[0].probs.size - 1000  # truncated deeper
-    for exact, bounded in zip(reference.directions, perturbed.directions):
-        for epsilon in bounded.losses[-1] - np.array([1.0, 0.5, 0.2]):
-            assert bounded.delta_upper_bound(epsilon) >= _reference_delta(exact, epsilon)
+def _steps(direction: int):
+    """Two different Poisson-sampled Gaussian steps, 30 and 12 times: both kinds of factor."""
+    history = ((PoissonSampledEvent(0.2, GaussianEvent(1.0)), 30), (PoissonSampledEvent(0.5, GaussianEvent(2.0)), 12))
+    return distribution._directions(history, GRID)[direction]
+
+
+def _reference_delta(lowest, masses, infinity_mass, epsilon):
+    losses = GRID * (lowest + np.arange(masses.size))
+    above = losses > epsilon
+    return infinity_mass + float(-np.expm1(epsilon - losses[above]) @ masses[above])
+
+
+def _assert_covers(bounded, lowest, masses, steps):
+    indices = np.round(bounded.losses / GRID).astype(int) - lowest
+    held = (indices >= 0) & (indices < masses.size)
+    assert np.all(bounded.probs[held] >= masses[indices[held]] * (1 - 1e-12))
+    infinity_mass = tilted._composed_infinity_mass(steps)
+    for epsilon in np.linspace(max(bounded.floor, 0.0), float(bounded.losses[-1]), 12):
+        assert bounded.delta_upper_bound(epsilon) >= _reference_delta(lowest, masses, infinity_mass, epsilon)
+
+
+@pytest.mark.parametrize("direction", [0, 1])
+@pytest.mark.parametrize("tilt", [0.0, 0.7, 3.0, 12.0])
+def test_tilted_composition_covers_the_exact_composition(tilt, direction):
+    steps = _steps(direction)
+    lowest, masses = _direct_composition(steps)
+    bounded = tilted.tilted_composition(steps, GRID, tilt)
+    _assert_covers(bounded, lowest, masses, steps)
+    # Not vacuous: near the tilted mean the bounds are within 1e-6 of the masses.
+    centre = tilted._tilted_moments(steps, tilt, GRID)[0]
+    index = int(np.argmin(np.abs(bounded.losses - centre)))
+    exact = masses[int(round(bounded.losses[index] / GRID)) - lowest]
+    assert bounded.probs[index] <= exact * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("tilt", [0.0, 3.0])
+def test_fft_output_off_by_its_whole_error_bound_is_still_covered(tilt):
+    """Lower every entry of the inverse FFT by (almost) its proven error bound: the reported bounds
+    must still cover the exact composition (they add the bound back before untilting)."""
+    steps = _steps(0)
+    lowest, masses = _direct_composition(steps)
+    reported = {}
+    bound_function, inverse = tilted.power_product_entry_error, tilted.scipy_fft.ifft
+
+    def record(*args):
+        reported["error"] = bound_function(*args)
+        return reported["error"]
+
+    with mock.patch.object(tilted, "power_product_entry_error", record):
+        tilted.tilted_composition(steps, GRID, tilt)
+    error = reported["error"]
+    with mock.patch.object(tilted.scipy_fft, "ifft", lambda spectrum: inverse(spectrum) - 0.999 * error), \
+            mock.patch.object(tilted, "power_product_entry_error", lambda *args: error):
+        perturbed = tilted.tilted_composition(steps, GRID, tilt)
+    _assert_covers(perturbed, lowest, masses, steps)
+
+
+def test_window_charges_the_mass_above_it():
+    """A window cut short: the mass above it is charged to the infinity mass (Chernoff bound)."""
+    steps = _steps(0)
+    lowest, masses = _direct_composition(steps)
+    with mock.patch.object(tilted, "WINDOW_DEVIATIONS", 0.5):
+        bounded = tilted.tilted_composition(steps, GRID, 0.7)
+    top = int(round(bounded.losses[-1] / GRID)) - lowest
+    assert top < masses.size - 1  # the window ends below the composition's support
+    assert bounded.infinity_mass >= masses[top + 1:].sum()
+    _assert_covers(bounded, lowest, masses, steps)
 
 
 def _gaussian_remove_delta(epsilon, sigma):

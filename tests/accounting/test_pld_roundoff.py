@@ -15,9 +15,9 @@ from scipy.special import log_ndtr
 
 from dpnoise.accounting import calibrate_noise, get_accountant
 from dpnoise.accounting.events import GaussianEvent, PoissonSampledEvent
-from dpnoise.accounting.pld import distribution
+from dpnoise.accounting.pld import distribution, tilted
 from dpnoise.accounting.pld.gdp import lap2_gdp_mu
-from dpnoise.accounting.pld.roundoff import self_convolution_entry_error, self_convolution_length
+from dpnoise.accounting.pld.roundoff import fft_error_factor, power_product_entry_error
 from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
 
 DELTAS = [1e-3, 1e-5, 1e-8, 1e-10, 1e-12, 1e-15]
@@ -86,9 +86,8 @@ def test_reported_underestimates_at_delta_1e_12(sigma, q, steps, lower_bound):
 
 
 def test_roundoff_bound_covers_the_fft_composition():
-    """dp_accounting's FFT self-composition against an exact-order reference (direct convolutions of
-    nonnegative terms, relative error ~1e-13): every entry within the bound."""
-    from dp_accounting.pld import common
+    """An FFT power composition against an exact-order reference (direct convolutions of
+    nonnegative terms, relative error ~1e-13): every entry within the bound, which is not vacuous."""
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
     pmf = pld_lib.from_gaussian_mechanism(1.0, pessimistic_estimate=True, value_discretization_interval=0.02,
@@ -97,27 +96,42 @@ def test_roundoff_bound_covers_the_fft_composition():
     reference = probs
     for _ in range(steps - 1):
         reference = np.convolve(reference, probs)
-    offset, computed = common.self_convolve(probs, steps, tail_mass_truncation=0)
-    bound = self_convolution_entry_error(probs, steps, self_convolution_length(probs, steps, 0))
-    actual = np.abs(np.asarray(computed) - reference[offset:offset + len(computed)])
-    assert actual.max() > 0  # the FFT does round
-    assert np.all(actual <= bound)
+    length = reference.size
+    spectrum = np.fft.fft(probs, length)
+    computed = np.fft.ifft(spectrum**steps).real
+    bound = power_product_entry_error([np.abs(spectrum)], [steps], [fft_error_factor(length) * probs.sum()],
+                                      spectrum**steps)
+    actual = np.abs(computed - reference)
+    assert 0 < actual.max() <= bound < 1e4 * actual.max()
 
 
 def test_epsilon_and_delta_of_a_composed_pld_agree():
     history = ((PoissonSampledEvent(0.01, GaussianEvent(1.1)), 2000),)
-    composed = distribution.composed_pld(history, distribution.COARSE_DISCRETIZATION)
+    grid = distribution.COARSE_DISCRETIZATION
     for delta in [1e-4, 1e-8, 1e-11]:
+        steps = distribution._directions(history, grid)
+        composed = distribution.composed_pld(history, grid, tuple(tilted.tilt_for_delta(s, grid, delta) for s in steps))
         epsilon = composed.epsilon_for_delta(delta)
         assert composed.delta_for_epsilon(epsilon) <= delta
         # smallest to within the grid: a little less epsilon certifies less
         assert composed.delta_for_epsilon(max(epsilon - 1e-3, 0.0)) > delta
 
 
-def test_gaussian_falls_back_where_no_pld_can_be_certified():
-    epsilon, bound = gaussian("gaussian", 8.0, 1.0, 1000, 1e-15)
-    assert bound.startswith("gaussian-rdp") and "gaussian-pld: PLD not computed: round-off bound" in bound
-    assert epsilon >= gdp_epsilon(math.sqrt(1000) / 8.0, 1e-15)
+@pytest.mark.parametrize("sigma,steps", [(8.0, 1000), (1000.0, 10), (2.0, 10)])
+def test_pld_certifies_delta_1e_15_within_a_percent_of_exact(sigma, steps):
+    """The tilted composition keeps the round-off bound far below delta = 1e-15 (an untilted FFT's
+    bound exceeds it and the RDP route, up to 5x the exact value, answered)."""
+    exact = gdp_epsilon(math.sqrt(steps) / sigma, 1e-15)
+    epsilon, bound = gaussian("gaussian", sigma, 1.0, steps, 1e-15)
+    assert bound.startswith("gaussian-pld")
+    assert exact <= epsilon <= 1.01 * exact
+
+
+def test_gaussian_falls_back_where_no_pld_is_attempted():
+    """More steps than the PLD route composes: the RDP route answers, with the PLD's reason."""
+    epsilon, bound = gaussian("gaussian", 50.0, 1e-6, distribution.MAX_COMPOSITIONS + 1, 1e-5)
+    assert bound.startswith("gaussian-rdp") and "PLD composition too costly" in bound
+    assert math.isfinite(epsilon)
 
 
 def test_invalid_pld_falls_back_to_rdp(monkeypatch):
@@ -126,13 +140,13 @@ def test_invalid_pld_falls_back_to_rdp(monkeypatch):
         raise InvalidPrivacyCurveError(f"{source}: PLD has NaN or negative mass; refusing to report an epsilon")
 
     monkeypatch.setattr(distribution, "checked_pld", invalid)
-    distribution.composed_pld.cache_clear()
+    distribution.single_step_pmfs.cache_clear()
     distribution.pld_epsilon.cache_clear()
     try:
         epsilon, bound = gaussian("gaussian", 1.3, 0.02, 777, 1e-5)
         pld_epsilon, pld_bound = gaussian("gaussian-pld", 1.3, 0.02, 777, 1e-5)
     finally:
-        distribution.composed_pld.cache_clear()
+        distribution.single_step_pmfs.cache_clear()
         distribution.pld_epsilon.cache_clear()
     rdp_epsilon = gaussian("gaussian-rdp", 1.3, 0.02, 777, 1e-5)[0]
     assert epsilon == rdp_epsilon and bound.startswith("gaussian-rdp") and "NaN or negative mass" in bound
@@ -153,3 +167,11 @@ def test_laplace_l1_calibrates_where_its_pld_used_to_be_refused():
         warnings.simplefilter("error")
         result = calibrate_noise("laplace-l1", 0.5, 0.1, 1e-4, 100_000, compare=False)
     assert 0.49 < result.epsilon <= 0.5
+
+
+def test_calibration_names_a_route_that_cannot_certify():
+    """A route that answers +inf at every noise: the refusal says so, not that more noise would help."""
+    from dpnoise.accounting import UnreachableTargetError
+
+    with pytest.raises(UnreachableTargetError, match="certifies no finite epsilon at any noise"):
+        calibrate_noise("gaussian-pld", 1.0, 1e-5, 1e-6, distribution.MAX_COMPOSITIONS + 1, compare=False)

@@ -78,6 +78,11 @@ def solve_smallest(
     while f(math.log(hi)) > 0:
         if hi >= upper:
             floor = epsilon_of(upper)
+            if not math.isfinite(floor):
+                raise UnreachableTargetError(
+                    f"epsilon={target:g} is unreachable by this accountant: it certifies no finite epsilon "
+                    f"at any {name} up to {upper:g} for these sampling/step/delta settings (its route cannot "
+                    f"certify this delta); use the default accountant or a larger delta")
             raise UnreachableTargetError(
                 f"epsilon={target:g} is unreachable: even {name}={upper:g} gives epsilon={floor:.4g} "
                 f"(the floor for these sampling/step/delta settings); raise epsilon or delta, or "

@@ -42,28 +42,23 @@ from functools import lru_cache
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
-from scipy.signal import lfilter
 
 from dpnoise.accounting.events import DpEvent, PoissonSampledEvent
-from dpnoise.accounting.pld.roundoff import (
-    composition_relative_error,
-    convolution_entry_error,
-    self_convolution_entry_error,
-    self_convolution_length,
-    summation_error_factor,
-)
+from dpnoise.accounting.pld.bounded import ComposedPld
+from dpnoise.accounting.pld.tilted import GridPmf, composed_window_length, tilt_centred_at, tilt_for_delta, tilted_composition
 from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
 from dpnoise.accounting.validation import InvalidParameterError
 
 #: Value grid of the first pass: fine enough (about 0.1% of epsilon) from epsilon ~ 3 up.
 COARSE_DISCRETIZATION = 1e-3
-#: Second pass, where the first gave a smaller epsilon: a grid of epsilon / REFINEMENT, not finer
-#: than FINEST_DISCRETIZATION (cost grows as 1 / grid).
-REFINEMENT = 3000.0
-FINEST_DISCRETIZATION = 2e-5
+#: Later passes divide the grid by REFINEMENT, down to FINEST_DISCRETIZATION (cost grows as 1 / grid),
+#: while a pass still lowers epsilon by more than the relative CONVERGED.
+REFINEMENT = 5.0
+FINEST_DISCRETIZATION = 1e-6
+CONVERGED = 1e-3
 #: Largest single-step grid (points) and number of compositions the PLD route attempts.
 MAX_GRID_POINTS = 200_000
-MAX_COMPOSITIONS = 1_000_000
+MAX_COMPOSITIONS = 100_000_000
 MAX_COMPOSED_POINTS = 4_000_000
 # dp_accounting evaluates q * exp(max loss); beyond this loss it overflows.
 _MAX_LAPLACE_LOSS = 700.0
@@ -73,6 +68,8 @@ _EXCESS_MASS_PER_STEP = 1e-6
 # dp_accounting's default tail truncation of the Gaussian: |x| <= sqrt(2 * 50) sigma.
 _GAUSSIAN_TAIL = math.sqrt(100.0)
 
+
+Ledger = tuple[tuple[DpEvent, int], ...]
 
 #: the single-step PLD of a Poisson-sampled mechanism event: (event, q, discretization) -> dp_accounting PLD
 SingleStepPld = Callable[[Any, float, float], Any]
@@ -111,7 +108,7 @@ def register_pld(event_type: type, route: PldRoute) -> PldRoute:
 def unregister_pld(event_type: type) -> None:
     """Remove the PLD route of ``event_type`` (and the cached PLDs)."""
     _PLD_ROUTES.pop(event_type, None)
-    for cached in (composed_pld, pld_epsilon, pld_delta):
+    for cached in (single_step_pmfs, composed_pld, pld_epsilon, pld_delta):
         cached.cache_clear()
 
 
@@ -164,26 +161,38 @@ def pld_unavailable(mechanism: DpEvent) -> Optional[str]:
     return route.unavailable(mechanism)
 
 
-def pld_feasibility(event: DpEvent, count: int, discretization: float) -> Optional[str]:
+def pld_feasibility(event: DpEvent, count: int) -> Optional[str]:
     """Why the PLD route is not attempted for ``count`` x ``event`` (None when it is)."""
     if not isinstance(event, PoissonSampledEvent):
         return f"PLD route covers Poisson-sampled mechanisms only, not {type(event).__name__}"
     unavailable = pld_unavailable(event.event)
     if unavailable is not None:
         return unavailable
-    width = _PLD_ROUTES[type(event.event)].loss_width(event.event, event.sampling_probability)
+    width = _loss_width(event)
     if isinstance(width, str):
         return width
     if count > MAX_COMPOSITIONS:
         return f"{count} steps > {MAX_COMPOSITIONS} (PLD composition too costly)"
-    points = width / discretization
-    if points > MAX_GRID_POINTS:
-        return f"single-step PLD grid of ~{points:.3g} points > {MAX_GRID_POINTS}"
     return None
 
 
-def _single_step_pld(event: PoissonSampledEvent, discretization: float) -> Any:
-    return _PLD_ROUTES[type(event.event)].single_step(event.event, event.sampling_probability, discretization)
+def _loss_width(event: PoissonSampledEvent) -> Union[float, str]:
+    return _PLD_ROUTES[type(event.event)].loss_width(event.event, event.sampling_probability)
+
+
+def history_infeasibility(history: Ledger) -> Optional[str]:
+    """Why the PLD route cannot account ``history`` (None when it can)."""
+    for event, count in history:
+        reason = pld_feasibility(event, count)
+        if reason is not None:
+            return reason
+    return None
+
+
+def history_discretization(history: Ledger, discretization: float) -> float:
+    """The value grid used for ``history`` where ``discretization`` is asked for: coarser where a
+    single step's loss support would need more than MAX_GRID_POINTS points."""
+    return max(discretization, *(_loss_width(event) / MAX_GRID_POINTS for event, _ in history))
 
 
 def checked_pld(pld: Any, source: str) -> Any:
@@ -195,12 +204,12 @@ def checked_pld(pld: Any, source: str) -> Any:
     (finer grids more), which can only raise delta(epsilon), i.e. stays conservative; the upper
     check catches gross failures only.
     """
-    for direction in ("_pmf_remove", "_pmf_add"):
+    for direction in _DIRECTIONS:
         pmf = getattr(pld, direction)
         probs = np.asarray(pmf.to_dense_pmf()._probs, dtype=float)  # noqa: SLF001 (no public accessor)
         infinity_mass = float(pmf._infinity_mass)  # noqa: SLF001
         total = float(probs.sum()) + infinity_mass
-        # FFT composition leaves rounding-level negative masses (~1e-16); more is a failure.
+        # dp_accounting leaves rounding-level negative masses (~1e-16); more is a failure.
         if not np.all(np.isfinite(probs)) or probs[probs < 0].sum() < -_MASS_TOLERANCE:
             raise InvalidPrivacyCurveError(f"{source}: PLD has NaN or negative mass; refusing to report an epsilon")
         excess_allowed = 2 * _EXCESS_MASS_PER_STEP
@@ -216,220 +225,85 @@ class PldTooCostly(ArithmeticError):
     """The composed PLD would need a grid too large to compute in reasonable time."""
 
 
-def composed_grid_points(step: Any, count: int, discretization: float) -> float:
-    """Predicted grid size of ``count`` compositions of ``step``: the loss mean grows as count x mean,
-    its spread as sqrt(count) x std; dp_accounting keeps about +-12 standard deviations."""
-    widths = []
-    for direction in ("_pmf_remove", "_pmf_add"):
-        dense = getattr(step, direction).to_dense_pmf()
-        probs = np.clip(np.asarray(dense._probs, dtype=float), 0.0, None)  # noqa: SLF001
-        losses = (dense._lower_loss + np.arange(probs.size)) * discretization  # noqa: SLF001
-        mass = probs.sum()
-        mean = float(probs @ losses / mass)
-        std = float(np.sqrt(max(probs @ (losses - mean) ** 2 / mass, 0.0)))
-        widths.append(count * abs(mean) + 24.0 * math.sqrt(count) * std + probs.size * discretization)
-    return max(widths) / discretization
-
-
-@dataclass(frozen=True)
-class BoundedPmf:
-    """One direction of a composed PLD with a bound on its floating-point error.
-
-    ``probs[i]`` is the computed mass at loss ``losses[i]`` (ascending); the exact composition of
-    the computed single-step PMFs is within ``entry_error`` of it entry by entry; the true masses
-    are at most ``1 + relative_error`` times that (single-step rounding); ``slack`` is mass of the
-    exact composition that the computed PMF may not hold (the round-off of the entries that
-    truncation moved at their computed value), counted as infinity mass.
-    """
-
-    losses: np.ndarray
-    probs: np.ndarray
-    infinity_mass: float
-    entry_error: float
-    relative_error: float
-    slack: float
-
-    def _loss_budget(self, delta: float) -> float:
-        """The largest sum_{l > eps} (1 - e^{eps - l}) p(l), as computed, that still certifies ``delta``."""
-        budget = delta / (1.0 + self.relative_error) - self.infinity_mass - self.slack
-        return budget / (1.0 + summation_error_factor(4 * self.probs.size))
-
-    def _computed_loss_sum(self, epsilon: float) -> float:
-        start = int(np.searchsorted(self.losses, epsilon, side="right"))
-        weights = -np.expm1(epsilon - self.losses[start:])
-        return float(weights @ np.maximum(self.probs[start:] + self.entry_error, 0.0))
-
-    def delta_upper_bound(self, epsilon: float) -> float:
-        """A proven upper bound on the hockey-stick divergence at ``epsilon`` of the exact PLD."""
-        loss_sum = self._computed_loss_sum(epsilon) * (1.0 + summation_error_factor(4 * self.probs.size))
-        return (1.0 + self.relative_error) * (self.infinity_mass + self.slack + loss_sum)
-
-    def epsilon_upper_bound(self, delta: float) -> float:
-        """The smallest epsilon >= 0 (to rounding, never below) whose :meth:`delta_upper_bound` is <= ``delta``.
-
-        Locates the grid cell with suffix sums without cancellation,
-        S(l_j) = sum_{k > j} (1 - e^{-h}) (c_k + B_k), B_k = sum_{i > k} e^{-(l_i - l_k)} c_i
-        (a decaying linear recurrence), solves S(l_j + t) = S(l_j) + E_j (1 - e^t), t in [-h, 0],
-        in the cell, and certifies the result by direct evaluation.
-        """
-        budget = self._loss_budget(delta)
-        if budget < 0:
-            return math.inf
-        masses = np.maximum(self.probs + self.entry_error, 0.0)
-        if masses.size == 0 or self._computed_loss_sum(0.0) <= budget:
-            return 0.0
-        step = float(self.losses[1] - self.losses[0]) if masses.size > 1 else 1.0
-        decay = math.exp(-step)
-        # tail[k] = c_k + B_k = sum_{i >= k} e^{-(l_i - l_k)} c_i, computed from the top down.
-        tail = lfilter([1.0], [1.0, -decay], masses[::-1])[::-1]
-        # grid_sums[j] = S(l_j) = (1 - e^{-h}) sum_{k > j} tail[k]
-        grid_sums = -math.expm1(-step) * np.concatenate([np.cumsum(tail[::-1])[::-1][1:], [0.0]])
-        j = int(np.argmax(grid_sums <= budget))
-        candidates = []
-        if j > 0:
-            # Aimed a hair below the budget, so that the rounding of the direct check cannot refuse it.
-            gap = (budget * (1.0 - _CELL_SOLVE_MARGIN) - grid_sums[j]) / tail[j]
-            candidates.append(float(self.losses[j]) + math.log1p(-min(max(gap, 0.0), -math.expm1(-step))))
-        candidates += [float(loss) for loss in self.losses[j:j + 8]]
-        for epsilon in candidates:
-            epsilon = max(epsilon, 0.0)
-            if self._computed_loss_sum(epsilon) <= budget:
-                return epsilon
-        return float(self.losses[-1])
-
-
-@dataclass(frozen=True)
-class ComposedPld:
-    """A composed PLD (both directions) whose epsilon(delta) and delta(epsilon) are proven bounds."""
-
-    directions: tuple[BoundedPmf, ...]
-
-    def epsilon_for_delta(self, delta: float) -> float:
-        return max(direction.epsilon_upper_bound(delta) for direction in self.directions)
-
-    def delta_for_epsilon(self, epsilon: float) -> float:
-        return max(direction.delta_upper_bound(epsilon) for direction in self.directions)
-
-
 _DIRECTIONS = ("_pmf_remove", "_pmf_add")
-_CELL_SOLVE_MARGIN = 1e-9
-#: dp_accounting's default tail truncation of self_compose and compose (self_compose moves it to the
-#: infinity mass; compose, pessimistic, moves its right tail there and its left tail to the lowest
-#: entry kept; half of it per composition is charged for the rounding of those sums).
-_TAIL_MASS_TRUNCATION = 1e-15
 
 
-def _dense(pld: Any, direction: str) -> Any:
-    return getattr(pld, direction).to_dense_pmf()
+@lru_cache(maxsize=64)
+def single_step_pmfs(event: PoissonSampledEvent, discretization: float) -> tuple[GridPmf, ...]:
+    """The checked single-step PMFs of ``event`` (remove and add directions) on the grid.
+
+    Rounding-level negative masses are raised to 0: larger masses only raise delta(epsilon).
+    """
+    pld = checked_pld(_PLD_ROUTES[type(event.event)].single_step(event.event, event.sampling_probability,
+                                                                 discretization), f"PLD of {event}")
+    pmfs = []
+    for direction in _DIRECTIONS:
+        dense = getattr(pld, direction).to_dense_pmf()
+        probs = np.maximum(np.asarray(dense._probs, dtype=float), 0.0)  # noqa: SLF001 (no public accessor)
+        pmfs.append(GridPmf(int(dense._lower_loss), probs, float(dense._infinity_mass)))  # noqa: SLF001
+    return tuple(pmfs)
 
 
-def _bounded_pmf(pld: Any, direction: str, entry_error: float, compositions: int, slack: float,
-                 discretization: float) -> BoundedPmf:
-    dense = _dense(pld, direction)
-    probs = np.asarray(dense._probs, dtype=float)  # noqa: SLF001 (no public accessor)
-    losses = (dense._lower_loss + np.arange(probs.size)) * discretization  # noqa: SLF001
-    return BoundedPmf(losses, probs, float(dense._infinity_mass), entry_error,  # noqa: SLF001
-                      composition_relative_error(compositions), slack)
-
-
-def _check_within_error(bounded: BoundedPmf, source: str) -> None:
-    """The composed masses are finite and no more negative than their round-off bound allows."""
-    if not np.all(np.isfinite(bounded.probs)) or not math.isfinite(bounded.infinity_mass):
-        raise InvalidPrivacyCurveError(f"{source}: PLD has NaN or infinite mass")
-    if bounded.probs.size and float(bounded.probs.min()) < -bounded.entry_error:
-        raise InvalidPrivacyCurveError(
-            f"{source}: PLD has a mass of {float(bounded.probs.min()):.3g}, below its round-off bound "
-            f"-{bounded.entry_error:.3g}")
-    total = float(bounded.probs.sum()) + bounded.infinity_mass
-    if total < 1.0 - _MASS_TOLERANCE - bounded.entry_error * bounded.probs.size:
-        raise InvalidPrivacyCurveError(f"{source}: PLD lost mass (total {total:.12g})")
+def _directions(history: Ledger, discretization: float) -> list[list[tuple[GridPmf, int]]]:
+    """Per direction, the single-step PMF of each event of ``history`` with its count."""
+    pmfs = [(single_step_pmfs(event, discretization), count) for event, count in history]
+    return [[(pair[index], count) for pair, count in pmfs] for index in range(len(_DIRECTIONS))]
 
 
 @lru_cache(maxsize=128)
-def composed_pld(history: tuple[tuple[DpEvent, int], ...], discretization: float) -> ComposedPld:
-    """The PLD of ``history`` (events with repetition counts), composed in order, with round-off bounds.
+def composed_pld(history: Ledger, discretization: float, tilts: tuple[float, ...]) -> ComposedPld:
+    """The PLD of ``history`` (events with repetition counts) composed by tilted FFTs
+    (:mod:`dpnoise.accounting.pld.tilted`), one tilt per direction, with proven entry bounds.
 
-    Raises :class:`PldTooCostly` when a composition's predicted grid exceeds MAX_COMPOSED_POINTS and
-    :class:`InvalidPrivacyCurveError` when a PLD is invalid (NaN, lost mass, or masses outside
-    their round-off bounds).
+    Raises :class:`PldTooCostly` when a direction's window exceeds MAX_COMPOSED_POINTS and
+    :class:`InvalidPrivacyCurveError` when a PLD is invalid (NaN, or masses outside their checks).
     """
-    total, errors, slack = None, {}, dict.fromkeys(_DIRECTIONS, 0.0)
-    for event, count in history:
-        step = checked_pld(_single_step_pld(event, discretization), f"PLD of {event}")
-        points = composed_grid_points(step, count, discretization)
+    directions = _directions(history, discretization)
+    for steps, tilt in zip(directions, tilts):
+        points = composed_window_length(steps, tilt, discretization)
         if points > MAX_COMPOSED_POINTS:
-            raise PldTooCostly(f"{count} steps need a PLD grid of ~{points:.3g} points > {MAX_COMPOSED_POINTS}")
-        step_errors = {}
-        for direction in _DIRECTIONS:
-            if direction == "_pmf_add" and step._pmf_add is step._pmf_remove:  # noqa: SLF001 (symmetric: one PMF)
-                step_errors[direction] = step_errors["_pmf_remove"]
-                continue
-            probs = np.asarray(_dense(step, direction)._probs, dtype=float)  # noqa: SLF001
-            length = self_convolution_length(probs, count, _TAIL_MASS_TRUNCATION)
-            step_errors[direction] = self_convolution_entry_error(probs, count, length)
-        composed = step.self_compose(count, tail_mass_truncation=_TAIL_MASS_TRUNCATION) if count > 1 else step
-        if total is None:
-            total, errors = composed, step_errors
-            continue
-        full_sizes, later_masses = {}, {}
-        for direction in _DIRECTIONS:
-            earlier = np.asarray(_dense(total, direction)._probs, dtype=float)  # noqa: SLF001
-            later = np.asarray(_dense(composed, direction)._probs, dtype=float)  # noqa: SLF001
-            errors[direction] = convolution_entry_error(errors[direction], earlier, step_errors[direction], later)
-            full_sizes[direction] = earlier.size + later.size - 1
-            later_masses[direction] = (float(np.abs(later).sum()) + step_errors[direction] * later.size
-                                       + float(_dense(composed, direction)._infinity_mass))  # noqa: SLF001
-        total = total.compose(composed, tail_mass_truncation=_TAIL_MASS_TRUNCATION)
-        for direction in _DIRECTIONS:
-            # compose moves its truncated tails (to the infinity mass, and to the lowest entry kept) at
-            # their computed masses: each truncated entry may hide its round-off bound.  Earlier slack
-            # is extra mass of the earlier factor, scaled by the later factor's mass.
-            truncated = full_sizes[direction] - _dense(total, direction).size
-            slack[direction] = (slack[direction] * later_masses[direction] + errors[direction] * truncated
-                                + _TAIL_MASS_TRUNCATION / 2)
-    steps = sum(count for _, count in history)
-    bounded = tuple(_bounded_pmf(total, direction, errors[direction], steps, slack[direction], discretization)
-                    for direction in _DIRECTIONS)
-    for direction in bounded:
-        _check_within_error(direction, f"PLD of {steps} composed step(s)")
-    return ComposedPld(bounded)
+            raise PldTooCostly(f"the composed PLD needs a grid of {points} points > {MAX_COMPOSED_POINTS}")
+    composed = tuple(tilted_composition(steps, discretization, tilt) for steps, tilt in zip(directions, tilts))
+    for direction in composed:
+        if not (np.all(np.isfinite(direction.probs)) and math.isfinite(direction.infinity_mass)):
+            raise InvalidPrivacyCurveError(f"PLD of {sum(count for _, count in history)} composed step(s) has NaN "
+                                           f"or infinite mass")
+    return ComposedPld(composed)
 
 
-def history_infeasibility(history: tuple[tuple[DpEvent, int], ...], discretization: float) -> Optional[str]:
-    """Why the PLD route cannot account ``history`` (None when it can)."""
-    for event, count in history:
-        reason = pld_feasibility(event, count, discretization)
-        if reason is not None:
-            return reason
-    return None
-
-
-def _discretizations(coarse_epsilon: float) -> list[float]:
-    fine = max(coarse_epsilon / REFINEMENT, FINEST_DISCRETIZATION)
-    return [COARSE_DISCRETIZATION] if fine > 0.5 * COARSE_DISCRETIZATION else [COARSE_DISCRETIZATION, fine]
+def _epsilon_on_grid(history: Ledger, discretization: float, delta: float) -> float:
+    tilts = tuple(tilt_for_delta(steps, discretization, delta) for steps in _directions(history, discretization))
+    return composed_pld(history, discretization, tilts).epsilon_for_delta(delta)
 
 
 @lru_cache(maxsize=1024)
-def pld_epsilon(
-    history: tuple[tuple[DpEvent, int], ...], delta: float, refine: bool = True
-) -> tuple[float, Optional[str]]:
+def pld_epsilon(history: Ledger, delta: float, refine: bool = True) -> tuple[float, Optional[str]]:
     """(epsilon(delta), None), or (+inf, reason) when the PLD route does not apply or cannot certify ``delta``.
 
-    Two passes: a coarse value grid, then (``refine``), for small epsilons, a grid of about
-    epsilon / 3000; both are pessimistic and carry their round-off bound, so the smaller result
-    is reported.  A PLD that cannot be built (dp_accounting's numerics fail, or its masses break
+    Passes on ever finer value grids (``refine``): a coarse one, then grids REFINEMENT times finer
+    while a pass still lowers epsilon by more than CONVERGED and its PLD stays within the size limits;
+    every pass is pessimistic and carries its round-off bound, so the smallest result is reported.
+    (A small per-step loss, e.g. q = 1e-4, needs a grid finer than the loss itself.)  A PLD that cannot be built (dp_accounting's numerics fail, or its masses break
     their checks) gives +inf with the reason: the default accountants then answer by RDP.
     """
-    reason = history_infeasibility(history, COARSE_DISCRETIZATION)
+    reason = history_infeasibility(history)
     if reason is not None:
         return math.inf, reason
     try:
-        coarse = composed_pld(history, COARSE_DISCRETIZATION).epsilon_for_delta(delta)
-        best = coarse
-        if refine and math.isfinite(coarse):
-            for discretization in _discretizations(coarse)[1:]:
-                if history_infeasibility(history, discretization) is None:
-                    best = min(best, composed_pld(history, discretization).epsilon_for_delta(delta))
+        grid = history_discretization(history, COARSE_DISCRETIZATION)
+        best = _epsilon_on_grid(history, grid, delta)
+        while refine and math.isfinite(best):
+            finer = history_discretization(history, max(grid / REFINEMENT, FINEST_DISCRETIZATION))
+            if finer > 0.5 * grid:
+                break
+            try:
+                refined = _epsilon_on_grid(history, finer, delta)
+            except PldTooCostly:
+                break  # the coarser grid's epsilon stands
+            improved = refined < best * (1.0 - CONVERGED)
+            best, grid = min(best, refined), finer
+            if not improved:
+                break
     except PldTooCostly as err:
         return math.inf, str(err)
     except (ArithmeticError, ValueError) as err:  # dp_accounting's numerics or our checks gave up
@@ -440,14 +314,16 @@ def pld_epsilon(
 
 
 @lru_cache(maxsize=1024)
-def pld_delta(history: tuple[tuple[DpEvent, int], ...], epsilon: float) -> tuple[float, Optional[str]]:
+def pld_delta(history: Ledger, epsilon: float) -> tuple[float, Optional[str]]:
     """(delta(epsilon), None) on the coarse grid, round-off included, or (1.0, reason) when the PLD
     route does not apply."""
-    reason = history_infeasibility(history, COARSE_DISCRETIZATION)
+    reason = history_infeasibility(history)
     if reason is not None:
         return 1.0, reason
     try:
-        return min(1.0, composed_pld(history, COARSE_DISCRETIZATION).delta_for_epsilon(epsilon)), None
+        grid = history_discretization(history, COARSE_DISCRETIZATION)
+        tilts = tuple(tilt_centred_at(steps, grid, epsilon) for steps in _directions(history, grid))
+        return min(1.0, composed_pld(history, grid, tilts).delta_for_epsilon(epsilon)), None
     except PldTooCostly as err:
         return 1.0, str(err)
     except (ArithmeticError, ValueError) as err:

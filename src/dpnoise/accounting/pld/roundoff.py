@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import fft as scipy_fft
 
 #: Unit round-off of float64.
 UNIT_ROUNDOFF = 2.0**-53
@@ -53,58 +52,43 @@ def summation_error_factor(count: int) -> float:
     return terms / (1.0 - terms) + 4.0 * UNIT_ROUNDOFF
 
 
-def self_convolution_length(probs: np.ndarray, count: int, tail_mass_truncation: float) -> int:
-    """The FFT length dp_accounting's ``common.self_convolve`` uses for ``count`` compositions."""
-    from dp_accounting.pld import common  # noqa: PLC0415 (slow import)
-
-    lower, upper = common.compute_self_convolve_bounds(probs, count, tail_mass_truncation)
-    return int(scipy_fft.next_fast_len(max(upper - lower + 1, len(probs))))
-
-
-def self_convolution_entry_error(probs: np.ndarray, count: int, length: int) -> float:
-    """Bound on |computed - exact| of every entry of ``ifft(fft(probs, L) ** count)``.
-
-    With X = FFT(p) computed as X~ (|X~_k - X_k| <= e = gamma(L) ||p||_1) and Y = X^T:
-    |X~^T - X^T| <= T e (|X~| + e)^(T-1) (mean value theorem), the power's own rounding
-    |X~|^T (exp(c T (|log|X~|| + pi + 1)) - 1), and the inverse FFT (normalised by 1/L) adds
-    gamma(L) (1/L) sum_k |Y~_k|.  Every entry's error is at most (1/L) sum_k of the first two
-    plus the third.  Evaluated in log space (|X~|^T under- or overflows).
-    """
-    if count == 1:
-        return 0.0
-    probs = np.asarray(probs, dtype=float)
-    gamma = fft_error_factor(length)
-    forward_error = gamma * float(np.abs(probs).sum())
-    spectrum = np.abs(scipy_fft.fft(probs, length))
-    with np.errstate(divide="ignore"):
-        log_upper = np.log(spectrum + forward_error)
-        log_computed = np.log(spectrum)
-    propagated = count * forward_error * np.exp((count - 1) * log_upper)
-    exponent_error = _POWER_ERROR_PER_UNIT * count * (np.abs(np.where(spectrum > 0, log_computed, 0.0)) + math.pi + 1)
-    powered = np.exp(count * log_computed)
-    power_rounding = powered * (np.expm1(exponent_error) + 4 * UNIT_ROUNDOFF)
-    inverse_rounding = (gamma + UNIT_ROUNDOFF) * (powered + power_rounding)
-    total = float(np.mean(propagated + power_rounding + inverse_rounding))
-    # Underflow of |X~|^T to zero or subnormals: at most the smallest normal per term.
-    return total + np.finfo(float).tiny * length
-
-
-def convolution_entry_error(error_a: float, probs_a: np.ndarray, error_b: float, probs_b: np.ndarray) -> float:
-    """Bound on every entry's error of ``fftconvolve(a, b)`` when a and b carry entrywise errors.
-
-    The exact convolution of two vectors with entrywise errors e_a, e_b differs from that of
-    the exact vectors by at most e_a ||b||_1 + e_b ||a||_1 + e_a e_b min(len); the FFT product
-    adds gamma(L) ||a||_1 ||b||_1 per transform (two forward, one inverse).
-    """
-    mass_a = float(np.abs(probs_a).sum()) + error_a * len(probs_a)
-    mass_b = float(np.abs(probs_b).sum()) + error_b * len(probs_b)
-    gamma = fft_error_factor(len(probs_a) + len(probs_b))
-    return (error_a * mass_b + error_b * mass_a + error_a * error_b * min(len(probs_a), len(probs_b))
-            + 4.0 * gamma * mass_a * mass_b)
-
-
 def composition_relative_error(compositions: int) -> float:
     """R with true delta(eps) <= (1 + R) x that of the computed single-step PMFs' exact composition:
     their upper tail sums are >= (1 - rho) x the exact ones, an order convolution keeps, so the
     T-fold composition dominates (1 - rho)^T x the exact one: R = (1 - rho)^-T - 1."""
     return math.expm1(-compositions * math.log1p(-SINGLE_STEP_RELATIVE_ERROR))
+
+
+def power_product_entry_error(abs_spectra: list[np.ndarray], counts: list[int], forward_errors: list[float],
+                              product: np.ndarray) -> float:
+    """Bound on |computed - exact| of every entry of ``ifft(prod_e fft(x_e, L) ** T_e)``.
+
+    For each factor, with |X~_k - X_k| <= e (the forward transform's bound ``forward_errors``) and
+    U = |X~_k| + e bounding both spectra: |X~^T - X^T| <= T e U^(T-1) (mean value theorem) plus the
+    power's own rounding |X~|^T (exp(c T (|log|X~|| + pi + 1)) - 1 + 4u).  A product of factors
+    with errors eps_e and magnitudes at most V_e = U_e^T_e (1 + rounding) errs by at most
+    sum_e eps_e prod_{f != e} V_f plus a few ulps of prod V per multiplication.  The inverse FFT
+    (normalised by 1/L) adds gamma(L) (1/L) sum_k |Y~_k|; every entry is a mean over k, so its
+    error is the mean of the spectrum's bound plus that (docs/theory/pld_roundoff.md).
+    Evaluated in log space (powers of T up to 10^8 under- and overflow).
+    """
+    length = product.size
+    gamma = fft_error_factor(length)
+    errors, magnitudes = [], []
+    for spectrum, count, forward_error in zip(abs_spectra, counts, forward_errors):
+        log_upper = np.log(spectrum + forward_error)
+        with np.errstate(divide="ignore"):
+            log_computed = np.log(spectrum)
+        exponent_error = _POWER_ERROR_PER_UNIT * count * (np.abs(np.where(spectrum > 0, log_computed, 0.0)) + math.pi + 1)
+        rounding = np.expm1(exponent_error) + 4 * UNIT_ROUNDOFF
+        propagated = count * forward_error * np.exp((count - 1) * log_upper)
+        errors.append(propagated + np.exp(count * log_computed) * rounding)
+        magnitudes.append(np.exp(count * log_upper) * (1.0 + rounding))
+    all_magnitudes = np.prod(magnitudes, axis=0)
+    spectrum_error = 4.0 * UNIT_ROUNDOFF * len(counts) * all_magnitudes
+    for index, error in enumerate(errors):
+        others = np.prod([m for other, m in enumerate(magnitudes) if other != index], axis=0) if len(counts) > 1 else 1.0
+        spectrum_error = spectrum_error + error * others
+    inverse_rounding = (gamma + UNIT_ROUNDOFF) * (np.abs(product) + spectrum_error)
+    # Underflow of the powers to zero or subnormals: at most the smallest normal per term.
+    return float(np.mean(spectrum_error + inverse_rounding)) + np.finfo(float).tiny * length * len(counts)
