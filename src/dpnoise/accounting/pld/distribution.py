@@ -52,10 +52,11 @@ from dpnoise.accounting.validation import InvalidParameterError
 #: Value grid of the first pass: fine enough (about 0.1% of epsilon) from epsilon ~ 3 up.
 COARSE_DISCRETIZATION = 1e-3
 #: Later passes divide the grid by REFINEMENT, down to FINEST_DISCRETIZATION (cost grows as 1 / grid),
-#: while a pass still lowers epsilon by more than the relative CONVERGED.
+#: while a pass still lowers epsilon by more than the relative CONVERGED (geometric convergence: the
+#: next pass would gain a fraction of that).
 REFINEMENT = 5.0
 FINEST_DISCRETIZATION = 1e-6
-CONVERGED = 1e-3
+CONVERGED = 5e-3
 #: Largest single-step grid (points) and number of compositions the PLD route attempts.
 MAX_GRID_POINTS = 200_000
 MAX_COMPOSITIONS = 100_000_000

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -55,13 +56,15 @@ class GridPmf:
     probs: np.ndarray
     infinity_mass: float
 
-    @property
+    @cached_property
     def finite_mass(self) -> float:
         return float(self.probs.sum())
 
+    @cached_property
     def loss_indices(self) -> np.ndarray:
         return self.lower + np.arange(self.probs.size)
 
+    @cached_property
     def log_probs(self) -> np.ndarray:
         with np.errstate(divide="ignore"):
             return np.log(self.probs)
@@ -73,7 +76,7 @@ Steps = Sequence[tuple[GridPmf, int]]
 
 def _tilted_log_weights(pmf: GridPmf, tilt: float, grid: float) -> tuple[np.ndarray, float]:
     """(log p_lam(l_i), log Z(lam)) of the finite part of ``pmf``."""
-    log_weights = pmf.log_probs() + tilt * grid * pmf.loss_indices()
+    log_weights = pmf.log_probs + tilt * grid * pmf.loss_indices
     log_z = float(logsumexp(log_weights))
     return log_weights - log_z, log_z
 
@@ -84,16 +87,23 @@ def log_mgf(steps: Steps, tilt: float, grid: float) -> float:
     return sum(count * _tilted_log_weights(pmf, tilt, grid)[1] for pmf, count in steps)
 
 
+def _cumulants(steps: Steps, tilt: float, grid: float) -> tuple[float, float, float]:
+    """(K(lam), K'(lam), K''(lam)): the log MGF and the mean and variance of the composed loss under the tilt."""
+    log_z = mean = variance = 0.0
+    for pmf, count in steps:
+        log_weights, step_log_z = _tilted_log_weights(pmf, tilt, grid)
+        weights = np.exp(log_weights)
+        step_mean = float(weights @ pmf.loss_indices) * grid
+        centred = pmf.loss_indices * grid - step_mean
+        log_z += count * step_log_z
+        mean += count * step_mean
+        variance += count * float(weights @ (centred * centred))
+    return log_z, mean, variance
+
+
 def _tilted_moments(steps: Steps, tilt: float, grid: float) -> tuple[float, float]:
     """Mean and variance of the composed loss under the tilt (K'(lam), K''(lam))."""
-    mean = variance = 0.0
-    for pmf, count in steps:
-        weights = np.exp(_tilted_log_weights(pmf, tilt, grid)[0])
-        losses = grid * pmf.loss_indices()
-        step_mean = float(weights @ losses)
-        mean += count * step_mean
-        variance += count * float(weights @ (losses - step_mean) ** 2)
-    return mean, variance
+    return _cumulants(steps, tilt, grid)[1:]
 
 
 def _bisect_tilt(increasing, target: float) -> float:
@@ -122,8 +132,11 @@ def tilt_centred_at(steps: Steps, grid: float, loss: float) -> float:
 def tilt_for_delta(steps: Steps, grid: float, delta: float) -> float:
     """The saddle point of the Chernoff bound on epsilon(delta): min over lam of (K(lam) - log delta) / lam
     is attained where lam K'(lam) - K(lam) = -log delta (the left side increases with lam)."""
-    return _bisect_tilt(lambda tilt: tilt * _tilted_moments(steps, tilt, grid)[0] - log_mgf(steps, tilt, grid),
-                        -math.log(delta))
+    def saddle_equation(tilt: float) -> float:
+        log_z, mean, _ = _cumulants(steps, tilt, grid)
+        return tilt * mean - log_z
+
+    return _bisect_tilt(saddle_equation, -math.log(delta))
 
 
 def log_chernoff_tail(steps: Steps, grid: float, loss: float, tilt: float) -> float:
@@ -176,7 +189,7 @@ def tilted_composition(steps: Steps, grid: float, tilt: float) -> BoundedPmf:
         counts.append(count)
         log_z_total += count * log_z
         # the exponent lam l - log Z is computed with an absolute error of a few ulps of its size
-        exponent_size += count * (float(np.max(np.abs(tilt * grid * pmf.loss_indices()))) + abs(log_z) + 1.0)
+        exponent_size += count * (float(np.max(np.abs(tilt * grid * pmf.loss_indices))) + abs(log_z) + 1.0)
     product = np.ones(length, dtype=complex)
     for spectrum, count in zip(spectra, counts):
         product *= spectrum**count
