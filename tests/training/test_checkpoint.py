@@ -273,9 +273,10 @@ def test_other_formats_are_refused(digits_train, saved, tmp_path):
     torch.save({"format": 1, "numpy_rng": np.random.get_state()}, old)
     refused(digits_train, old, f"{old}: not a dpnoise checkpoint of format {CHECKPOINT_FORMAT}: it holds pickled "
                                 "objects, as checkpoints of format 1", error=CheckpointError)
-    newer = tmp_path / "format3.ckpt"
-    torch.save({"format": 3}, newer)
-    refused(digits_train, newer, f"{newer}: checkpoint format 3 is not supported", error=CheckpointError)
+    for other in (CHECKPOINT_FORMAT - 1, CHECKPOINT_FORMAT + 1):  # format 2 unpickled any object; a newer one
+        path = tmp_path / f"format{other}.ckpt"
+        torch.save({"format": other}, path)
+        refused(digits_train, path, f"{path}: checkpoint format {other} is not supported", error=CheckpointError)
 
 
 # ----------------------------------------------------------------------------- private randomness
