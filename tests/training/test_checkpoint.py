@@ -2,6 +2,7 @@
 (noise_seed given); a secret-randomness run resumes with fresh secret draws; a checkpoint that was
 corrupted, edited or saved by another run is refused with one line, and with a key any edit is."""
 
+import copy
 import datetime
 import hashlib
 import io
@@ -173,6 +174,20 @@ def test_ledger_of_other_noise_is_refused(digits_train, saved, tmp_path):
 
     def edit(state):  # same count, but the steps recorded with three times the noise
         state["engine"]["accountants"][primary]["history"][0]["event"]["event"]["noise_multiplier"] *= 3
+    refused(digits_train, tampered(saved, tmp_path, edit),
+            f"checkpoint is inconsistent in accountant '{primary}': its ledger is not 4 steps of this run's privacy setup")
+
+
+def test_an_earlier_ledger_entry_of_other_noise_is_refused(digits_train, saved, tmp_path):
+    """The ledger checked entry by entry, not only its latest: the first 2 of 4 steps relabelled with other noise."""
+    primary, _ = accountant_names(digits_train)
+
+    def edit(state):
+        (entry,) = state["engine"]["accountants"][primary]["history"]
+        relabelled = copy.deepcopy(entry)
+        relabelled["event"]["event"]["noise_multiplier"] *= 2
+        relabelled["count"] = entry["count"] = 2
+        state["engine"]["accountants"][primary]["history"] = [relabelled, entry]
     refused(digits_train, tampered(saved, tmp_path, edit),
             f"checkpoint is inconsistent in accountant '{primary}': its ledger is not 4 steps of this run's privacy setup")
 
@@ -484,7 +499,7 @@ def resume_with(dataset, path, key=None, **options):
 
 
 @pytest.mark.parametrize("key", [KEY, None])
-def test_an_older_checkpoint_of_the_run_is_refused_unless_accepted_with_every_step_counted(digits_train, tmp_path, key):
+def test_an_older_checkpoint_is_refused_unless_accepted_with_every_step_counted(digits_train, tmp_path, key):
     (older, latest), epsilon = run_with_checkpoints(digits_train, tmp_path, key)
     message = (f"{older} is older than its run's latest checkpoint: it holds 2 steps, the run took 4 (run-record.json); "
                "resuming it would forget 2 steps")

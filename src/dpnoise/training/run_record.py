@@ -46,7 +46,8 @@ def plain_setup(setup: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(setup))
 
 
-def recorded_steps(folder: str | os.PathLike, run_id: str, setup: dict[str, Any], key: Optional[bytes]) -> Optional[int]:
+def recorded_steps(folder: str | os.PathLike, run_id: str, setup: dict[str, Any],
+                   key: Optional[bytes]) -> Optional[int]:
     """The most steps the record in ``folder`` holds for run ``run_id`` (None: no record of that run), after checking
     that the entry is authentic under ``key`` and that the run took its steps with ``setup``.
 
@@ -124,7 +125,8 @@ def _read_record(path: Path) -> dict[str, dict[str, Any]]:
         record = json.loads(text)
     except ValueError:
         raise CheckpointError(f"{path}: not a dpnoise run record (not JSON)") from None
-    if not isinstance(record, dict) or record.get("format") != RUN_RECORD_FORMAT or not isinstance(record.get("runs"), dict):
+    if not (isinstance(record, dict) and record.get("format") == RUN_RECORD_FORMAT
+            and isinstance(record.get("runs"), dict)):
         raise CheckpointError(f"{path}: not a dpnoise run record of format {RUN_RECORD_FORMAT}")
     for run_id, entry in record["runs"].items():
         if not (isinstance(entry, dict) and _is_step_count(entry.get("steps")) and isinstance(entry.get("setup"), dict)
