@@ -2,7 +2,14 @@
 (noise_seed given); a secret-randomness run resumes with fresh secret draws; a checkpoint that was
 corrupted, edited or saved by another run is refused with one line, and with a key any edit is."""
 
+import copy
+import datetime
+import hashlib
+import io
+import json
+import os
 import re
+import shutil
 import warnings
 
 import numpy as np
@@ -27,12 +34,15 @@ from dpnoise.training.checkpoint import (
     read_checkpoint,
     write_checkpoint_state,
 )
-from dpnoise.training.errors import CheckpointError, CheckpointKeyError
+from dpnoise.training.errors import CheckpointError, CheckpointKeyError, UnkeyedCheckpointWarning
 from dpnoise.training.randomness import ReproducibleNoiseWarning
 
 from training_helpers import digits_loader, mlp
 
 TOTAL_STEPS, INTERRUPT_AT = 10, 4
+
+# Most tests write unkeyed checkpoints on purpose; the warning itself is tested below.
+pytestmark = pytest.mark.filterwarnings("ignore::dpnoise.training.errors.UnkeyedCheckpointWarning")
 
 
 KEY = "k" * 32
@@ -168,6 +178,20 @@ def test_ledger_of_other_noise_is_refused(digits_train, saved, tmp_path):
             f"checkpoint is inconsistent in accountant '{primary}': its ledger is not 4 steps of this run's privacy setup")
 
 
+def test_an_earlier_ledger_entry_of_other_noise_is_refused(digits_train, saved, tmp_path):
+    """The ledger checked entry by entry, not only its latest: the first 2 of 4 steps relabelled with other noise."""
+    primary, _ = accountant_names(digits_train)
+
+    def edit(state):
+        (entry,) = state["engine"]["accountants"][primary]["history"]
+        relabelled = copy.deepcopy(entry)
+        relabelled["event"]["event"]["noise_multiplier"] *= 2
+        relabelled["count"] = entry["count"] = 2
+        state["engine"]["accountants"][primary]["history"] = [relabelled, entry]
+    refused(digits_train, tampered(saved, tmp_path, edit),
+            f"checkpoint is inconsistent in accountant '{primary}': its ledger is not 4 steps of this run's privacy setup")
+
+
 def test_accountants_emptied_or_removed_are_refused(digits_train, saved, tmp_path):
     _, names = accountant_names(digits_train)
     assert len(names) > 1
@@ -273,9 +297,10 @@ def test_other_formats_are_refused(digits_train, saved, tmp_path):
     torch.save({"format": 1, "numpy_rng": np.random.get_state()}, old)
     refused(digits_train, old, f"{old}: not a dpnoise checkpoint of format {CHECKPOINT_FORMAT}: it holds pickled "
                                 "objects, as checkpoints of format 1", error=CheckpointError)
-    newer = tmp_path / "format3.ckpt"
-    torch.save({"format": 3}, newer)
-    refused(digits_train, newer, f"{newer}: checkpoint format 3 is not supported", error=CheckpointError)
+    for other in (CHECKPOINT_FORMAT - 1, CHECKPOINT_FORMAT + 1):  # format 2 unpickled any object; a newer one
+        path = tmp_path / f"format{other}.ckpt"
+        torch.save({"format": other}, path)
+        refused(digits_train, path, f"{path}: checkpoint format {other} is not supported", error=CheckpointError)
 
 
 # ----------------------------------------------------------------------------- private randomness
@@ -403,3 +428,165 @@ def test_a_bad_key_setting_stops_dpnoise_train_before_any_work_even_without_out(
                  "--delta", "1e-5", "--epochs", "0.1", "--batch-size", "32", "--no-progress"]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "checkpoint key" in error[0]
+
+
+# ----------------------------------------------------------------------------- loading runs no code
+def test_a_payload_that_runs_code_when_unpickled_is_refused_unrun(digits_train, saved, tmp_path):
+    """A hand-made envelope whose (correctly hashed) payload calls os.system when unpickled."""
+    marker = tmp_path / "ran"
+
+    class RunsCode:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    state = read_checkpoint(saved)
+    state["extra"] = {"note": RunsCode()}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    path = tmp_path / "runs-code.ckpt"
+    torch.save({"format": CHECKPOINT_FORMAT, "sha256": hashlib.sha256(payload).hexdigest(),
+                "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8)}, path)
+    refused(digits_train, path, f"{path}: the checkpoint holds objects other than tensors and plain data, which could "
+                                "run code when loaded; refused without loading them (it would call posix.system)",
+            error=CheckpointError)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("value, kind", [(datetime.date(2020, 1, 1), "datetime.date"),
+                                         (np.float64(0.5), "numpy.float64")])
+def test_objects_other_than_tensors_and_plain_data_are_not_written(digits_train, tmp_path, value, kind):
+    module, optimizer, _ = build(digits_train, "lap2", seed=7, noise=1.0)
+    path = tmp_path / "run.ckpt"
+    with pytest.raises(CheckpointError, match=re.escape(f"checkpoint state['extra']['note'] is a {kind}: a checkpoint "
+                                                        "holds tensors and plain data only")):
+        save_checkpoint(path, module=module, optimizer=optimizer, engine=optimizer.privacy_engine,
+                        extra={"note": value})
+    assert not path.exists()
+
+
+def test_the_privacy_state_is_plain_data(saved):
+    """Everything but the generators' byte tensors is JSON as it stands (json.dumps raises for any other object)."""
+    engine_state = read_checkpoint(saved)["engine"]
+    generators = engine_state.pop("generators")
+    json.dumps(engine_state)
+    assert {type(value) for rank in generators["ranks"] for value in rank.values()} == {torch.Tensor, str}
+
+
+# ----------------------------------------------------------------------------- the run record
+def keyword(key):
+    return {} if key is None else {"key": key}
+
+
+def run_with_checkpoints(dataset, folder, key=None, stops=(2, 4)):
+    """A lap2 run of the checkpointed setup, saved into ``folder`` as ``step<k>.ckpt`` at each of ``stops``;
+    returns the paths and the epsilon after the last stop."""
+    module, optimizer, loader = build(dataset, "lap2", seed=7, noise=1.0, target_epsilon=BUDGET)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths, done = [], 0
+    for stop in stops:
+        epsilon = run(module, optimizer, loader, stop - done)
+        done = stop
+        paths.append(folder / f"step{stop}.ckpt")
+        save_checkpoint(paths[-1], module=module, optimizer=optimizer, engine=optimizer.privacy_engine, **keyword(key))
+    return paths, epsilon
+
+
+def resume_with(dataset, path, key=None, **options):
+    module, optimizer, engine = fresh_engine(dataset)
+    load_checkpoint(path, module=module, optimizer=optimizer, engine=engine, **keyword(key), **options)
+    return engine
+
+
+@pytest.mark.parametrize("key", [KEY, None])
+def test_an_older_checkpoint_is_refused_unless_accepted_with_every_step_counted(digits_train, tmp_path, key):
+    (older, latest), epsilon = run_with_checkpoints(digits_train, tmp_path, key)
+    message = (f"{older} is older than its run's latest checkpoint: it holds 2 steps, the run took 4 (run-record.json); "
+               "resuming it would forget 2 steps")
+    with pytest.raises(CheckpointMismatchError, match=re.escape(message)):
+        resume_with(digits_train, older, key)
+    shutil.copy(older, latest)  # the older genuine checkpoint put back in place of the latest
+    with pytest.raises(CheckpointMismatchError, match="it holds 2 steps, the run took 4"):
+        resume_with(digits_train, latest, key)
+
+    engine = resume_with(digits_train, older, key, resume_older=True)
+    assert engine.steps == 4 and all(acc.steps == 4 for acc in engine.accountants.values())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnsoundAccountantWarning)
+        assert engine.epsilon_by_accountant() == epsilon
+
+
+def test_an_older_checkpoint_is_refused_against_the_output_folders_record(digits_train, tmp_path):
+    """A copy of the step-2 checkpoint taken elsewhere, resumed into the run's folder after the run reached step 4."""
+    (older, _), _ = run_with_checkpoints(digits_train, tmp_path / "run")
+    copy = tmp_path / "copy" / older.name
+    copy.parent.mkdir()
+    shutil.copy(older, copy)
+    assert resume_with(digits_train, copy).steps == 2  # unkeyed, and no record next to it: nothing to compare with
+    with pytest.raises(CheckpointMismatchError, match=re.escape(f"{copy} is older than its run's latest checkpoint: "
+                                                                "it holds 2 steps, the run took 4")):
+        resume_with(digits_train, copy, output_folder=tmp_path / "run")
+
+
+def test_a_consistent_edit_to_fewer_steps_is_refused_by_the_run_record(digits_train, tmp_path):
+    """Without a key: step counter and every ledger edited to fewer steps, hash recomputed, record left alone."""
+    (_, latest), _ = run_with_checkpoints(digits_train, tmp_path)
+    step_event = fresh_engine(digits_train)[2].step_event
+
+    def fewer_steps(state):
+        state["engine"]["steps"] = 3
+        for name in state["engine"]["accountants"]:
+            state["engine"]["accountants"][name] = get_accountant(name).compose(step_event, 3).state_dict()
+    state = read_checkpoint(latest)
+    fewer_steps(state)
+    write_checkpoint_state(latest, state)
+    with pytest.raises(CheckpointMismatchError, match="it holds 3 steps, the run took 4"):
+        resume_with(digits_train, latest)
+    # What an unkeyed checkpoint cannot protect: the record edited consistently too
+    record_path = tmp_path / "run-record.json"
+    record = json.loads(record_path.read_text())
+    (entry,) = record["runs"].values()
+    entry["steps"] = 3
+    record_path.write_text(json.dumps(record))
+    assert resume_with(digits_train, latest).steps == 3
+
+
+def test_a_relabelled_setup_and_ledger_is_refused(digits_train, tmp_path):
+    """Noise 1 -> 2 in the setup and in every ledger, resumed with noise 2: the record says the steps used noise 1."""
+    (_, latest), _ = run_with_checkpoints(digits_train, tmp_path)
+    relabelled = fresh_engine(digits_train, noise=2.0)[2]
+    state = read_checkpoint(latest)
+    state["engine"]["setup"]["noise"] = 2.0
+    for name in state["engine"]["accountants"]:
+        state["engine"]["accountants"][name] = get_accountant(name).compose(relabelled.step_event, 4).state_dict()
+    write_checkpoint_state(latest, state)
+    refused(digits_train, latest, f"{tmp_path / 'run-record.json'} records that run {state['engine']['run_id']} took "
+                                  "its steps with noise 1.0; this run has 2.0", noise=2.0)
+
+
+def test_a_keyed_checkpoint_needs_its_authentic_run_record(digits_train, tmp_path):
+    (_, latest), _ = run_with_checkpoints(digits_train, tmp_path / "run", KEY)
+    alone = tmp_path / "alone" / latest.name
+    alone.parent.mkdir()
+    shutil.copy(latest, alone)
+    with pytest.raises(CheckpointError, match=re.escape(f"holds none of run {read_checkpoint(latest, key=KEY)['engine']['run_id']}")):
+        resume_with(digits_train, alone, KEY)
+
+    record_path = tmp_path / "run" / "run-record.json"
+    record = json.loads(record_path.read_text())
+    (entry,) = record["runs"].values()
+    entry["steps"] = 1  # lowered, so that an older checkpoint would pass
+    record_path.write_text(json.dumps(record))
+    with pytest.raises(CheckpointError, match="is not authentic under this checkpoint key"):
+        resume_with(digits_train, latest, KEY)
+
+
+def test_unkeyed_checkpoints_warn_once_per_run_and_keyed_ones_never(digits_train, tmp_path):
+    for key, expected in ((None, 1), (KEY, 0)):
+        folder = tmp_path / ("keyed" if key else "unkeyed")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run_with_checkpoints(digits_train, folder, key)
+        unkeyed = [str(w.message) for w in caught if issubclass(w.category, UnkeyedCheckpointWarning)]
+        assert len(unkeyed) == expected
+        assert all("can change the step counter, the ledgers and the setup" in message for message in unkeyed)

@@ -4,6 +4,7 @@ fine-tuning on SST-2 (its options, one short real run)."""
 import csv
 import importlib.util
 import json
+import shutil
 
 import pytest
 
@@ -56,6 +57,27 @@ def test_out_files_and_resume_continue_the_same_run(tmp_path, capsys, options):
     assert [int(r["step"]) for r in rows] == list(range(1, 46))
     metrics = json.loads((tmp_path / "part" / "metrics.json").read_text())
     assert [e["step"] for e in metrics["epochs"]] == [23, 45]
+
+
+def test_an_older_checkpoint_is_resumed_only_with_resume_older_and_every_step_counted(tmp_path, capsys):
+    """A copy of the step-4 checkpoint, resumed into the run's folder after the run reached step 8 (q = 64 / 256)."""
+    args = [*COMMON, "--limit", "256", "--mechanism", "gaussian", "--noise", "1.0", "--epochs", "3", "--lr", "1e-2",
+            "--json", "--out", str(tmp_path / "run")]
+    checkpoint, copy = tmp_path / "run" / "checkpoint.pt", tmp_path / "copy" / "checkpoint.pt"
+    assert main([*args, "--max-steps", "4"]) == 0
+    copy.parent.mkdir()
+    shutil.copy(checkpoint, copy)
+    assert main([*args, "--resume", str(checkpoint), "--max-steps", "8"]) == 0
+    capsys.readouterr()
+
+    assert main([*args, "--resume", str(copy)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--resume: {copy} is older than its run's latest checkpoint: it holds 4 steps, the run took 8" in error
+    assert "--resume-older" in error
+    assert main([*args, "--resume", str(copy), "--resume-older"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 12  # the 8 steps the run took, then 4 more
+    assert main([*args, "--resume-older"]) == 2
+    assert "--resume-older applies with --resume only" in capsys.readouterr().err
 
 
 def test_missing_data_names_the_install_command(tmp_path, capsys):

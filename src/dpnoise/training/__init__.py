@@ -40,6 +40,7 @@ _EXPORTED_FROM = {
     "InvalidTrainingOptionError": "errors",
     "PrivacyBudgetExceededError": "errors",
     "UnsupportedLayerError": "errors",
+    "UnkeyedCheckpointWarning": "errors",
     "PerExampleCheckError": "errors",
     "StepMetrics": "loop",
     "endless_batches": "loop",

@@ -5,29 +5,42 @@ and the same noise as the uninterrupted run: the engine's generators (Poisson sa
 mechanism noise) and torch's global RNG (dropout, ...) are saved with the accountants' state, so
 no step is counted twice or forgotten.
 
-A checkpoint cannot silently misstate the privacy spent.  Format 2 (this module) is a torch file
-holding ``{"format": 2, "sha256": hex, "payload": uint8 tensor}``: the payload is the
-``torch.save`` serialisation of the whole state, and its SHA-256 is verified before anything is
-unpickled.  Resuming then checks the state against the resuming run
+A checkpoint cannot silently misstate the privacy spent.  Format 3 (this module) is a torch file
+holding ``{"format": 3, "sha256": hex, "payload": uint8 tensor}``: the payload is the
+``torch.save`` serialisation of the whole state, and its SHA-256 is verified before it is read.
+Loading a checkpoint never runs code: the state is tensors and plain data only (str, int, float,
+bool, None, lists, tuples and dicts; the privacy state is JSON-able), :func:`write_checkpoint_state`
+refuses anything else, and both the envelope and the payload are read with
+``torch.load(weights_only=True)``, whose unpickler builds nothing else (a file crafted to run code
+is refused, unrun).  Resuming then checks the state against the resuming run
 (:meth:`PrivacyEngine.load_state_dict`): same privacy setup and seed, a step counter within the
 budget, and every accountant's ledger equal to what a fresh accountant records for that many
 steps of that setup.  Anything else is refused with one line naming what differs.
 
+**The run record.**  Every checkpoint carries its run's identity (``PrivacyEngine.run_id``), and
+:func:`save_checkpoint` records, in the file ``run-record.json`` of the checkpoint's folder, the most
+steps the run has taken and the setup it took them with (:mod:`dpnoise.training.run_record`).  A
+resume refuses a checkpoint older than the run's latest (which would forget the later steps)
+unless it is accepted explicitly (``resume_older=True``; the resumed run then counts every step the
+run ever took), and a setup other than the recorded one (a ledger relabelled with another noise).
+
 **Keyed checkpoints.** With a key (:func:`checkpoint_key`: the ``key=`` argument, or the
 environment variable ``DPNOISE_CHECKPOINT_KEY``, or a file named by
 ``DPNOISE_CHECKPOINT_KEY_FILE``; at least 32 bytes, never stored in the checkpoint) the envelope
-also carries an HMAC-SHA256 of the payload, checked before anything is unpickled: any edit,
-consistent or not (step counter and ledgers changed together, hash recomputed, generator states
-replaced), is refused, and so is a keyed checkpoint read without its key or an unkeyed one read
-with a key.  Use keys wherever a checkpoint leaves your hands.
+also carries an HMAC-SHA256 of the payload, and each run-record entry its own, checked before
+anything is read: any edit, consistent or not (step counter and ledgers changed together, hash
+recomputed, generator states replaced, setup and ledgers relabelled), is refused, and so is a keyed
+checkpoint read without its key or an unkeyed one read with a key, and a keyed checkpoint whose
+folder has no record of its run.  Use keys wherever a checkpoint leaves your hands.
 
 What the hash alone does and does not do (no key): it catches corrupted and truncated files and
 naive edits of the bytes; it is not a signature, so whoever edits a checkpoint on purpose can
 recompute it.  The ledger checks catch such edits when they are inconsistent (a ledger shortened,
-emptied or removed, a step counter changed without its ledgers, another noise), and the
-generator tags a replaced generator state (:mod:`dpnoise.training.randomness`).  A checkpoint
-edited consistently (counter *and* ledgers of the same smaller k, hash recomputed) still passes,
-as does a file crafted to run code when unpickled: load only checkpoints you wrote or trust.
+emptied or removed, a step counter changed without its ledgers, another noise), the run record
+catches a checkpoint edited back to fewer steps or relabelled while the record is left alone, and
+the generator tags a replaced generator state (:mod:`dpnoise.training.randomness`).  A checkpoint
+and its run record edited consistently together still pass: without a key, nothing can tell them
+from genuine ones.  :func:`save_checkpoint` says so once per run (:class:`UnkeyedCheckpointWarning`).
 
 Devices and processes: a checkpoint is read onto the CPU (``map_location``) and restored into the
 resuming run's model wherever it lives, so a run saved on a GPU resumes on the CPU and back (the
@@ -44,6 +57,9 @@ import io
 import os
 import pickle
 import random
+import re
+import warnings
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Optional
 
@@ -53,9 +69,15 @@ from torch import nn
 from torch.optim import Optimizer
 
 from dpnoise.training.engine import PrivacyEngine
-from dpnoise.training.errors import CheckpointError, CheckpointKeyError, CheckpointMismatchError
+from dpnoise.training.errors import (
+    CheckpointError,
+    CheckpointKeyError,
+    CheckpointMismatchError,
+    UnkeyedCheckpointWarning,
+)
+from dpnoise.training.run_record import RUN_RECORD_NAME, record_steps, recorded_steps
 
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3
 #: Environment variables that give the checkpoint key (the key itself, or a file holding it).
 KEY_VARIABLE = "DPNOISE_CHECKPOINT_KEY"
 KEY_FILE_VARIABLE = "DPNOISE_CHECKPOINT_KEY_FILE"
@@ -68,6 +90,14 @@ CheckpointKey = Optional[bytes | str]
 STATE_KEYS = ("format", "module", "optimizer", "engine", "torch_rng", "numpy_rng", "python_rng", "extra")
 
 _ZIP_MAGIC = b"PK\x03\x04"
+
+#: what a checkpoint's state may hold: what ``torch.load(weights_only=True)`` rebuilds without running code
+_PLAIN_LEAVES = (str, int, float, bool, type(None), torch.Tensor, nn.Parameter)
+_PLAIN_MAPPINGS = (dict, OrderedDict)  # a module's state_dict is an OrderedDict
+_PLAIN_SEQUENCES = (list, tuple)
+
+#: runs whose unkeyed checkpoints this process has already warned about (once per run)
+_warned_unkeyed_runs: set[str] = set()
 
 
 def checkpoint_key(key: CheckpointKey = None) -> Optional[bytes]:
@@ -129,28 +159,50 @@ def save_checkpoint(
 ) -> None:
     """Write the private run's full state to ``path`` (atomically: temp file + rename).
 
-    ``key``: see :func:`checkpoint_key` (default: from the environment; none: unkeyed).
+    ``key``: see :func:`checkpoint_key` (default: from the environment; none: unkeyed, and an
+    :class:`UnkeyedCheckpointWarning` once per run says what that does not protect).  The run record
+    of the checkpoint's folder (``run-record.json``) is updated after the checkpoint is in place, so
+    that a process killed in between leaves a record no newer than the checkpoint.  ``extra`` must be
+    plain data (see :func:`write_checkpoint_state`).
     In a process group call it on every rank: only rank 0 writes.
     """
+    engine_state = engine.state_dict()
     state = {
         "format": CHECKPOINT_FORMAT,
         "module": module.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "engine": engine.state_dict(),
+        "engine": engine_state,
         "torch_rng": torch.get_rng_state(),
-        "numpy_rng": np.random.get_state(),
+        "numpy_rng": _numpy_rng_state(),
         "python_rng": random.getstate(),
         "extra": extra or {},
     }
     key = checkpoint_key(key)
-    if engine.rank == 0:
-        write_checkpoint_state(path, state, key=key)
+    if engine.rank != 0:
+        return
+    path = Path(path)
+    write_checkpoint_state(path, state, key=key)
+    record_steps(path.parent, engine.run_id, engine.steps, engine_state["setup"], key)
+    if key is None and engine.run_id not in _warned_unkeyed_runs:
+        _warned_unkeyed_runs.add(engine.run_id)
+        warnings.warn(
+            f"{path} is written without a checkpoint key: its SHA-256 detects corruption, not deliberate edits. "
+            f"Whoever can write to {path.parent} can change the step counter, the ledgers and the setup in it and in "
+            f"{RUN_RECORD_NAME} together, or put back an older checkpoint with its record, and a resume will not "
+            f"notice. Set ${KEY_VARIABLE} or ${KEY_FILE_VARIABLE} (a secret of at least {MIN_KEY_BYTES} bytes) to "
+            f"have any edit refused. (Shown once per run.)", UnkeyedCheckpointWarning, stacklevel=2)
 
 
 def write_checkpoint_state(path: str | os.PathLike, state: dict[str, Any], key: CheckpointKey = None) -> None:
     """Serialise ``state``, hash it (and authenticate it with ``key``, see :func:`checkpoint_key`) and
-    write the format-2 envelope to ``path`` atomically."""
+    write the format-3 envelope to ``path`` atomically.
+
+    ``state`` must be tensors and plain data (str, int, float, bool, None, lists, tuples, dicts), what a
+    resume reads back without running code; anything else raises :class:`CheckpointError` naming
+    the entry, before anything is written.
+    """
     key = checkpoint_key(key)
+    _check_plain(state, "state")
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getvalue()
@@ -228,7 +280,12 @@ def read_checkpoint(path: str | os.PathLike, key: CheckpointKey = None) -> dict[
         raise fail("checkpoint content does not match its HMAC under this key (edited, or another key)")
 
     try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights only" in str(err).lower():  # a global torch's safe unpickler does not build: never run it
+            raise fail(f"the checkpoint holds objects other than tensors and plain data, which could run code when "
+                       f"loaded; refused without loading them ({_unsafe_global(err)})") from None
+        raise fail(f"corrupted checkpoint payload ({_first_line(err)})") from None
     except Exception as err:  # noqa: BLE001
         raise fail(f"corrupted checkpoint payload ({_first_line(err)})") from None
     if not isinstance(state, dict):
@@ -243,20 +300,37 @@ def read_checkpoint(path: str | os.PathLike, key: CheckpointKey = None) -> dict[
 
 def load_checkpoint(
     path: str | os.PathLike, *, module: nn.Module, optimizer: Optimizer, engine: PrivacyEngine,
-    key: CheckpointKey = None,
+    key: CheckpointKey = None, output_folder: Optional[str | os.PathLike] = None, resume_older: bool = False,
 ) -> dict[str, Any]:
     """Restore a checkpoint into objects built by ``make_private`` with the same setup and seed.
 
     The file is verified first (:func:`read_checkpoint`, with ``key`` or the environment's:
-    :class:`CheckpointError`), then the
-    model's parameter names and shapes and the engine state (:meth:`PrivacyEngine.load_state_dict`):
-    any difference raises :class:`CheckpointMismatchError` naming the field, before the model or
-    the engine is changed.  Checkpoints are pickles: load only files you wrote or trust.
+    :class:`CheckpointError`), then the model's parameter names and shapes, the engine state
+    (:meth:`PrivacyEngine.check_state_dict`) and the run record (``run-record.json``) of the
+    checkpoint's folder and of ``output_folder`` (where the resumed run will write its checkpoints,
+    when elsewhere): any difference raises :class:`CheckpointMismatchError` naming the field,
+    before the model or the engine is changed.  A keyed checkpoint needs its run's record in its own
+    folder (copy ``run-record.json`` with it).
+
+    A checkpoint with fewer steps than the run record holds for its run is older than the run's latest
+    and refused, unless ``resume_older``: then it is restored and the steps the run took after it are
+    counted (:meth:`PrivacyEngine.account_later_steps`), so the resumed run starts at the recorded step
+    count with every step the run ever took in its accountants.
 
     Returns the checkpoint's ``extra`` dictionary, with ``"steps"`` (steps already taken) added.
     """
+    key = checkpoint_key(key)
     state = read_checkpoint(path, key=key)
     _check_module_state(state["module"], module)
+    engine.check_state_dict(state["engine"])
+    taken = _steps_the_run_took(Path(path), state["engine"], key, output_folder)
+    saved_steps = state["engine"]["steps"]
+    if taken > saved_steps and not resume_older:
+        raise CheckpointMismatchError(
+            f"{path} is older than its run's latest checkpoint: it holds {saved_steps} steps, the run took {taken} "
+            f"({RUN_RECORD_NAME}); resuming it would forget {taken - saved_steps} steps. Resume the latest checkpoint, "
+            f"or accept this one explicitly (resume_older=True, dpnoise train --resume-older), which counts every "
+            f"step the run took")
     engine.load_state_dict(state["engine"])
     module.load_state_dict(state["module"])
     try:
@@ -266,7 +340,25 @@ def load_checkpoint(
     torch.set_rng_state(state["torch_rng"])
     np.random.set_state(state["numpy_rng"])
     random.setstate(state["python_rng"])
+    if taken > saved_steps:
+        engine.account_later_steps(taken)
     return {**state["extra"], "steps": engine.steps}
+
+
+def _steps_the_run_took(path: Path, engine_state: dict[str, Any], key: Optional[bytes],
+                        output_folder: Optional[str | os.PathLike]) -> int:
+    """The most steps the checkpoint's run has taken: its own count, or more where the run record of the checkpoint's
+    folder or of ``output_folder`` holds more.  A keyed checkpoint's folder must hold a record of its run."""
+    run_id, setup, steps = engine_state["run_id"], engine_state["setup"], engine_state["steps"]
+    folders = [path.parent]
+    if output_folder is not None and Path(output_folder).resolve() != path.parent.resolve():
+        folders.append(Path(output_folder))
+    recorded = [recorded_steps(folder, run_id, setup, key) for folder in folders]
+    if key is not None and recorded[0] is None:
+        raise CheckpointError(f"{path}: a keyed checkpoint is resumed only with its run's record, and "
+                              f"{path.parent / RUN_RECORD_NAME} holds none of run {run_id} (copy the run's "
+                              f"{RUN_RECORD_NAME} with its checkpoints)")
+    return max([steps, *(count for count in recorded if count is not None)])
 
 
 def _check_module_state(saved: Any, module: nn.Module) -> None:
@@ -306,3 +398,33 @@ def _first_line(err: BaseException) -> str:
     if not text:
         return type(err).__name__
     return text.splitlines()[0].split(". ")[0].rstrip(".")
+
+
+def _unsafe_global(err: pickle.UnpicklingError) -> str:
+    """What torch's safe unpickler refused to build, e.g. ``posix.system`` (its message is a page of advice)."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(err))
+    return f"it would call {found.group(1)}" if found else _first_line(err)
+
+
+def _check_plain(value: Any, where: str) -> None:
+    """Raise :class:`CheckpointError` naming the first entry of ``value`` that is not a tensor or plain data."""
+    if type(value) in _PLAIN_LEAVES:
+        return
+    if type(value) in _PLAIN_MAPPINGS:
+        for key, item in value.items():
+            _check_plain(key, f"{where} key {key!r}")
+            _check_plain(item, f"{where}[{key!r}]")
+        return
+    if type(value) in _PLAIN_SEQUENCES:
+        for index, item in enumerate(value):
+            _check_plain(item, f"{where}[{index}]")
+        return
+    raise CheckpointError(f"checkpoint {where} is a {type(value).__module__}.{type(value).__qualname__}: a checkpoint "
+                          f"holds tensors and plain data only (str, int, float, bool, None, lists, tuples, dicts), "
+                          f"so that loading one never runs code")
+
+
+def _numpy_rng_state() -> dict[str, Any]:
+    """NumPy's global generator state as plain data (:func:`numpy.random.set_state` takes it back)."""
+    state = np.random.get_state(legacy=False)
+    return {**state, "state": {"key": state["state"]["key"].tolist(), "pos": int(state["state"]["pos"])}}

@@ -172,6 +172,11 @@ class OutputConfig:
                                     "--log-private-batch-stats")
     resume: Optional[Path] = option(None, flag="--resume", group=RUN, check=("checkpoint_file",),
                                     help="continue from a checkpoint written by --out")
+    #: resume a checkpoint older than its run's latest (its run record), counting the steps taken after it
+    resume_older: bool = option(False, flag="--resume-older", group=RUN,
+                                help="with --resume: accept a checkpoint older than its run's latest one (refused "
+                                "otherwise, since its accountants lack the later steps); the resumed run counts every "
+                                "step the run took and continues from the latest step count")
     #: a progress bar on stderr
     progress: bool = option(True, flag="--no-progress", group=RUN, help="no progress bar")
     #: each step's loss, accuracy and size of its private batch in the outputs and the progress bar: computed
@@ -391,6 +396,8 @@ def check_fields(value_at: FieldValue) -> None:
                                            f"got {momentum!r} with {optimizer!r}")
     if value_at("lora_rank") is not None and value_at("trainable") != "lora":
         raise InvalidConfigError(lambda n: f"{n('lora_rank')} applies to {n('trainable')} lora only")
+    if value_at("output.resume_older") and value_at("output.resume") is None:
+        raise InvalidConfigError(lambda n: f"{n('output.resume_older')} applies with {n('output.resume')} only")
     check_secure_mode(value_at)
     calibrate_with = value_at("privacy.calibrate_with")
     if calibrate_with is not None and noise is not None:

@@ -15,6 +15,7 @@ count the same steps as one process would, on every rank.
 from __future__ import annotations
 
 import logging
+import secrets
 import warnings
 from dataclasses import asdict
 from functools import partial
@@ -38,7 +39,7 @@ from dpnoise.accounting import (
 )
 from dpnoise.accounting.events import DpEvent, PoissonSampledEvent, event_to_dict
 from dpnoise.accounting.secure_noise import DiscreteGaussianPlan, plan_discrete_gaussian, plan_discrete_laplace
-from dpnoise.accounting.validation import InvalidParameterError, check_sample_rate
+from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.secure_noise import Plan
 from dpnoise.training.batches import LossFunction, check_batch_format, check_loss_fn
@@ -115,6 +116,9 @@ class PrivacyEngine:
 
     def __init__(self, seed: Optional[int] = None, *, noise_seed: Optional[int] = None):
         self.seed = torch.seed() if seed is None else checks.seed("seed", seed)
+        #: the run's identity, which its checkpoints carry and a resume adopts (the run record's key:
+        #: :mod:`dpnoise.training.run_record`)
+        self.run_id: str = secrets.token_hex(16)
         if noise_seed is not None:
             noise_seed = checks.seed("noise_seed", noise_seed)
             warnings.warn(reproducible_noise_warning(noise_seed), ReproducibleNoiseWarning, stacklevel=2)
@@ -644,9 +648,10 @@ class PrivacyEngine:
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Setup, seed, step count, budget flag, accountant states and, with a ``noise_seed``, every
-        rank's generator states with their tags (for checkpoints; secret randomness is not saved).
-        In a process group it gathers the ranks' generators: call it on every rank."""
+        """Run identity, setup, seed, step count, budget flag, accountant states (plain data, JSON-able) and,
+        with a ``noise_seed``, every rank's generator states (byte tensors) with their tags (for checkpoints;
+        secret randomness is not saved).  In a process group it gathers the ranks' generators: call it on
+        every rank."""
         own: dict[str, Any] = {}
         if self.noise_seed is not None:
             for name, generator in (("noise", self.noise_generator), ("sampling", self.sampling_generator)):
@@ -654,6 +659,7 @@ class PrivacyEngine:
                 own[f"{name}_tag"] = generator_state_tag(self.noise_seed, self.rank, name, own[name])
         ranks = [own] if self.group is None else self.group.gather_objects(own, "gathering the ranks' generators")
         return {
+            "run_id": self.run_id,
             "setup": asdict(self.setup),
             "seed": self.seed,
             "private_randomness": self.private_randomness,
@@ -682,6 +688,7 @@ class PrivacyEngine:
           draws fresh secret seeds) or from the same ``noise_seed``, every saved generator state
           carrying the tag that binds it to that seed (a replaced state is refused).
 
+        The run identity (:attr:`run_id`) becomes the checkpoint's: the resumed run is the same run.
         Each rank restores its own generators.  Saved on another kind of device (CPU vs CUDA, whose
         generators differ), they cannot be restored: the generators are then re-seeded from the
         seed, the rank and the step (:func:`~dpnoise.training.distributed.generator_seeds`), a
@@ -695,7 +702,8 @@ class PrivacyEngine:
         """
         if self.setup is None:
             raise EngineStateError("load_state_dict needs an engine set up by make_private (same setup as the checkpoint)")
-        self._check_state(state)
+        self.check_state_dict(state)
+        self.run_id = state["run_id"]
         self.steps = int(state["steps"])
         self.budget_exhausted = state["budget_exhausted"]
         for name, acc_state in state["accountants"].items():
@@ -714,8 +722,22 @@ class PrivacyEngine:
                       f"the noise and sampling generators are re-seeded at step {self.steps} (fresh draws; the run "
                       f"does not repeat the draws an uninterrupted run would have made)", stacklevel=2)
 
-    def _check_state(self, state: Any) -> None:
-        """Raise :class:`CheckpointMismatchError` unless ``state`` is a consistent state of this run."""
+    def account_later_steps(self, steps_taken: int) -> None:
+        """Count the steps this run took after the checkpoint just restored, which an explicitly accepted older
+        checkpoint does not hold: the step counter and every accountant move on to ``steps_taken`` (so that every
+        step the run ever took stays accounted, and the budget counts them), and the generators are re-seeded at
+        that step (fresh draws, not a replay of the abandoned ones)."""
+        steps_taken = check_count("steps_taken", steps_taken, 0)
+        if steps_taken < self.steps:
+            raise EngineStateError(f"steps_taken ({steps_taken}) is fewer than the steps restored ({self.steps})")
+        for accountant in self.accountants.values():
+            accountant.compose(self.step_event, steps_taken - self.steps)
+        self.steps = steps_taken
+        self._create_generators(resumed_at=steps_taken)
+
+    def check_state_dict(self, state: Any) -> None:
+        """Raise :class:`CheckpointMismatchError` unless ``state`` is a consistent state of this run (the checks of
+        :meth:`load_state_dict`, which changes nothing when they fail)."""
 
         def differs(field: str, saved: Any, current: Any) -> CheckpointMismatchError:
             return CheckpointMismatchError(
@@ -727,10 +749,12 @@ class PrivacyEngine:
 
         if not isinstance(state, dict):
             raise inconsistent("engine state", f"a {type(state).__name__}, not a dictionary")
-        missing = [key for key in ("setup", "seed", "private_randomness", "steps", "budget_exhausted", "accountants",
-                                   "generators") if key not in state]
+        missing = [key for key in ("run_id", "setup", "seed", "private_randomness", "steps", "budget_exhausted",
+                                   "accountants", "generators") if key not in state]
         if missing:
             raise inconsistent("engine state", f"no {', '.join(missing)}")
+        if not isinstance(state["run_id"], str) or not state["run_id"]:
+            raise inconsistent("run_id", f"{state['run_id']!r} is not a run identity (a non-empty string)")
         saved_setup, current_setup = state["setup"], asdict(self.setup)
         if not isinstance(saved_setup, dict):
             raise inconsistent("setup", f"a {type(saved_setup).__name__}, not a dictionary")

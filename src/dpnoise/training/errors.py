@@ -24,6 +24,11 @@ class CheckpointError(DpnoiseError, ValueError):
     an older format); the message names the path and the problem."""
 
 
+class UnkeyedCheckpointWarning(UserWarning):
+    """A checkpoint is written without a key: its hash detects corruption, not deliberate edits made
+    consistently (with its run record); shown once per run (:mod:`dpnoise.training.checkpoint`)."""
+
+
 class InvalidTrainingOptionError(InvalidParameterError):
     """An option of ``make_private`` or of the private optimizer is invalid (the message names it)."""
 

@@ -144,7 +144,8 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
     history = RunHistory()
     if config.output.resume:
         try:
-            extra = load_checkpoint(config.output.resume, module=module, optimizer=optimizer, engine=engine)
+            extra = load_checkpoint(config.output.resume, module=module, optimizer=optimizer, engine=engine,
+                                    output_folder=config.output.folder, resume_older=config.output.resume_older)
         except DpnoiseError as err:  # unreadable, tampered or from another setup: name the field
             problem = str(err)
             raise InvalidConfigError(lambda n: f"{n('output.resume')}: {problem}") from err
