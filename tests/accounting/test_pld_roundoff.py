@@ -175,3 +175,27 @@ def test_calibration_names_a_route_that_cannot_certify():
 
     with pytest.raises(UnreachableTargetError, match="certifies no finite epsilon at any noise"):
         calibrate_noise("gaussian-pld", 1.0, 1e-5, 1e-6, distribution.MAX_COMPOSITIONS + 1, compare=False)
+
+
+@pytest.mark.parametrize("sigma,q,steps,delta,lower_bound", [
+    (1.0, 1e-4, 100_000, 1e-12, 0.2178),   # the RDP route answered 1.4303
+    (0.6, 1e-3, 100_000, 1e-8, 8.0),       # the RDP route answered 9.4326
+])
+def test_default_within_two_percent_of_dp_accountings_pld(sigma, q, steps, delta, lower_bound):
+    """Where the untilted PLD could not certify delta, the default is now within 2% of dp_accounting's own
+    pessimistic PLD at a 1e-4 grid (which bounds no round-off), and above a lower bound."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    reference = pld_lib.from_gaussian_mechanism(sigma, value_discretization_interval=1e-4, sampling_prob=q
+                                                ).self_compose(steps).get_epsilon_for_delta(delta)
+    epsilon, bound = gaussian("gaussian", sigma, q, steps, delta)
+    assert bound.startswith("gaussian-pld")
+    assert lower_bound <= epsilon <= 1.02 * reference
+
+
+def test_wide_single_steps_take_a_coarser_grid():
+    """sigma = 0.05 at q = 1e-6: one step's loss support needs ~800,000 points at the 1e-3 grid; the
+    route coarsens its grid instead of leaving the answer to the RDP route (372379.1)."""
+    epsilon, bound = gaussian("gaussian", 0.05, 1e-6, 1000, 1e-5)
+    assert bound.startswith("gaussian-pld")
+    assert 222.15 <= epsilon <= 240.0

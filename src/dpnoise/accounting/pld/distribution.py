@@ -61,6 +61,8 @@ CONVERGED = 5e-3
 MAX_GRID_POINTS = 200_000
 MAX_COMPOSITIONS = 100_000_000
 MAX_COMPOSED_POINTS = 4_000_000
+# Times the first pass coarsens its grid to fit the composed window within MAX_COMPOSED_POINTS.
+_COARSENINGS = 3
 # dp_accounting evaluates q * exp(max loss); beyond this loss it overflows.
 _MAX_LAPLACE_LOSS = 700.0
 # Rounding slack on probability masses (FFT composition, truncation book-keeping).
@@ -223,7 +225,12 @@ def checked_pld(pld: Any, source: str) -> Any:
 
 
 class PldTooCostly(ArithmeticError):
-    """The composed PLD would need a grid too large to compute in reasonable time."""
+    """The composed PLD would need a grid too large to compute in reasonable time (``points``: its size,
+    when it is the composed window's)."""
+
+    def __init__(self, message: str, points: float = math.inf) -> None:
+        super().__init__(message)
+        self.points = points
 
 
 _DIRECTIONS = ("_pmf_remove", "_pmf_add")
@@ -263,7 +270,7 @@ def composed_pld(history: Ledger, discretization: float, tilts: tuple[float, ...
     for steps, tilt in zip(directions, tilts):
         points = composed_window_length(steps, tilt, discretization)
         if points > MAX_COMPOSED_POINTS:
-            raise PldTooCostly(f"the composed PLD needs a grid of {points} points > {MAX_COMPOSED_POINTS}")
+            raise PldTooCostly(f"the composed PLD needs a grid of {points} points > {MAX_COMPOSED_POINTS}", points)
     composed = tuple(tilted_composition(steps, discretization, tilt) for steps, tilt in zip(directions, tilts))
     for direction in composed:
         if not (np.all(np.isfinite(direction.probs)) and math.isfinite(direction.infinity_mass)):
@@ -275,6 +282,20 @@ def composed_pld(history: Ledger, discretization: float, tilts: tuple[float, ...
 def _epsilon_on_grid(history: Ledger, discretization: float, delta: float) -> float:
     tilts = tuple(tilt_for_delta(steps, discretization, delta) for steps in _directions(history, discretization))
     return composed_pld(history, discretization, tilts).epsilon_for_delta(delta)
+
+
+def _first_pass(history: Ledger, delta: float) -> tuple[float, float]:
+    """(epsilon, grid) on the coarse grid, made coarser where the composed window would be too large
+    (e.g. 10^7 steps at q = 1)."""
+    grid = history_discretization(history, COARSE_DISCRETIZATION)
+    for _ in range(_COARSENINGS):
+        try:
+            return _epsilon_on_grid(history, grid, delta), grid
+        except PldTooCostly as err:
+            if not math.isfinite(err.points):
+                raise
+            grid *= 1.25 * err.points / MAX_COMPOSED_POINTS
+    return _epsilon_on_grid(history, grid, delta), grid
 
 
 @lru_cache(maxsize=1024)
@@ -291,8 +312,7 @@ def pld_epsilon(history: Ledger, delta: float, refine: bool = True) -> tuple[flo
     if reason is not None:
         return math.inf, reason
     try:
-        grid = history_discretization(history, COARSE_DISCRETIZATION)
-        best = _epsilon_on_grid(history, grid, delta)
+        best, grid = _first_pass(history, delta)
         while refine and math.isfinite(best):
             finer = history_discretization(history, max(grid / REFINEMENT, FINEST_DISCRETIZATION))
             if finer > 0.5 * grid:
