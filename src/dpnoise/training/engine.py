@@ -206,7 +206,8 @@ class PrivacyEngine:
             alpha: Dirichlet offset (``dirichlet`` only; default 1.0).
             accountant: the primary accountant (budget and ``get_epsilon``); default: the first
                 of ``accountants_for_mechanism``. All applicable accountants are recorded.
-            calibrate_with: accountant used to calibrate ``noise`` (default: the primary).
+            calibrate_with: accountant used to calibrate the noise (default: the primary); refused with a
+                given noise, which nothing calibrates.
             poisson_sampling: True (default) builds Opacus's Poisson ``DPDataLoader``; False keeps
                 shuffled fixed-size batches, which the accountants do NOT cover (warned).
             on_budget_exhausted: ``"raise"`` (:class:`PrivacyBudgetExceededError`) or ``"stop"``

@@ -147,6 +147,10 @@ class PrivacyOptions:
         if self.noise is None and (self.target_epsilon is None or self.epochs is None):
             raise InvalidTrainingOptionError(
                 f"give either {noise_keyword}=, or target_epsilon= and epochs= to calibrate it")
+        if self.noise is not None and self.calibrate_with is not None:  # refused rather than silently ignored
+            raise InvalidTrainingOptionError(
+                f"calibrate_with applies only when the noise is calibrated: give target_epsilon= and epochs= "
+                f"without {noise_keyword}=, or drop calibrate_with={self.calibrate_with!r}")
         if spec.uses_alpha:
             checked["alpha"] = 1.0 if self.alpha is None else check_positive("alpha", self.alpha)
         elif self.alpha is not None:
