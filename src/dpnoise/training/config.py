@@ -38,6 +38,8 @@ DEFAULT_LR = {"adam": 1e-3, "sgd": 0.1}
 TEXT_MODELS = ("minilm", "minilm-features")
 #: MiniLM-L6 has 512 positions; [CLS] and [SEP] take two
 MAX_LENGTH_RANGE = (2, 512)
+#: the tokens a sentence of a text dataset is cut to when ``data.max_length`` is not given
+DEFAULT_MAX_LENGTH = 64
 #: the image sides the EfficientNet models accept (``resolution``)
 RESOLUTION_RANGE = (32, 512)
 #: file name of the checkpoint written into the output folder after every epoch
@@ -98,10 +100,12 @@ class DataConfig:
                                        "split")
     root: Optional[Path] = option(None, flag="--data-root", group=WHAT, check=("existing_folder",),
                                   help="folder with the dataset files instead of the default place")
-    max_length: int = option(64, flag="--max-length", group=WHAT, check=("count_in", *MAX_LENGTH_RANGE),
-                             help="text datasets: sentences are cut to this many tokens, [CLS] and [SEP] included "
-                             f"({MAX_LENGTH_RANGE[0]} to {MAX_LENGTH_RANGE[1]}, default 64; MiniLM-L6's own "
-                             "tokenizer); each batch is padded to its own longest sentence")
+    #: text datasets only (refused for the others); None: DEFAULT_MAX_LENGTH
+    max_length: Optional[int] = option(None, flag="--max-length", group=WHAT, check=("count_in", *MAX_LENGTH_RANGE),
+                                       help="text datasets only: sentences are cut to this many tokens, [CLS] and "
+                                       f"[SEP] included ({MAX_LENGTH_RANGE[0]} to {MAX_LENGTH_RANGE[1]}, default "
+                                       f"{DEFAULT_MAX_LENGTH}; MiniLM-L6's own tokenizer); each batch is padded to "
+                                       "its own longest sentence")
     eval_split: str = option("test", flag="--eval-split", group=WHAT, choices=EVAL_SPLITS,
                              help="the split evaluated after every epoch: test (default), or dev (sst2: GLUE's 872 "
                              "validation sentences, where published SST-2 accuracies are measured)")
