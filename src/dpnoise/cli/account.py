@@ -9,6 +9,7 @@ from dpnoise.accounting import (
     accountants_for_mechanism,
     epsilon_after,
     get_accountant,
+    get_mechanism_spec,
     noise_keywords,
 )
 from dpnoise.cli.common import accountant_lines, add_setting_options, emit, noise_help, resolve_setting
@@ -29,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     mechanism, accountant, q, steps, kwargs = resolve_setting(args)
+    get_mechanism_spec(mechanism).check_noise(args.noise, kwargs["clip"], noise_name="--noise", clip_name="--clip")
     setting = {"sample_rate": q, **kwargs, **noise_keywords(mechanism, args.noise)}
     acc = get_accountant(accountant).step(steps=steps, **setting)
     epsilon, bound = acc.get_epsilon_and_bound(args.delta)

@@ -310,12 +310,18 @@ OPTIONS: dict[str, Option] = _declared_options(TrainingConfig)
 def check_field(path: str, check: str, value: Any, *extra: Any) -> Any:
     """``dpnoise.checks.<check>(path, value, *extra)``; its error becomes an :class:`InvalidConfigError`
     (whose :meth:`~InvalidConfigError.named` runs the check again under the other name)."""
+    return checked_by_name(lambda naming: getattr(checks, check)(naming(path), value, *extra))
+
+
+def checked_by_name(check: Callable[[Naming], Any]) -> Any:
+    """``check(str)``: a check that calls the fields it checks ``naming(path)``; its error becomes an
+    :class:`InvalidConfigError` whose :meth:`~InvalidConfigError.named` runs it again under the other names."""
     try:
-        return getattr(checks, check)(path, value, *extra)
+        return check(str)
     except InvalidParameterError:
         def describe(naming: Naming) -> str:
             try:
-                getattr(checks, check)(naming(path), value, *extra)
+                check(naming)
             except InvalidParameterError as err:
                 return str(err)
             raise AssertionError("a check refused a value once and accepted it the second time")
@@ -389,6 +395,10 @@ def check_fields(value_at: FieldValue) -> None:
                                            f"{mechanism} (only to "
                                            f"{', '.join(name for name, spec in MECHANISMS.items() if spec.uses_alpha)})")
     check_declared(value_at)
+    if noise is not None:  # what the accountants compute with: the noise, or its ratio to the clip (Laplace)
+        checked_by_name(lambda n: MECHANISMS[mechanism].check_noise(
+            noise, value_at("privacy.max_grad_norm"), noise_name=n("privacy.noise"),
+            clip_name=n("privacy.max_grad_norm")))
     momentum, optimizer = value_at("optimizer.momentum"), value_at("optimizer.name")
     if momentum != 0 and optimizer != "sgd":  # refused rather than silently ignored
         raise InvalidConfigError(lambda n: f"{n('optimizer.momentum')} applies to {n('optimizer.name')} sgd only, "

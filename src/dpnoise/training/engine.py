@@ -801,8 +801,10 @@ class PrivacyEngine:
                 if problem:
                     raise inconsistent(f"rank {rank}'s {name} generator", problem)
                 if own.get(f"{name}_tag") != generator_state_tag(self.noise_seed, rank, name, own[name]):
-                    raise inconsistent(f"rank {rank}'s {name} generator", "its state does not carry this run's "
-                                                                          "noise-seed tag (replaced or edited)")
+                    raise CheckpointMismatchError(
+                        f"checkpoint differs from this run in noise_seed, or its rank {rank} {name} generator was "
+                        f"replaced or edited: its state does not carry this run's noise-seed tag (resume with the "
+                        f"noise_seed it was written with)")
 
 def _warn_of_the_hooks_fallback(module: nn.Module) -> None:
     """``grad_sample_mode="auto"`` chose the hooks: a :class:`GradientSourceWarning` naming each layer book-keeping
