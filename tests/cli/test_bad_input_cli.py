@@ -72,7 +72,7 @@ def no_training(monkeypatch):
 
 TRAIN_NUMERIC = [
     *cases("--clip", [*BAD_POSITIVE, *EXTREME]),
-    *cases("--noise", [*BAD_POSITIVE, *EXTREME]),
+    *cases("--noise", [*BAD_POSITIVE, SUBNORMAL, "1e-310"]),  # a Gaussian sigma of 1e308 is accounted
     *cases("--epsilon", [*BAD_POSITIVE, SUBNORMAL]),
     *cases("--delta", [*BAD_DELTA, SUBNORMAL]),
     *cases("--epochs", [*BAD_POSITIVE, "1e-320"]),  # 1e-320 epochs: fewer than one step

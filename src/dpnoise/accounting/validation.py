@@ -50,21 +50,22 @@ def check_positive(name: str, value: object) -> float:
     return _normal(name, v, value)
 
 
-def check_accounted(name: str, value: object) -> float:
-    """Finite, > 0 and within :data:`ACCOUNTED_RANGE` (a noise in an accountant's unit, a Dirichlet offset)."""
+def check_accounted(name: str, value: object, limits: tuple[float, float] = ACCOUNTED_RANGE) -> float:
+    """Finite, > 0 and within ``limits`` (a noise in an accountant's unit, a Dirichlet offset)."""
     v = _real(name, value)
-    low, high = ACCOUNTED_RANGE
+    low, high = limits
     if v > 0 and math.isfinite(v) and not low <= v <= high:
         raise InvalidParameterError(f"{name} must be between {low:g} and {high:g} (beyond, the accountants' "
                                     f"arithmetic overflows), got {v:g}")
     return check_positive(name, value)
 
 
-def check_noise_per_clip(noise_name: str, noise: object, clip_name: str, clip: object) -> float:
+def check_noise_per_clip(noise_name: str, noise: object, clip_name: str, clip: object,
+                         limits: tuple[float, float] = ACCOUNTED_RANGE) -> float:
     """``noise / clip`` (a Laplace b / C, what the privacy depends on), after checking both, and the ratio
-    within :data:`ACCOUNTED_RANGE`; the errors name them ``noise_name`` and ``clip_name``."""
+    within ``limits``; the errors name them ``noise_name`` and ``clip_name``."""
     b, c = check_positive(noise_name, noise), check_positive(clip_name, clip)
-    return check_accounted(f"{noise_name} / {clip_name} ({b:g} / {c:g})", b / c)
+    return check_accounted(f"{noise_name} / {clip_name} ({b:g} / {c:g})", b / c, limits)
 
 
 def check_sample_rate(name: str, value: object) -> float:
