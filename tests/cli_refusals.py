@@ -59,6 +59,6 @@ def refused_value(check: tuple, tmp_path: Path) -> Any:
         return extra[0] - 1  # below the minimum
     if name == "count_in":
         return extra[1] + 1  # above the maximum
-    refused = {"check_positive": 0.0, "check_delta": 1.0, "fraction": 1.0, "nonnegative": -1.0, "open_fraction": 0.0,
+    refused = {"check_positive": 0.0, "check_accounted": 1e308, "check_delta": 1.0, "fraction": 1.0, "nonnegative": -1.0, "open_fraction": 0.0,
                "seed": -1}
     return refused[name]  # a KeyError: a new kind of check needs a refused value here

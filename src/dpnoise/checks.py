@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 #: checks of :mod:`dpnoise.accounting.validation` re-exported here (loaded on first use)
-_FROM_ACCOUNTING = ("InvalidParameterError", "check_delta", "check_positive", "check_sample_rate")
+_FROM_ACCOUNTING = ("InvalidParameterError", "check_accounted", "check_delta", "check_positive", "check_sample_rate")
 
 __all__ = [
     "InvalidParameterError",
     "OneLineErrorParser",
+    "check_accounted",
     "check_count",
     "check_delta",
     "check_positive",

@@ -44,6 +44,24 @@ def test_account_batch_size_and_epochs(capsys):
     assert out["epsilon"] < 4 and "NOT a guarantee for the trained model" in out["scope"]
 
 
+@pytest.mark.parametrize("r,alpha", [(0.5, None), (2.0, None), (2.0, 1.0), (10.0, 1.0), (0.5, 0.3)])
+def test_account_and_training_agree_on_a_dirichlet_r_at_or_above_alpha(capsys, r, alpha):
+    """The same alpha default and the same validity rule: r >= alpha is accounted at the real orders below
+    1 + alpha / r (a finite epsilon at r = 2, alpha = 1), and no admissible order gives an infinite one."""
+    from dpnoise.accounting import epsilon_of_events
+    from dpnoise.training.privacy_plan import PrivacyOptions, resolve
+
+    argv = ["account", "--mechanism", "dirichlet", "--noise", str(r), "--sample-rate", "0.0445", "--steps", "23",
+            "--delta", "1e-5", *([] if alpha is None else ["--alpha", str(alpha)])]
+    printed = run_json(capsys, argv)["epsilon"]
+    plan = resolve(PrivacyOptions(mechanism="dirichlet", noise=r, alpha=alpha, delta=1e-5), sample_rate=0.0445,
+                   params=100)
+    trained = epsilon_of_events(plan.setup.accountant, plan.step_event, steps=23, delta=1e-5)
+    assert (printed is None) == (trained == float("inf"))
+    assert printed is None or printed == pytest.approx(trained)
+    assert (printed is not None) == (r < 10.0 and (alpha or 1.0) >= 0.5)
+
+
 def test_calibrate_lap2_and_dirichlet(capsys):
     lap2 = run_json(capsys, ["calibrate", "--mechanism", "lap2", "--epsilon", "1", "--clip", "0.5", *SEED])
     assert lap2["clip"] == 0.5 and lap2["epsilon"] <= 1 and set(lap2["epsilon_by_accountant"]) == {"lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"}

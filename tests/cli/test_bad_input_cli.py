@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,10 @@ def assert_refused(capsys, argv: list[str], flag: str) -> str:
     return assert_one_line_refusal(capsys, main, argv, f"dpnoise {command}: error: ", flag)
 
 
+#: values beyond what the accountants compute with: refused by the name the user gave, before anything derived
+SUBNORMAL = "5e-324"
+EXTREME = [SUBNORMAL, "1e-310", "1e308"]
+
 # ----------------------------------------------------------------------------------------- train
 TRAIN = ["train", "--dataset", "digits", "--model", "cnn", "--mechanism", "gaussian", "--delta", "1e-5",
          "--epochs", "1", "--batch-size", "64", "--noise", "1", "--no-progress", "--threads", "1"]
@@ -66,10 +71,10 @@ def no_training(monkeypatch):
 
 
 TRAIN_NUMERIC = [
-    *cases("--clip", BAD_POSITIVE),
-    *cases("--noise", BAD_POSITIVE),
-    *cases("--epsilon", BAD_POSITIVE),
-    *cases("--delta", BAD_DELTA),
+    *cases("--clip", [*BAD_POSITIVE, *EXTREME]),
+    *cases("--noise", [*BAD_POSITIVE, SUBNORMAL, "1e-310"]),  # a Gaussian sigma of 1e308 is accounted
+    *cases("--epsilon", [*BAD_POSITIVE, SUBNORMAL]),
+    *cases("--delta", [*BAD_DELTA, SUBNORMAL]),
     *cases("--epochs", [*BAD_POSITIVE, "1e-320"]),  # 1e-320 epochs: fewer than one step
     *cases("--batch-size", [*BAD_COUNT, "1438"]),  # digits has 1437 training examples
     *cases("--lr", BAD_POSITIVE),
@@ -124,7 +129,12 @@ def test_train_options_not_given_keep_the_configuration_defaults():
                                     output=OutputConfig(progress=False), threads=1)
 
 
-@pytest.mark.parametrize("value", BAD_POSITIVE)
+def test_train_refuses_a_laplace_noise_per_clip_out_of_range_naming_both(capsys, no_training):
+    lap2 = with_option(with_option(TRAIN, "--mechanism", "lap2"), "--noise", "1e10")
+    assert "--noise / --clip (1e+10 / 1e-300)" in assert_refused(capsys, [*lap2, "--clip", "1e-300"], "--clip")
+
+
+@pytest.mark.parametrize("value", [*BAD_POSITIVE, *EXTREME])
 def test_train_refuses_bad_dirichlet_alpha(capsys, no_training, value):
     assert_refused(capsys, [*with_option(TRAIN, "--mechanism", "dirichlet"), "--alpha", value], "--alpha")
 
@@ -390,6 +400,33 @@ ACCOUNT = ["account", "--mechanism", "gaussian", "--noise", "1", "--sample-rate"
 ])
 def test_accounting_commands_refuse(capsys, argv, flag):
     assert_refused(capsys, argv, flag)
+
+
+CALIBRATE = ["calibrate", *with_option(ACCOUNT[1:], "--noise", None), "--epsilon", "1"]
+#: (a command line, its numeric options), each option tried at extreme values
+EXTREME_SETTINGS = [
+    (ACCOUNT, ["--noise", "--clip", "--sample-rate", "--steps", "--delta"]),
+    ([*with_option(ACCOUNT, "--mechanism", "lap2"), "--params", "1000"], ["--noise", "--clip", "--params"]),
+    (with_option(ACCOUNT, "--mechanism", "laplace-l1"), ["--noise", "--clip"]),
+    (with_option(with_option(ACCOUNT, "--mechanism", "dirichlet"), "--noise", "0.5"), ["--noise", "--alpha"]),
+    (CALIBRATE, ["--epsilon", "--delta"]),
+    ([*with_option(CALIBRATE, "--mechanism", "lap2"), "--params", "1000"], ["--clip"]),
+]
+
+
+@pytest.mark.parametrize("argv,flag,value", [
+    pytest.param(argv, flag, value, id=f"{argv[0]} {argv[2]} {flag}={value}")
+    for argv, flags in EXTREME_SETTINGS for flag in flags for value in [*EXTREME, "inf", "nan", "0", "-1"]])
+def test_extreme_values_are_refused_by_the_name_given_or_accounted_without_warnings(capsys, argv, flag, value):
+    """A subnormal, huge, infinite, NaN, zero or negative value: one line naming the option given (not a
+    parameter derived from it, such as the noise multiplier b / C), and no numpy warning first."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        code, out, err = run_cli(capsys, with_option(argv, flag, value))
+    if code == 2:
+        assert len(err) == 1 and flag in err[0], err
+    else:
+        assert (code, err) == (0, []) and "epsilon" in out
 
 
 @pytest.mark.parametrize("command", ["account", "calibrate"])

@@ -61,6 +61,8 @@ def test_inconsistent_options(digits_train):
         make(digits_train, mechanism="lap2", laplace_scale=1.0, alpha=1.0)
     with pytest.raises(ValueError, match="does not apply to mechanism 'lap2'"):
         make(digits_train, mechanism="lap2", laplace_scale=1.0, accountant="gaussian")
+    with pytest.raises(ValueError, match="calibrate_with applies only when the noise is calibrated"):
+        make(digits_train, mechanism="lap2", laplace_scale=1.0, calibrate_with="lap2-rdp")
 
 
 def test_fixed_size_batches_are_warned_as_not_covered(digits_train):

@@ -336,7 +336,15 @@ def test_replaced_generator_state_is_refused(digits_train, saved, tmp_path):
     def fresh_state(state):  # a fresh seed-0 generator in place of the run's noise generator
         state["engine"]["generators"]["ranks"][0]["noise"] = torch.Generator().manual_seed(0).get_state()
     refused(digits_train, tampered(saved, tmp_path, fresh_state),
-            "checkpoint is inconsistent in rank 0's noise generator: its state does not carry this run's noise-seed tag")
+            "checkpoint differs from this run in noise_seed, or its rank 0 noise generator was replaced or edited: "
+            "its state does not carry this run's noise-seed tag")
+
+
+def test_another_noise_seed_is_named(digits_train, saved):
+    module, optimizer, _ = build(digits_train, "lap2", seed=7, noise=1.0, target_epsilon=BUDGET, noise_seed=8)
+    with pytest.raises(CheckpointMismatchError, match=r"^checkpoint differs from this run in noise_seed.*resume with "
+                                                      r"the noise_seed it was written with"):
+        load_checkpoint(saved, module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
 
 
 def test_private_randomness_must_match(digits_train, saved):

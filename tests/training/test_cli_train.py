@@ -107,6 +107,7 @@ FINETUNE = ["train", "--dataset", "sst2", "--model", "minilm", "--mechanism", "g
     (["--trainable", "lora", "--lora-rank", "0"], "--lora-rank"),
     (["--eval-split", "dev", "--model", "cnn", "--dataset", "digits"], "--eval-split dev does not exist for digits"),
     (["--max-length", "1"], "--max-length"),
+    (["--max-length", "100", "--model", "cnn", "--dataset", "digits"], "--max-length applies to text datasets"),
     (["--test-limit", "900", "--eval-split", "dev"], "--test-limit must be <= 872"),
     (["--mechanism", "dirichlet"], "--model minilm trains on dict batches, with the gradient mechanisms only"),
 ])

@@ -105,6 +105,7 @@ BAD_FIELDS = [
     ("data.limit", 5000, "data.limit must be <= 1437"),
     ("data.name", "imagenet", "data.name must be one of"),
     ("data.max_length", 1, "data.max_length must"),
+    ("data.max_length", 100, "data.max_length applies to text datasets; digits is an image dataset"),
     ("model", "minilm", "model minilm cannot be trained on the image dataset digits"),
     ("privacy.accountant", "gaussian", "privacy.accountant 'gaussian' does not apply to privacy.mechanism lap2"),
     ("execution.grad_sample_mode", "fast", "execution.grad_sample_mode must be one of"),

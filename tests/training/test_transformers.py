@@ -120,6 +120,76 @@ def test_dict_batches_without_labels_are_refused_before_any_step():
         private(tiny_bert(), data)
 
 
+def changed(data: TokenizedText, **tensors: torch.Tensor) -> TokenizedText:
+    """``data`` with the tensors under some keys replaced (``labels`` too)."""
+    merged = {**data.tensors, **tensors}
+    return TokenizedText({key: value for key, value in merged.items() if key != "labels"}, merged["labels"])
+
+
+def tiny_gpt2_lm() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=16,
+                                     pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def lm_sentences() -> TokenizedText:
+    """Token ids whose labels are the ids themselves, -100 on the padding (as Hugging Face's collators give them)."""
+    data = sentences(with_token_types=False)
+    ids, mask = data.tensors["input_ids"], data.tensors["attention_mask"]
+    return changed(data, labels=ids.masked_fill(mask == 0, -100))
+
+
+BERT_DATA = sentences()
+IDS, LABELS = BERT_DATA.tensors["input_ids"], BERT_DATA.tensors["labels"]
+
+
+@pytest.mark.parametrize("data,message", [
+    (changed(BERT_DATA, labels=LABELS.float()),
+     r"'labels' must hold integer class indices in \[0, 2\) \(config.num_labels of BertForSequenceClassification, "
+     r"or -100: ignored\) for the model's loss, got torch.float32"),
+    (changed(BERT_DATA, labels=LABELS + 2), r"'labels' must be in \[0, 2\) .*, got [23]"),
+    (changed(BERT_DATA, labels=LABELS - 2), r"'labels' must be in \[0, 2\) .*, got -[12]"),
+    (changed(BERT_DATA, input_ids=IDS.float()), "'input_ids' must hold integer indices .*, got torch.float32"),
+    (changed(BERT_DATA, input_ids=IDS + VOCAB),
+     r"'input_ids' must be in \[0, 40\) \(the input embeddings of BertForSequenceClassification\)"),
+    (changed(BERT_DATA, token_type_ids=BERT_DATA.tensors["token_type_ids"].float()), "'token_type_ids' must hold integer"),
+], ids=["float labels", "labels above", "labels below", "float ids", "ids above the vocabulary", "float token types"])
+def test_dict_batches_with_ids_or_labels_the_model_cannot_take_are_refused_by_make_private(data, message):
+    with pytest.raises(InvalidTrainingOptionError, match="dict batches: " + message):
+        private(tiny_bert(), data)
+
+
+def test_a_later_example_out_of_range_is_refused_before_the_model_sees_its_batch():
+    """make_private checks the first example; every batch the private loader yields is checked too."""
+    model = tiny_bert()
+    before = [p.detach().clone() for p in model.parameters()]
+    labels = LABELS.clone()
+    labels[1:] = 2  # the first example passes
+    module, optimizer, loader = private(model, changed(BERT_DATA, labels=labels))
+    with pytest.raises(InvalidTrainingOptionError, match=r"'labels' must be in \[0, 2\) .*, got 2"):
+        train_steps(module, optimizer, endless_batches(loader), optimizer.privacy_engine, 1)
+    assert optimizer.privacy_engine.steps == 0 and all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_language_model_labels_are_token_ids_or_ignored():
+    from dpnoise.training import causal_lm_loss
+
+    data = lm_sentences()
+    module, optimizer, loader = private(tiny_gpt2_lm(), data, loss_fn=causal_lm_loss)  # -100 on the padding
+    train_steps(module, optimizer, endless_batches(loader), optimizer.privacy_engine, 1, loss_fn=causal_lm_loss)
+    with pytest.raises(InvalidTrainingOptionError,
+                       match=r"'labels' must be in \[0, 40\) \(the output layer of GPT2LMHeadModel, or -100: ignored\)"):
+        private(tiny_gpt2_lm(), changed(data, labels=data.tensors["labels"] + VOCAB), loss_fn=causal_lm_loss)
+
+
+def test_multi_label_float_targets_of_a_classifier_pass():
+    """Float labels of shape (batch, num_labels): Hugging Face infers a multi-label loss from them."""
+    targets = torch.nn.functional.one_hot(LABELS, 2).float()
+    module, optimizer, loader = private(tiny_bert(), changed(BERT_DATA, labels=targets))
+    assert next(iter(loader))["labels"].dtype == torch.float32
+
+
 @pytest.mark.parametrize("mechanism,noise", [("dirichlet", {"noise_multiplier": None, "concentration": 0.5}),
                                              ("penultimate-gaussian", {})])
 def test_output_mechanisms_refuse_dict_batches(mechanism, noise):

@@ -30,6 +30,10 @@ from dpnoise.accounting.validation import (
 )
 
 _LARGE = 1e12  # stands for +inf inside the root finder
+#: the most steps accounted: beyond, step counts are no longer exact integers in floating point
+MAX_STEPS = 2**53 - 1
+#: the range a calibrated noise (per clip where the privacy depends on noise / clip) is searched in
+NOISE_SEARCH_RANGE = (1e-8, 1e8)
 
 
 class UnreachableTargetError(InvalidParameterError):
@@ -43,7 +47,7 @@ def steps_from_epochs(epochs: float, sample_rate: float) -> int:
     epochs = check_positive("epochs", epochs)
     q = check_sample_rate("sample_rate", sample_rate)
     steps = epochs / q
-    if not steps < 2**53:  # beyond this, counts are no longer exact integers
+    if not steps <= MAX_STEPS:
         raise InvalidParameterError(f"epochs={epochs:g} at sample rate {q:g} is {steps:.3g} steps: too many to account")
     count = int(math.ceil(steps - 1e-9))
     if count < 1:
@@ -57,8 +61,8 @@ def solve_smallest(
     target: float,
     *,
     initial: float = 1.0,
-    lower: float = 1e-8,
-    upper: float = 1e8,
+    lower: float = NOISE_SEARCH_RANGE[0],
+    upper: float = NOISE_SEARCH_RANGE[1],
     name: str = "noise",
     factor: float = 2.0,
     tolerance: float = 1e-9,
@@ -110,9 +114,10 @@ def solve_by_secant(
     tolerance: float,
     first_slope: float = -1.0,
     max_evaluations: int = 10,
+    bounds: tuple[float, float] = NOISE_SEARCH_RANGE,
 ) -> Optional[tuple[float, float]]:
     """(x, the last secant slope) with epsilon_of(x) <= target, x within relative ``tolerance`` of the
-    smallest such x; or None.
+    smallest such x in ``bounds``; or None.
 
     For an ``epsilon_of`` that is costly (a composed PLD), smooth and decreasing in x: the secant
     method on g(u) = log epsilon_of(e^u) - log target, from u = log ``initial`` with slope
@@ -123,8 +128,8 @@ def solve_by_secant(
     (bisection otherwise).  The answer is an evaluated x with epsilon <= target from which the next
     step would be shorter than ``tolerance``, or that closes the bracket to ``tolerance``.  None when
     neither happens within ``max_evaluations``, or epsilon is not a positive number (e.g. 0 at a
-    huge noise) or is infinite before an admissible point is known: the caller falls back on
-    :func:`solve_smallest`.
+    huge noise) or is infinite before an admissible point is known, or a step leaves ``bounds``: the
+    caller falls back on :func:`solve_smallest`, which says when the target is out of reach.
     """
     log_target = math.log(check_positive("target epsilon", target))
 
@@ -132,7 +137,7 @@ def solve_by_secant(
         epsilon = epsilon_of(math.exp(u))
         return math.log(epsilon) - log_target if epsilon > 0 else math.nan
 
-    u, slope = math.log(initial), first_slope
+    u, slope = math.log(min(max(initial, bounds[0]), bounds[1])), first_slope
     value = g(u)
     admissible, refused = math.inf, -math.inf  # smallest u known with g <= 0, largest with g > 0
     for _ in range(max_evaluations):
@@ -148,8 +153,8 @@ def solve_by_secant(
         proposal = u + step
         if not refused < proposal < admissible:
             proposal = (refused + admissible) / 2
-            if not math.isfinite(proposal):
-                return None
+        if not math.log(bounds[0]) <= proposal <= math.log(bounds[1]):
+            return None
         new_value = g(proposal)
         if math.isfinite(new_value) and math.isfinite(value):
             slope = (new_value - value) / (proposal - u)

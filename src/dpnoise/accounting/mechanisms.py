@@ -11,11 +11,19 @@ audits and the training engine all read this registry.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
 from dpnoise.accounting.events import MechanismEvent
-from dpnoise.accounting.validation import InvalidParameterError, check_count, check_positive
+from dpnoise.accounting.validation import (
+    ACCOUNTED_RANGE,
+    InvalidParameterError,
+    check_accounted,
+    check_count,
+    check_noise_per_clip,
+    check_positive,
+)
 from dpnoise.formatting import significant_digits
 
 #: Printed next to every Dirichlet / penultimate-layer epsilon (docs/theory/dirichlet.md Sec. 5).
@@ -43,6 +51,8 @@ class NoiseParameter:
     unit: str
     per_clip: bool
     larger_is_more_private: bool = True
+    #: the values (per clip where ``per_clip``) the accountants compute with without overflowing
+    limits: tuple[float, float] = ACCOUNTED_RANGE
 
     def printed(self, value: float, digits: int = 6) -> str:
         """``value`` to ``digits`` significant digits, rounded toward more privacy (sigma and b up, r
@@ -51,7 +61,8 @@ class NoiseParameter:
 
 
 NOISE_MULTIPLIER = NoiseParameter(
-    "noise_multiplier", "noise multiplier sigma: the noise std is sigma * C", per_clip=False)
+    "noise_multiplier", "noise multiplier sigma: the noise std is sigma * C", per_clip=False,
+    limits=(0.0, math.inf))  # the Gaussian routes take any sigma
 LAPLACE_SCALE = NoiseParameter(
     "laplace_scale", "absolute Laplace scale b per coordinate (privacy depends on b / C)", per_clip=True)
 CONCENTRATION = NoiseParameter(
@@ -138,6 +149,18 @@ class MechanismSpec:
     def needs_per_sample_gradients(self) -> bool:
         return self.perturbs == "gradients"
 
+    def check_noise(self, noise: object, clip: object = 1.0, *, noise_name: Optional[str] = None,
+                    clip_name: str = "clip") -> float:
+        """``noise`` (in :attr:`noise`'s unit) after checking that what the accountants compute with is
+        within :attr:`NoiseParameter.limits`: the noise itself, or its ratio to ``clip`` where the privacy
+        depends on that (:attr:`NoiseParameter.per_clip`).  The errors name
+        them ``noise_name`` (default: the noise's keyword) and ``clip_name``, as the caller's user gave them."""
+        name, limits = noise_name or self.noise.keyword, self.noise.limits
+        if self.noise.per_clip:
+            check_noise_per_clip(name, noise, clip_name, clip, limits)
+            return float(noise)
+        return check_accounted(name, noise, limits)
+
     def build_event(self, noise: float, clip: float = 1.0, params: Optional[int] = None,
                     alpha: Optional[float] = None, num_classes: Optional[int] = None) -> MechanismEvent:
         """The per-step event of this mechanism at ``noise`` (in :attr:`noise`'s unit).
@@ -153,6 +176,8 @@ class MechanismSpec:
         params = None if params is None else check_count("params", params, 1)
         if alpha is not None and not self.uses_alpha:
             raise InvalidParameterError(f"alpha is a Dirichlet parameter; mechanism {self.name!r} does not take it")
+        self.check_noise(noise, clip)
+        alpha = None if alpha is None else check_accounted("alpha", alpha)
         if num_classes is not None and not self.uses_num_classes:
             raise InvalidParameterError(f"num_classes is recorded by the Dirichlet mechanism only; mechanism "
                                         f"{self.name!r} does not take it")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import reprlib
+import sys
 from numbers import Integral, Real
 
 import numpy as np
@@ -16,6 +17,20 @@ from dpnoise.errors import DpnoiseError
 
 class InvalidParameterError(DpnoiseError, ValueError):
     """A privacy parameter is outside its domain (the message names it)."""
+
+
+#: the magnitudes the accountants compute with: a noise (per clip where the privacy depends on noise / clip)
+#: or a Dirichlet offset outside them overflows or underflows their arithmetic
+ACCOUNTED_RANGE = (1e-300, 1e300)
+
+
+def _normal(name: str, value: float, given: object) -> float:
+    """``value`` (> 0), refused when subnormal: below the smallest normal float, where quotients overflow and
+    the value itself has lost precision."""
+    if value < sys.float_info.min:
+        raise InvalidParameterError(f"{name} must be at least {sys.float_info.min:g} (the smallest normal float), "
+                                    f"got {given!r}")
+    return value
 
 
 def _real(name: str, value: object) -> float:
@@ -32,7 +47,25 @@ def check_positive(name: str, value: object) -> float:
     v = _real(name, value)
     if not (v > 0 and math.isfinite(v)):
         raise InvalidParameterError(f"{name} must be finite and > 0, got {value!r}")
-    return v
+    return _normal(name, v, value)
+
+
+def check_accounted(name: str, value: object, limits: tuple[float, float] = ACCOUNTED_RANGE) -> float:
+    """Finite, > 0 and within ``limits`` (a noise in an accountant's unit, a Dirichlet offset)."""
+    v = _real(name, value)
+    low, high = limits
+    if v > 0 and math.isfinite(v) and not low <= v <= high:
+        raise InvalidParameterError(f"{name} must be between {low:g} and {high:g} (beyond, the accountants' "
+                                    f"arithmetic overflows), got {v:g}")
+    return check_positive(name, value)
+
+
+def check_noise_per_clip(noise_name: str, noise: object, clip_name: str, clip: object,
+                         limits: tuple[float, float] = ACCOUNTED_RANGE) -> float:
+    """``noise / clip`` (a Laplace b / C, what the privacy depends on), after checking both, and the ratio
+    within ``limits``; the errors name them ``noise_name`` and ``clip_name``."""
+    b, c = check_positive(noise_name, noise), check_positive(clip_name, clip)
+    return check_accounted(f"{noise_name} / {clip_name} ({b:g} / {c:g})", b / c, limits)
 
 
 def check_sample_rate(name: str, value: object) -> float:
@@ -40,7 +73,7 @@ def check_sample_rate(name: str, value: object) -> float:
     v = _real(name, value)
     if not 0 < v <= 1:
         raise InvalidParameterError(f"{name} must be in (0, 1], got {value!r}")
-    return v
+    return _normal(name, v, value)
 
 
 def check_delta(name: str, value: object) -> float:
@@ -48,7 +81,7 @@ def check_delta(name: str, value: object) -> float:
     v = _real(name, value)
     if not 0 < v < 1:
         raise InvalidParameterError(f"{name} must be in (0, 1), got {value!r}")
-    return v
+    return _normal(name, v, value)
 
 
 def check_count(name: str, value: object, minimum: int = 0) -> int:

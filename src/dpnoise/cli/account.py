@@ -12,7 +12,6 @@ from dpnoise.accounting import (
     get_mechanism_spec,
     noise_keywords,
 )
-from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.cli.common import accountant_lines, add_setting_options, emit, noise_help, resolve_setting
 from dpnoise.formatting import decimals
 
@@ -31,11 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     mechanism, accountant, q, steps, kwargs = resolve_setting(args)
-    if get_mechanism_spec(mechanism).uses_alpha and args.noise >= kwargs["alpha"]:
-        raise InvalidParameterError(
-            f"--noise (r = {args.noise:g}) must be < --alpha ({kwargs['alpha']:g}) for {mechanism}: "
-            "otherwise no Renyi order >= 2 is admissible"
-        )
+    get_mechanism_spec(mechanism).check_noise(args.noise, kwargs["clip"], noise_name="--noise", clip_name="--clip")
     setting = {"sample_rate": q, **kwargs, **noise_keywords(mechanism, args.noise)}
     acc = get_accountant(accountant).step(steps=steps, **setting)
     epsilon, bound = acc.get_epsilon_and_bound(args.delta)

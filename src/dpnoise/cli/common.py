@@ -9,9 +9,11 @@ from typing import Any
 
 from dpnoise import checks
 from dpnoise.accounting import ACCOUNTANTS, MECHANISMS, accountants_for_mechanism
+from dpnoise.accounting.calibration import MAX_STEPS
 from dpnoise.accounting.mechanisms import get_mechanism_spec
 from dpnoise.accounting.validation import (
     InvalidParameterError,
+    check_accounted,
     check_count,
     check_delta,
     check_positive,
@@ -96,7 +98,7 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
         n = check_count("--dataset-size", args.dataset_size, 1)
         q = check_sample_rate("--batch-size / --dataset-size", b / n)
     if args.steps is not None:
-        steps = check_count("--steps", args.steps, 1)
+        steps = checks.count_in("--steps", args.steps, 1, MAX_STEPS)
     else:
         steps = checks.finite_steps("--epochs", check_positive("--epochs", args.epochs), q)
     spec = get_mechanism_spec(mechanism)
@@ -110,9 +112,9 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
         if args.params is None:
             raise InvalidParameterError(f"--params (number of trained parameters n >= 1) is required for {mechanism}")
         params = checks.params("--params", args.params)
-    kwargs: dict[str, Any] = {"clip": check_positive("--clip", args.clip), "params": params}
+    kwargs: dict[str, Any] = {"clip": check_accounted("--clip", args.clip), "params": params}
     if spec.uses_alpha:
-        kwargs["alpha"] = check_positive("--alpha", 1.0 if args.alpha is None else args.alpha)
+        kwargs["alpha"] = check_accounted("--alpha", 1.0 if args.alpha is None else args.alpha)
     if spec.uses_num_classes:
         kwargs["num_classes"] = None if args.classes is None else check_count("--classes", args.classes, 2)
     return mechanism, accountant, q, steps, kwargs

@@ -38,6 +38,8 @@ DEFAULT_LR = {"adam": 1e-3, "sgd": 0.1}
 TEXT_MODELS = ("minilm", "minilm-features")
 #: MiniLM-L6 has 512 positions; [CLS] and [SEP] take two
 MAX_LENGTH_RANGE = (2, 512)
+#: the tokens a sentence of a text dataset is cut to when ``data.max_length`` is not given
+DEFAULT_MAX_LENGTH = 64
 #: the image sides the EfficientNet models accept (``resolution``)
 RESOLUTION_RANGE = (32, 512)
 #: file name of the checkpoint written into the output folder after every epoch
@@ -98,10 +100,12 @@ class DataConfig:
                                        "split")
     root: Optional[Path] = option(None, flag="--data-root", group=WHAT, check=("existing_folder",),
                                   help="folder with the dataset files instead of the default place")
-    max_length: int = option(64, flag="--max-length", group=WHAT, check=("count_in", *MAX_LENGTH_RANGE),
-                             help="text datasets: sentences are cut to this many tokens, [CLS] and [SEP] included "
-                             f"({MAX_LENGTH_RANGE[0]} to {MAX_LENGTH_RANGE[1]}, default 64; MiniLM-L6's own "
-                             "tokenizer); each batch is padded to its own longest sentence")
+    #: text datasets only (refused for the others); None: DEFAULT_MAX_LENGTH
+    max_length: Optional[int] = option(None, flag="--max-length", group=WHAT, check=("count_in", *MAX_LENGTH_RANGE),
+                                       help="text datasets only: sentences are cut to this many tokens, [CLS] and "
+                                       f"[SEP] included ({MAX_LENGTH_RANGE[0]} to {MAX_LENGTH_RANGE[1]}, default "
+                                       f"{DEFAULT_MAX_LENGTH}; MiniLM-L6's own tokenizer); each batch is padded to "
+                                       "its own longest sentence")
     eval_split: str = option("test", flag="--eval-split", group=WHAT, choices=EVAL_SPLITS,
                              help="the split evaluated after every epoch: test (default), or dev (sst2: GLUE's 872 "
                              "validation sentences, where published SST-2 accuracies are measured)")
@@ -311,12 +315,18 @@ OPTIONS: dict[str, Option] = _declared_options(TrainingConfig)
 def check_field(path: str, check: str, value: Any, *extra: Any) -> Any:
     """``dpnoise.checks.<check>(path, value, *extra)``; its error becomes an :class:`InvalidConfigError`
     (whose :meth:`~InvalidConfigError.named` runs the check again under the other name)."""
+    return checked_by_name(lambda naming: getattr(checks, check)(naming(path), value, *extra))
+
+
+def checked_by_name(check: Callable[[Naming], Any]) -> Any:
+    """``check(str)``: a check that calls the fields it checks ``naming(path)``; its error becomes an
+    :class:`InvalidConfigError` whose :meth:`~InvalidConfigError.named` runs it again under the other names."""
     try:
-        return getattr(checks, check)(path, value, *extra)
+        return check(str)
     except InvalidParameterError:
         def describe(naming: Naming) -> str:
             try:
-                getattr(checks, check)(naming(path), value, *extra)
+                check(naming)
             except InvalidParameterError as err:
                 return str(err)
             raise AssertionError("a check refused a value once and accepted it the second time")
@@ -390,6 +400,10 @@ def check_fields(value_at: FieldValue) -> None:
                                            f"{mechanism} (only to "
                                            f"{', '.join(name for name, spec in MECHANISMS.items() if spec.uses_alpha)})")
     check_declared(value_at)
+    if noise is not None:  # what the accountants compute with: the noise, or its ratio to the clip (Laplace)
+        checked_by_name(lambda n: MECHANISMS[mechanism].check_noise(
+            noise, value_at("privacy.max_grad_norm"), noise_name=n("privacy.noise"),
+            clip_name=n("privacy.max_grad_norm")))
     momentum, optimizer = value_at("optimizer.momentum"), value_at("optimizer.name")
     if momentum != 0 and optimizer != "sgd":  # refused rather than silently ignored
         raise InvalidConfigError(lambda n: f"{n('optimizer.momentum')} applies to {n('optimizer.name')} sgd only, "

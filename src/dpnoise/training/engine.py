@@ -19,7 +19,7 @@ import secrets
 import warnings
 from dataclasses import asdict
 from functools import partial
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -42,7 +42,13 @@ from dpnoise.accounting.secure_noise import DiscreteGaussianPlan, plan_discrete_
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.secure_noise import Plan
-from dpnoise.training.batches import LossFunction, check_batch_format, check_loss_fn
+from dpnoise.training.batches import (
+    LossFunction,
+    check_batch_format,
+    check_keyword_batch,
+    check_loss_fn,
+    keyword_batch_rules,
+)
 from dpnoise.training.bookkeeping import gradient_sources, unsupported_bookkeeping_layers
 from dpnoise.training.devices import (
     DeviceLike,
@@ -210,7 +216,8 @@ class PrivacyEngine:
             alpha: Dirichlet offset (``dirichlet`` only; default 1.0).
             accountant: the primary accountant (budget and ``get_epsilon``); default: the first
                 of ``accountants_for_mechanism``. All applicable accountants are recorded.
-            calibrate_with: accountant used to calibrate ``noise`` (default: the primary).
+            calibrate_with: accountant used to calibrate the noise (default: the primary); refused with a
+                given noise, which nothing calibrates.
             poisson_sampling: True (default) builds Opacus's Poisson ``DPDataLoader``; False keeps
                 shuffled fixed-size batches, which the accountants do NOT cover (warned).
             on_budget_exhausted: ``"raise"`` (:class:`PrivacyBudgetExceededError`) or ``"stop"``
@@ -319,7 +326,8 @@ class PrivacyEngine:
             raise InvalidTrainingOptionError("the data loader's dataset is empty")
         check_step_count(privacy.epochs, check_sample_rate("data_loader.batch_size / len(dataset)",
                                                            data_loader.batch_size / len(data_loader.dataset)))
-        check_batch_format(data_loader, perturbs_gradients=mech.needs_per_sample_gradients)
+        batch_rules = keyword_batch_rules(module)
+        check_batch_format(data_loader, perturbs_gradients=mech.needs_per_sample_gradients, rules=batch_rules)
         check_training_mode(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
         if mech.needs_per_sample_gradients:
@@ -340,7 +348,8 @@ class PrivacyEngine:
             module.register_forward_pre_hook(self.batch_provenance.observe_forward, with_kwargs=True)
         private_loader = self._private_loader(data_loader, poisson_sampling, float_dtype=module_float_dtype(module),
                                               system_random=privacy.secure_mode,
-                                              max_physical_batch_size=execution.max_physical_batch_size)
+                                              max_physical_batch_size=execution.max_physical_batch_size,
+                                              check=partial(check_keyword_batch, rules=batch_rules))
         sample_rate = self._sample_rate(private_loader, data_loader)
         self.plan = resolve(privacy, sample_rate=sample_rate, params=count_trainable_parameters(module))
         self.mechanism = mech
@@ -462,12 +471,13 @@ class PrivacyEngine:
             self.sampling_generator.manual_seed(sampling_seed)
 
     def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool, float_dtype: Optional[torch.dtype],
-                        system_random: bool, max_physical_batch_size: Optional[int]) -> DeviceDataLoader:
+                        system_random: bool, max_physical_batch_size: Optional[int],
+                        check: Callable[[Any], None]) -> DeviceDataLoader:
         """Poisson loader of this rank's shard with the engine's sampling generator, or the OS's CSPRNG
-        (``system_random``: secure mode), or shuffled batches (warned); its batches on the run's device,
-        split into physical batches if asked."""
+        (``system_random``: secure mode), or shuffled batches (warned); its batches checked by ``check``,
+        on the run's device, split into physical batches if asked."""
         dataset = data_loader.dataset
-        common = dict(collate_fn=data_loader.collate_fn, num_workers=data_loader.num_workers)
+        common = dict(collate_fn=data_loader.collate_fn, num_workers=data_loader.num_workers, check=check)
         if not poisson_sampling:
             warnings.warn(
                 "poisson_sampling=False: batches are shuffled fixed-size batches, but the "
@@ -815,8 +825,10 @@ class PrivacyEngine:
                 if problem:
                     raise inconsistent(f"rank {rank}'s {name} generator", problem)
                 if own.get(f"{name}_tag") != generator_state_tag(self.noise_seed, rank, name, own[name]):
-                    raise inconsistent(f"rank {rank}'s {name} generator", "its state does not carry this run's "
-                                                                          "noise-seed tag (replaced or edited)")
+                    raise CheckpointMismatchError(
+                        f"checkpoint differs from this run in noise_seed, or its rank {rank} {name} generator was "
+                        f"replaced or edited: its state does not carry this run's noise-seed tag (resume with the "
+                        f"noise_seed it was written with)")
 
 def _warn_of_the_hooks_fallback(module: nn.Module) -> None:
     """``grad_sample_mode="auto"`` chose the hooks: a :class:`GradientSourceWarning` naming each layer book-keeping

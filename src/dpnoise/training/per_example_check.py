@@ -30,7 +30,6 @@ the checked examples' gradients materialised (3 x the parameters, by default): o
 from __future__ import annotations
 
 import copy
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,7 +42,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpnoise.accounting.validation import check_count, check_positive
-from dpnoise.training.batches import LossFunction, batch_loss, check_loss_fn, leading_size, map_tensors, run_model
+from dpnoise.training.batches import (
+    LossFunction,
+    batch_loss,
+    check_loss_fn,
+    is_hugging_face_causal_lm,
+    leading_size,
+    map_tensors,
+    run_model,
+)
 from dpnoise.training.bookkeeping import BookkeepingModule
 from dpnoise.training.errors import (
     EngineStateError,
@@ -64,9 +71,6 @@ DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dr
 #: the examples of a batch the check runs on (their first ones): enough for any mixing to show, few enough
 #: that its passes cost about a training step (benchmarks/README.md)
 CHECKED_BATCH = 8
-
-#: endings of the class names of Hugging Face's causal language models
-CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 #: one sentence on what makes an example's gradient depend on others, for every failure
 LIKELY_CAUSES = (
@@ -185,21 +189,12 @@ def refuse_token_mean_lm_loss(model: nn.Module, loss_fn: Optional[LossFunction])
     depends on the other examples' lengths (:mod:`dpnoise.training.losses`).  The model may be
     wrapped by peft.  transformers is never imported here: a Hugging Face model has imported it.
     """
-    if loss_fn is not None or not _is_hugging_face_causal_lm(model):
+    if loss_fn is not None or not is_hugging_face_causal_lm(model):
         return
     raise PerExampleCheckError(
         f"{type(model).__name__}'s own loss (outputs.loss) is the mean over the batch's tokens, which makes each "
         f"example's gradient depend on the other examples' lengths and the reported epsilon wrong: pass "
         f"loss_fn=dpnoise.training.causal_lm_loss (the mean over each sequence's tokens, then over the batch)")
-
-
-def _is_hugging_face_causal_lm(model: nn.Module) -> bool:
-    """Whether ``model`` (or the model peft wraps in it) is a transformers causal language model."""
-    transformers = sys.modules.get("transformers")
-    if transformers is None:
-        return False
-    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    return isinstance(base, transformers.PreTrainedModel) and type(base).__name__.endswith(CAUSAL_LM_SUFFIXES)
 
 
 # ------------------------------------------------------------------------------------------- randomness

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dpnoise.training.config import DEFAULT_LR, TEXT_MODELS, InvalidConfigError, TrainingConfig, check_field
+from dpnoise.training.config import (
+    DEFAULT_LR,
+    DEFAULT_MAX_LENGTH,
+    TEXT_MODELS,
+    InvalidConfigError,
+    TrainingConfig,
+    check_field,
+)
 
 #: models with a choice of trainable parameters (``trainable``, ``lora_rank``), on dict batches
 TRAINABLE_MODELS = ("minilm",)
@@ -48,6 +55,9 @@ def check_against_registries(config: TrainingConfig) -> None:
     if (config.model in TEXT_MODELS) != (info.modality == "text"):
         raise InvalidConfigError(lambda n: f"{n('model')} {config.model} cannot be trained on the {info.modality} "
                                            f"dataset {data.name}")
+    if data.max_length is not None and info.modality != "text":
+        raise InvalidConfigError(lambda n: f"{n('data.max_length')} applies to text datasets; {data.name} is an "
+                                           f"{info.modality} dataset")
     if config.model in RESOLUTION_MODELS and info.input_shape[0] != 3:
         raise InvalidConfigError(lambda n: f"{n('model')} {config.model} needs RGB images; {data.name} is not RGB")
     if config.resolution is not None and config.model not in RESOLUTION_MODELS:
@@ -95,8 +105,9 @@ def load_splits(config: TrainingConfig, normalize: bool = True) -> tuple[Dataset
 
         tokenizer = minilm_tokenizer()
         encode = tokenize_for_classifier if config.model in TRAINABLE_MODELS else tokenize
-        train_set = encode(train_set, data.max_length, tokenizer)
-        test_set = encode(test_set, data.max_length, tokenizer)
+        max_length = DEFAULT_MAX_LENGTH if data.max_length is None else data.max_length
+        train_set = encode(train_set, max_length, tokenizer)
+        test_set = encode(test_set, max_length, tokenizer)
     return train_set, test_set
 
 

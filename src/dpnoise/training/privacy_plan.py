@@ -38,7 +38,13 @@ from dpnoise.accounting import (
 from dpnoise.accounting.events import (EVENT_TYPES, ComposedEvent, DpEvent, PoissonSampledEvent, SelfComposedEvent,
                                       event_to_dict)
 from dpnoise.accounting.secure_noise import discrete_gaussian_budget, discrete_gaussian_epsilon
-from dpnoise.accounting.validation import InvalidParameterError, check_delta, check_positive, check_sample_rate
+from dpnoise.accounting.validation import (
+    InvalidParameterError,
+    check_accounted,
+    check_delta,
+    check_positive,
+    check_sample_rate,
+)
 from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
 from dpnoise.training.errors import InvalidTrainingOptionError, PrivacyBudgetExceededError
 from dpnoise.training.options import OPTIMISATION, PRIVACY, RUN, option
@@ -90,10 +96,10 @@ class PrivacyOptions:
                             "(docs/theory/dirichlet.md §5)")
     noise: Optional[float] = option(None, flag="--noise", group=PRIVACY, check=("check_positive",),
                                     help="fixed noise instead of calibrating; {noise_units}")
-    max_grad_norm: float = option(1.0, flag="--clip", group=PRIVACY, check=("check_positive",),
+    max_grad_norm: float = option(1.0, flag="--clip", group=PRIVACY, check=("check_accounted",),
                                   help="clipping norm C: per-example gradient L2 norm (gaussian, lap2), L1 norm "
                                   "(laplace-l1), or penultimate activation L2 norm; unused by dirichlet (default 1)")
-    alpha: Optional[float] = option(None, flag="--alpha", group=PRIVACY, check=("check_positive",),
+    alpha: Optional[float] = option(None, flag="--alpha", group=PRIVACY, check=("check_accounted",),
                                     help="Dirichlet offset alpha > 0 (dirichlet only; default 1)")
     delta: float = option(flag="--delta", group=PRIVACY, check=("check_delta",),
                           help="target delta, e.g. 1e-5 (required unless a --recipe sets it)")
@@ -136,10 +142,10 @@ class PrivacyOptions:
     def __post_init__(self) -> None:
         spec = get_mechanism_spec(self.mechanism)
         checked = dict(delta=check_delta("delta", self.delta),
-                       max_grad_norm=check_positive("max_grad_norm", self.max_grad_norm))
+                       max_grad_norm=check_accounted("max_grad_norm", self.max_grad_norm))
         noise_keyword = spec.noise.keyword
         if self.noise is not None:
-            checked["noise"] = check_positive(noise_keyword, self.noise)
+            checked["noise"] = spec.check_noise(self.noise, self.max_grad_norm, clip_name="max_grad_norm")
         if self.target_epsilon is not None:
             checked["target_epsilon"] = check_positive("target_epsilon", self.target_epsilon)
         if self.epochs is not None:
@@ -147,8 +153,12 @@ class PrivacyOptions:
         if self.noise is None and (self.target_epsilon is None or self.epochs is None):
             raise InvalidTrainingOptionError(
                 f"give either {noise_keyword}=, or target_epsilon= and epochs= to calibrate it")
+        if self.noise is not None and self.calibrate_with is not None:  # refused rather than silently ignored
+            raise InvalidTrainingOptionError(
+                f"calibrate_with applies only when the noise is calibrated: give target_epsilon= and epochs= "
+                f"without {noise_keyword}=, or drop calibrate_with={self.calibrate_with!r}")
         if spec.uses_alpha:
-            checked["alpha"] = 1.0 if self.alpha is None else check_positive("alpha", self.alpha)
+            checked["alpha"] = 1.0 if self.alpha is None else check_accounted("alpha", self.alpha)
         elif self.alpha is not None:
             raise InvalidTrainingOptionError(f"alpha is a Dirichlet parameter; mechanism {self.mechanism!r} does not "
                                              f"take it")

@@ -219,23 +219,27 @@ class CollateWithEmpty:
 
 
 class DeviceDataLoader(DataLoader):
-    """A ``DataLoader`` whose batches are moved to ``device`` (floating tensors cast to ``float_dtype``);
-    with a ``tracker``, each batch's :class:`DrawnBatch` is read as it is yielded and, with a
-    ``provenance``, the batch registered (or, registered by the collate function, its moved tensors added)."""
+    """A ``DataLoader`` whose batches are checked by ``check`` (when given) and moved to ``device``
+    (floating tensors cast to ``float_dtype``); with a ``tracker``, each batch's :class:`DrawnBatch` is
+    read as it is yielded and, with a ``provenance``, the batch registered (or, registered by the
+    collate function, its moved tensors added)."""
 
     def __init__(self, dataset: Dataset, *, device: torch.device, float_dtype: Optional[torch.dtype],
                  tracker: Optional[LogicalBatchTracker] = None, provenance: Optional[BatchProvenance] = None,
-                 **options: Any):
+                 check: Optional[Callable[[Any], None]] = None, **options: Any):
         super().__init__(dataset, **options)
         self.device = device
         self.float_dtype = float_dtype
         self.tracker = tracker
         self.provenance = provenance
+        self.check = check
 
     def __iter__(self) -> Iterator[Any]:
         if self.tracker is not None:
             self.tracker.queued.clear()  # batches an abandoned pass prefetched
         for batch in super().__iter__():
+            if self.check is not None:
+                self.check(batch)
             moved = to_device(batch, self.device, self.float_dtype)
             if self.tracker is not None:
                 drawn = self.tracker.advance()
@@ -257,11 +261,12 @@ def poisson_loader(dataset: Dataset, *, sample_rate: float, shard: torch.Tensor,
                    worker_generator: Optional[torch.Generator] = None,
                    max_physical_batch_size: Optional[int] = None,
                    tracker: Optional[LogicalBatchTracker] = None,
-                   provenance: Optional[BatchProvenance] = None, system_random: bool = False) -> DeviceDataLoader:
+                   provenance: Optional[BatchProvenance] = None, system_random: bool = False,
+                   check: Optional[Callable[[Any], None]] = None) -> DeviceDataLoader:
     """Poisson batches of ``shard`` (indices into ``dataset``) at ``sample_rate``, on ``device``; with
     ``max_physical_batch_size``, each in physical batches of at most that size (``tracker`` says
-    which one ends it); every batch registered with ``provenance`` when given; ``system_random``: the
-    inclusions drawn from the OS's CSPRNG (secure mode), not from ``generator``.
+    which one ends it); every batch registered with ``provenance`` and checked by ``check`` when given;
+    ``system_random``: the inclusions drawn from the OS's CSPRNG (secure mode), not from ``generator``.
 
     ``worker_generator`` (CPU) is the one the ``DataLoader`` draws its worker base seed from at every
     new pass; it is kept apart from the sampler's, so that the draws do not depend on pass boundaries.
@@ -278,6 +283,7 @@ def poisson_loader(dataset: Dataset, *, sample_rate: float, shard: torch.Tensor,
         float_dtype=float_dtype,
         tracker=tracker,
         provenance=provenance,
+        check=check,
         batch_sampler=sampler,
         collate_fn=RegisteringCollate(collate, provenance),
         num_workers=num_workers,

@@ -34,7 +34,7 @@ from dpnoise.accounting.plugin import MechanismPlugin, register_plugin
 from dpnoise.accounting.plugins.wording import add_remove_reading
 from dpnoise.accounting.rdp.dirichlet import sampled_dirichlet_rdp
 from dpnoise.accounting.registry import AccountantSpec, get_spec
-from dpnoise.accounting.validation import check_positive
+from dpnoise.accounting.validation import ACCOUNTED_RANGE, check_positive
 
 
 def dirichlet_event(noise: float, context: EventContext) -> DirichletEvent:
@@ -98,10 +98,12 @@ def calibrate_dirichlet_r(
         return epsilon_at_noise(accountant, step_event, 1.0 / inv_r, steps, delta)
 
     # h(r) is non-decreasing in r, i.e. non-increasing in 1/r; r < alpha keeps order 2 admissible.
+    largest_inverse = min(1e9 / alpha, 1.0 / ACCOUNTED_RANGE[0])  # r >= alpha / 1e9, and an r the accountants take
     try:
-        inv_r = solve_smallest(eps_of_inverse, eps_t, initial=2.0 / alpha, lower=1.0 / alpha, upper=1e9 / alpha, name="1/r")
+        inv_r = solve_smallest(eps_of_inverse, eps_t, initial=2.0 / alpha, lower=1.0 / alpha, upper=largest_inverse,
+                               name="1/r")
     except UnreachableTargetError as err:
-        floor = eps_of_inverse(1e9 / alpha)
+        floor = eps_of_inverse(largest_inverse)
         raise UnreachableTargetError(
             f"epsilon={eps_t:g} is unreachable for the Dirichlet mechanism: as r -> 0 the "
             f"subsampled bound keeps a floor of epsilon={floor:.4g} (q={q:g}, steps={steps}, "
