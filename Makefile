@@ -39,6 +39,7 @@ demo: install data
 BENCH_FLAGS ?= --quick
 bench: install data
 	$(PY) benchmarks/bench_accounting.py $(BENCH_FLAGS)
+	$(PY) benchmarks/bench_cli.py $(BENCH_FLAGS)
 	$(PY) benchmarks/bench_training.py $(BENCH_FLAGS)
 	$(PY) benchmarks/bench_audit.py $(BENCH_FLAGS)
 	$(PY) benchmarks/bench_distributed.py $(BENCH_FLAGS)

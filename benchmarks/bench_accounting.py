@@ -7,10 +7,9 @@ Prints one line per figure -- name, measured, target, PASS/MISS:
   * each PLD-based accountant (gaussian, gaussian-pld, laplace-l1, lap2, lap2-gdp): one fresh
     epsilon query (median)                                                    target < 300 ms
     and its calibration                                                       target < 3 s
-  * the whole process `dpnoise account ...` and `dpnoise calibrate ...` (median of 3)
-                                                                              target < 1 s
-  * for reference, in the same run: `python -c "import dp_accounting"` and
-    `python -c "import scipy.special, scipy.optimize"` (the floor under the CLI figures)
+
+The whole process (`dpnoise account ...`, `dpnoise calibrate ...`, imports included) is timed by
+bench_cli.py.
 
 Setting: the seed's MNIST run (q = 0.0043, T = 5860, delta = 1e-5, n = 26010 parameters for lap2),
 C = 1, noise 0.8 (noise_multiplier sigma, or laplace_scale b for the Laplace mechanisms; sigma = 1.6
@@ -21,9 +20,8 @@ calibrations to epsilon = 3.42.
 the majorization rules, every PLD cache), and each query also gets a new noise and sample rate
 (perturbed by < 1%), so nothing computed for an earlier input is reused.  Process-wide constant
 tables that depend on no input (Gauss-Legendre nodes, log-factorials, series coefficients) stay
-warm after the first query; the CLI figures include them, and every import.  dp_accounting is
-imported before any timing, so its import (seconds here) is not counted in the in-process
-figures.  Rounds are interleaved (benchmarks/timing.py: every accountant once per round, in a fresh
+warm after the first query.  dp_accounting is imported before any timing, so its import is not
+counted.  Rounds are interleaved (benchmarks/timing.py: every accountant once per round, in a fresh
 shuffled order) so that a slow phase of a shared machine hits all of them alike; medians are reported.
 
     .venv/bin/python benchmarks/bench_accounting.py [--quick] [--rounds N]
@@ -34,10 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import dp_accounting  # noqa: F401  (imported once, before any timing)
 from timing import Call, Candidate, interleaved, same
@@ -75,16 +70,6 @@ PLD_ACCOUNTANTS: dict[str, tuple[float, dict]] = {
     "laplace-l1": (0.8, {}),
     "lap2": (0.8, {"params": PARAMS}),
     "lap2-gdp": (0.8, {"params": PARAMS}),
-}
-CLI_COMMANDS = {
-    "dpnoise account (gaussian)": ["account", "--mechanism", "gaussian", "--noise", "1", "--sample-rate", "0.01",
-                                   "--steps", "100", "--delta", "1e-5"],
-    "dpnoise calibrate (lap2)": ["calibrate", "--mechanism", "lap2", "--epsilon", "1", "--sample-rate", "0.0043",
-                                 "--steps", "5860", "--delta", "1e-5", "--params", "26010"],
-}
-IMPORT_REFERENCES = {
-    "python -c 'import dp_accounting'": "import dp_accounting",
-    "python -c 'import scipy.special, scipy.optimize'": "import scipy.special, scipy.optimize",
 }
 
 
@@ -129,15 +114,6 @@ def root_finding(name: str) -> Candidate:
     return same(lambda: solve_smallest(lambda x: epsilon(name, x, Q, extra), TARGET_EPSILON, initial=noise))
 
 
-def dpnoise_command() -> list[str]:
-    script = Path(sys.executable).with_name("dpnoise")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "dpnoise"]
-
-
-def process(command: list[str]) -> Candidate:
-    return same(lambda: subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-
-
 def report(name: str, measured_s: float, target_s: float) -> bool:
     unit, scale = ("ms", 1e3) if target_s < 1.0 else ("s", 1.0)
     verdict = "PASS" if measured_s < target_s else "MISS"
@@ -147,12 +123,11 @@ def report(name: str, measured_s: float, target_s: float) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions (3 / 1 / 1 / 3 instead of 9 / 3 / 3 / 3)")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (3 rounds of RDP queries and 1 of the rest, instead of 9 and 3)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of fresh RDP queries (default 9, --quick 3)")
     args = parser.parse_args()
     rdp_rounds = args.rounds or (3 if args.quick else 9)
     heavy_rounds = 1 if args.quick else 3  # calibrations and PLD queries
-    cli_rounds = 3
     warnings.simplefilter("ignore", UnsoundAccountantWarning)
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -190,16 +165,6 @@ def main() -> None:
         results.append(report(f"{name} query", pld.median(name), 0.300))
     for name in PLD_ACCOUNTANTS:
         results.append(report(f"{name} calibration", pld_cal.median(name), 3.0))
-
-    commands = {label: process(dpnoise_command() + argv) for label, argv in CLI_COMMANDS.items()}
-    commands.update({label: process([sys.executable, "-c", code]) for label, code in IMPORT_REFERENCES.items()})
-    processes = interleaved(commands, cli_rounds)
-    print(f"Whole process, subprocess wall time (median of {cli_rounds}):")
-    for label in CLI_COMMANDS:
-        results.append(report(label, processes.median(label), 1.0))
-    print("  for reference (no target):")
-    for label in IMPORT_REFERENCES:
-        print(f"  {label:<52}{processes.median(label):>9.2f} s")
     print(f"{sum(results)} of {len(results)} figures within target")
 
 

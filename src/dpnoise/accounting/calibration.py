@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import numpy as np
-from scipy.optimize import brentq
 
 from dpnoise.accounting.accountant import UnsoundAccountantWarning, accountant_holding, epsilon_of_events, flat_ledger
 from dpnoise.accounting.events import DpEvent, PoissonSampledEvent
@@ -73,6 +72,8 @@ def solve_smallest(
     answer, saves evaluations), then Brent's method on log x to the relative ``tolerance``; the
     answer is checked afterwards and nudged upwards until epsilon_of(x) <= target (never overshoots).
     """
+    from scipy.optimize import brentq  # noqa: PLC0415 (slow import, needed by calibrations only)
+
     target = check_positive("target epsilon", target)
 
     def f(log_x: float) -> float:

@@ -33,7 +33,6 @@ from functools import lru_cache
 from typing import Callable, Optional
 
 import numpy as np
-from scipy.optimize import brentq
 from scipy.special import gammaln, log_ndtr, logsumexp, xlog1py
 
 from dpnoise.accounting.accountant import PrivacyAccountant, flat_ledger
@@ -288,6 +287,8 @@ def smallest_epsilon(log_delta_of: Callable[[float], float], delta: float) -> fl
     """An epsilon with ``log_delta_of(epsilon) <= log delta``, as small as the search finds (+inf if
     none up to :data:`MAX_EPSILON`): Brent's method on the log profile, the answer checked and
     raised until it satisfies the inequality, so it is never below the computed profile's root."""
+    from scipy.optimize import brentq  # noqa: PLC0415 (slow import, needed past the endpoint checks only)
+
     target = math.log(delta)
     if log_delta_of(0.0) <= target:
         return 0.0

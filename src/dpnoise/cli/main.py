@@ -9,7 +9,9 @@ group's threads may abort.
 
 Registering a subcommand imports no torch, Opacus or matplotlib: the subcommand modules import
 them inside their run functions, so ``dpnoise account``, ``dpnoise calibrate`` and ``--help`` start
-fast.
+fast.  A command line naming its subcommand first (``dpnoise account ...``) registers that
+subcommand alone, so it does not import the other subcommands' modules either (the training
+configuration behind ``train``'s options, for one).
 """
 
 from __future__ import annotations
@@ -28,14 +30,16 @@ from dpnoise.errors import DpnoiseError, ProcessGroupLostError
 SUBCOMMANDS = ["account", "calibrate", "walls", "audit", "train"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
+    """The ``dpnoise`` parser with every subcommand, or with subcommand ``only`` alone (one of
+    :data:`SUBCOMMANDS`; enough to parse a command line that names it first)."""
     parser = OneLineErrorParser(
         prog="dpnoise",
         description="Differentially private deep learning with Lap2 (L2-clipped Laplace) and "
         "Dirichlet-mechanism training, with sound, cross-checked privacy accounting.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in SUBCOMMANDS:
+    for name in SUBCOMMANDS if only is None else [only]:
         import_module(f"dpnoise.cli.{name}").register(sub)
     return parser
 
@@ -62,8 +66,10 @@ def command_name(args: argparse.Namespace) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Anything else (--help, a mistyped command) needs every subcommand, to list them.
+    named = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    args = build_parser(only=named).parse_args(argv)
     warnings.formatwarning = _format_warning
     try:
         return int(args.func(args) or 0)

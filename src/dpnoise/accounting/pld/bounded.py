@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.signal import lfilter
 
 from dpnoise.accounting.pld.roundoff import summation_error_factor
 
@@ -55,6 +54,8 @@ class BoundedPmf:
         (a decaying linear recurrence), solves S(l_j + t) = S(l_j) + E_j (1 - e^t), t in [-h, 0],
         in the cell, and certifies the result by direct evaluation.
         """
+        from scipy.signal import lfilter  # noqa: PLC0415 (slow import: scipy.signal loads scipy.stats)
+
         budget = self._loss_budget(delta)
         if budget < 0:
             return math.inf
