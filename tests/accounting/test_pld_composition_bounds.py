@@ -138,3 +138,42 @@ def test_summation_allowance_holds_for_any_summation_order():
     for count in (10, 10_000, 4_000_000):
         assert summation_error_factor(count) >= count * UNIT_ROUNDOFF / (1 - count * UNIT_ROUNDOFF)
     assert math.isfinite(summation_error_factor(4 * distribution.MAX_COMPOSED_POINTS))
+
+
+def _sampled_gaussian_delta(epsilon, sigma, q, direction):
+    """Exact delta(eps) of dp_accounting's two directions of the Poisson-sampled Gaussian:
+    remove, (1 - q) N(0, s^2) + q N(-1, s^2) vs N(0, s^2); add, N(0, s^2) vs that mixture."""
+    grow = mp.exp(epsilon) if direction == "remove" else mp.exp(-epsilon)
+    if grow <= 1 - q:
+        return 1 - mp.exp(epsilon) if direction == "remove" else mp.mpf(0)
+    x = -mp.mpf(1) / 2 - sigma * sigma * mp.log((grow - 1 + q) / q)
+    if direction == "remove":
+        return q * mp.ncdf((x + 1) / sigma) - (mp.exp(epsilon) - 1 + q) * mp.ncdf(x / sigma)
+    upper = lambda t: 1 - mp.ncdf(t / sigma)  # noqa: E731
+    return upper(x) - mp.exp(epsilon) * ((1 - q) * upper(x) + q * upper(x + 1))
+
+
+@pytest.mark.parametrize("sigma,q,grid", [(1.0, 1e-8, 1e-6), (1.0, 1e-4, 1.5e-5), (0.05, 1e-6, 4e-3)])
+def test_sampled_single_step_tail_sums_are_within_the_relative_error(sigma, q, grid):
+    """As above, for the Poisson-sampled Gaussian at the grids the route takes at small q: the finest
+    (1e-6, where a step's losses are ~1e-8), a fine grid at the single-step size limit, and the coarse
+    grid of a wide support (sigma 0.05)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    mp.mp.dps = 50
+    pld = pld_lib.from_gaussian_mechanism(sigma, pessimistic_estimate=True, value_discretization_interval=grid,
+                                          sampling_prob=q)
+    s, step, rate = mp.mpf(sigma), mp.mpf(grid), mp.mpf(q)
+    for direction in ("remove", "add"):
+        pmf = getattr(pld, f"_pmf_{direction}").to_dense_pmf()
+        probs = np.asarray(pmf._probs)
+        tails = np.cumsum(probs[::-1])[::-1] + pmf._infinity_mass
+        worst = 0.0
+        for j in np.unique(np.linspace(1, probs.size - 1, 60).astype(int)):
+            loss = (pmf._lower_loss + j) * step
+            here = _sampled_gaussian_delta(loss, s, rate, direction)
+            below = _sampled_gaussian_delta(loss - step, s, rate, direction)
+            exact = here + (below - here) / -mp.expm1(-step)
+            if exact > 0:
+                worst = max(worst, float(1 - mp.mpf(tails[j]) / exact))
+        assert worst <= SINGLE_STEP_RELATIVE_ERROR / 10, direction
