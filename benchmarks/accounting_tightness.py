@@ -6,8 +6,9 @@ For each setting (mechanism, noise, q, T, delta) the reference is
   & Su, arXiv 1905.02383, closed form solved here with SciPy); lap2's GDP route at q = 1 is
   sqrt(T) M_n-GDP; one Laplace step at q = 1 has eps(delta) = C/b + 2 log(1 - delta);
 * else the smallest of Google's dp_accounting PLD (pessimistic connect-the-dots, the finest grid
-  that stays affordable) and Opacus's PRV accountant (its upper estimate; Gaussian noise only).
-  Neither bounds its floating-point round-off, so at tiny deltas they can dip below the truth.
+  that stays affordable, 1e-6 to 0.1) and Opacus's PRV accountant (its upper estimate; Gaussian
+  noise only).  Neither bounds its floating-point round-off, so at tiny deltas they can dip below
+  the truth; on coarse grids (per-step losses below the grid, e.g. q = 1e-8) they are loose.
 
 Beside it, a lower bound: dp_accounting's optimistic PLD at the same grid (q < 1).  Every reference
 runs in its own process under a time limit; a reference that does not finish is left out.
@@ -29,6 +30,8 @@ import sys
 import time
 import warnings
 from pathlib import Path
+
+import numpy as np
 
 #: (mechanism, noise, sample rate, steps, delta, params): noise is sigma for gaussian, b/C otherwise.
 SETTINGS = [
@@ -115,20 +118,23 @@ def _gaussian_sigma(mechanism: str, noise: float, params) -> float:
 
 
 def _google_pld(mechanism: str, noise: float, q: float, steps: int, delta: float, pessimistic: bool) -> tuple[float, float]:
-    """(epsilon, grid) of dp_accounting's PLD at the finest affordable grid."""
+    """(epsilon, grid) of dp_accounting's PLD at the finest grid whose single step stays under 400,000 points,
+    its tails truncated far below delta."""
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-    for grid in (1e-4, 3e-4, 1e-3, 1e-2):
-        if mechanism == "laplace-l1":
-            width = 2.0 / noise
-            build = lambda: pld_lib.from_laplace_mechanism(noise, pessimistic_estimate=pessimistic, value_discretization_interval=grid,
-                                                           sampling_prob=q, use_connect_dots=pessimistic)
-        else:
-            width = 2.0 * (10.0 / noise + 0.5 / noise**2)
-            build = lambda: pld_lib.from_gaussian_mechanism(noise, pessimistic_estimate=pessimistic, value_discretization_interval=grid,
-                                                            sampling_prob=q, use_connect_dots=pessimistic)
+    if mechanism == "laplace-l1":
+        max_loss = 1.0 / noise
+        build = pld_lib.from_laplace_mechanism
+    else:
+        max_loss = 10.0 / noise + 0.5 / noise**2
+        build = pld_lib.from_gaussian_mechanism
+    width = 2.0 * float(np.logaddexp(np.log1p(-q), np.log(q) + max_loss)) if q < 1 else 2.0 * max_loss
+    for grid in (1e-6, 1e-5, 1e-4, 3e-4, 1e-3, 1e-2, 1e-1):
         if width / grid <= 400_000:
-            return build().self_compose(steps).get_epsilon_for_delta(delta), grid
+            pld = build(noise, pessimistic_estimate=pessimistic, value_discretization_interval=grid, sampling_prob=q,
+                        use_connect_dots=pessimistic)
+            composed = pld.self_compose(steps, tail_mass_truncation=min(1e-15, delta * 1e-3))
+            return composed.get_epsilon_for_delta(delta), grid
     raise ArithmeticError("no affordable grid")
 
 

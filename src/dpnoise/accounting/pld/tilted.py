@@ -42,7 +42,7 @@ from dpnoise.accounting.pld.roundoff import (
 )
 
 #: Half-width of the composed window in standard deviations of the tilted composition.
-WINDOW_DEVIATIONS = 20.0
+WINDOW_DEVIATIONS = 12.0
 # Range of tilts searched (lam = 0 is no tilt).
 _MAX_TILT = 1e6
 _TILT_ITERATIONS = 200
@@ -158,9 +158,10 @@ def _window(steps: Steps, tilt: float, grid: float) -> tuple[int, int]:
     mean, variance = _tilted_moments(steps, tilt, grid)
     lowest = sum(count * pmf.lower for pmf, count in steps)
     highest = sum(count * (pmf.lower + pmf.probs.size - 1) for pmf, count in steps)
-    half_width = WINDOW_DEVIATIONS * math.sqrt(variance) / grid + max(pmf.probs.size for pmf, _ in steps)
+    half_width = WINDOW_DEVIATIONS * math.sqrt(variance) / grid
+    # above the mean, room for one more step's whole support (skewed compositions of rare large losses)
     first = max(lowest, math.floor(mean / grid - half_width))
-    last = min(highest, math.ceil(mean / grid + half_width))
+    last = min(highest, math.ceil(mean / grid + half_width) + max(pmf.probs.size for pmf, _ in steps))
     length = scipy_fft.next_fast_len(max(last - first + 1, max(pmf.probs.size for pmf, _ in steps)))
     return first, length
 
