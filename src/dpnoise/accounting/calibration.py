@@ -346,8 +346,12 @@ def _smallest_ratio(
             raise failure
         return min(answers)
     if spec.kind == "pld":
-        coarse, slope = _solve_costly(lambda r: pld_epsilon(ledger(r), delta, refine=False)[0], target, initial,
-                                      1.25, slope)
+        try:
+            coarse, slope = _solve_costly(lambda r: pld_epsilon(ledger(r), delta, refine=False)[0], target, initial,
+                                          1.25, slope)
+        except UnreachableTargetError:
+            # the coarse grid's own floor (tiny per-step losses spread to a grid step) is not the route's
+            return _solve_costly(lambda r: pld_epsilon(ledger(r), delta)[0], target, initial, 1.25, slope)[0]
         if pld_epsilon(ledger(coarse), delta)[0] == pld_epsilon(ledger(coarse), delta, refine=False)[0]:
             return coarse  # no refinement at this epsilon: the same function, the same answer
         return _solve_costly(lambda r: pld_epsilon(ledger(r), delta)[0], target, coarse, 1.05, slope)[0]
