@@ -55,8 +55,8 @@ def relative_links(page: Path) -> list[str]:
 
 def test_the_link_checker_reads_links_headings_and_anchors(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("# Lap2 paper, Tables III and II (reduced): MiniLM-L6\n\n## Findings\n\n### `bench.py`\n\n## Findings\n\n"
-                    "[a](other.md#x) ![b](fig.png) [c](https://example.org) `[d](code.md)`\n"
+    page.write_text("# Lap2 paper, Tables III and II (reduced): MiniLM-L6\n\n## Findings\n\n### `bench.py`\n\n"
+                    "## Findings\n\n[a](other.md#x) ![b](fig.png) [c](https://example.org) `[d](code.md)`\n"
                     "```\n[e](fenced.md)\n```\n[f](#findings-1)\n")
     assert relative_links(page) == ["other.md#x", "fig.png", "#findings-1"]
     assert anchors(page) == {"lap2-paper-tables-iii-and-ii-reduced-minilm-l6", "findings", "benchpy", "findings-1"}
