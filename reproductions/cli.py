@@ -98,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--figures-dir", type=Path, default=DEFAULT_REPORTS_DIR,
                    help="tables/figures (default: reproductions/reports/ of this checkout)")
     p.add_argument("--page", type=Path,
-                   help="a markdown page whose <!-- generated:NAME --> blocks are refreshed with the generated "
-                   "NAME.md tables (default: none)")
+                   help="a markdown page, or a folder of them (docs/results: one page per experiment), whose "
+                   "<!-- generated:NAME --> blocks are refreshed with the generated NAME.md tables (default: none)")
     p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
                    help="per-run training outputs and checkpoints (default: reproductions/results/logs/runs/, "
                    "git-ignored)")
@@ -202,7 +202,10 @@ def check_options(args: argparse.Namespace) -> None:
         checks.output_folder("--results-dir", args.results_dir)
         checks.output_folder("--work-dir", args.work_dir)
     if args.page:
-        checks.output_file("--page", args.page)
+        if args.page.is_dir():
+            checks.output_folder("--page", args.page)
+        else:
+            checks.output_file("--page", args.page)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -239,13 +242,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def finish(args: argparse.Namespace, written: list[Path]) -> int:
-    """Report what was written, and refresh the generated tables on the results page."""
+    """Report what was written, and refresh the generated tables on the results pages."""
     from reproductions import reports
 
     print("wrote " + ", ".join(map(str, written)))
-    if args.page and args.page.is_file():
-        stems = reports.splice_into_page(args.page, written)
-        print(f"updated {args.page}: " + (", ".join(stems) or "no generated blocks"))
+    if args.page and args.page.exists():
+        spliced = reports.splice_into_pages(args.page, written)
+        for page, stems in spliced.items():
+            print(f"updated {page}: " + ", ".join(stems))
+        if not spliced:
+            print(f"{args.page}: no generated blocks")
     return 0
 
 

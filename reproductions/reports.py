@@ -2,8 +2,9 @@
 
 Each experiment writes a detailed table (``<experiment>.md``: one line per configuration with noise, epsilons,
 commits and the exact commands) and a compact one (``summary_<experiment>.md``: mean ± std over seeds per
-cell, the form the results page shows).  ``python -m reproductions ... --page docs/RESULTS.md`` splices every
-generated table into that page's ``<!-- generated:NAME -->`` blocks (:func:`splice_into_page`).
+cell, the form the results pages show).  ``python -m reproductions ... --page docs/results`` splices every
+generated table into the ``<!-- generated:NAME -->`` blocks of the per-experiment pages in that folder
+(``docs/results/<experiment>.md``; :func:`splice_into_pages`).
 """
 
 from __future__ import annotations
@@ -206,8 +207,9 @@ def write_markdown(path: Path, title: str, body: str) -> Path:
 def splice_into_page(page: Path, generated: list[Path]) -> list[str]:
     """Copy each generated markdown file's body into ``page`` between the markers
     ``<!-- generated:STEM -->`` and ``<!-- /generated:STEM -->`` (STEM: the file's name without
-    ``.md``), so the results page never holds a stale copy of a table.  Returns the stems spliced."""
-    text = page.read_text()
+    ``.md``), so a results page never holds a stale copy of a table.  The page is rewritten only if
+    it changes.  Returns the stems spliced."""
+    original = text = page.read_text()
     spliced = []
     for path in generated:
         if path.suffix != ".md":
@@ -215,12 +217,26 @@ def splice_into_page(page: Path, generated: list[Path]) -> list[str]:
         start, end = f"<!-- generated:{path.stem} -->", f"<!-- /generated:{path.stem} -->"
         if start not in text or end not in text:
             continue
-        body = path.read_text().split(GENERATED_NOTE, 1)[-1].strip()
+        body = generated_body(path)
         head, rest = text.split(start, 1)
         text = f"{head}{start}\n{body}\n{end}{rest.split(end, 1)[1]}"
         spliced.append(path.stem)
-    page.write_text(text)
+    if text != original:
+        page.write_text(text)
     return spliced
+
+
+def generated_body(path: Path) -> str:
+    """A generated markdown file without its title and note: what a page's generated block holds."""
+    return path.read_text().split(GENERATED_NOTE, 1)[-1].strip()
+
+
+def splice_into_pages(pages: Path, generated: list[Path]) -> dict[Path, list[str]]:
+    """:func:`splice_into_page` for one page, or for every ``*.md`` page of a folder (the per-experiment
+    results pages, ``docs/results/``).  Returns each page that holds generated blocks -> the stems spliced."""
+    pages = Path(pages)
+    found = sorted(pages.glob("*.md")) if pages.is_dir() else [pages]
+    return {page: stems for page in found if (stems := splice_into_page(page, generated))}
 
 
 def write_aggregates(results_dir: Path) -> list[Path]:

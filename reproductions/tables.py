@@ -1,7 +1,7 @@
 """Markdown tables of aggregated results, next to the numbers the papers publish.
 
 The detailed tables (one line per configuration, with noise, epsilons, commits and commands) and
-the compact summaries of the results page (``*_summary_markdown``: one cell per configuration,
+the compact summaries of the results pages (``*_summary_markdown``: one cell per configuration,
 mean ± std over seeds with their number n) are both built from the aggregated records only."""
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ def convergence_markdown(records: Sequence[dict[str, Any]], dataset: str, column
     return markdown(["target ε", "column", "seed", *[f"steps to {t:g}%" for t in targets]], body)
 
 
-# --- Compact summaries for the results page (docs/RESULTS.md) ----------------------------------------------------
+# --- Compact summaries for the results pages (docs/results/) -----------------------------------------------------
 # One table per dataset: a line per column (mechanism and calibrating accountant), a cell per target epsilon, the
 # paper's published number on the line below ours, and, where a column is re-run under a tighter accountant, the
 # accuracy gained (paired by seed).  "—": not run (or not published).

@@ -52,7 +52,7 @@ def test_finetune_datasets(capsys, no_runs):
     assert_refused(capsys, ["--experiment", "finetune", "--dry-run", "--dataset", "mnist"], "--dataset")
 
 
-@pytest.mark.parametrize("flag", ["--results-dir", "--figures-dir", "--work-dir"])
+@pytest.mark.parametrize("flag", ["--results-dir", "--figures-dir", "--work-dir", "--page"])
 def test_output_folders_checked_before_any_run(capsys, tmp_path, no_runs, flag):
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")

@@ -134,6 +134,24 @@ def test_results_page_blocks_are_replaced_by_the_generated_tables(tmp_path):
     assert text.endswith("<!-- /generated:table2 -->\nprose\n")
 
 
+def test_a_folder_of_results_pages_gets_each_table_on_the_page_that_holds_its_block(tmp_path):
+    from reproductions.reports import splice_into_pages, write_markdown
+
+    reports, pages = tmp_path / "reports", tmp_path / "results"
+    pages.mkdir()
+    table = write_markdown(reports / "summary_table2.md", "Table II", "| a |\n|---|\n| 1 |")
+    other = write_markdown(reports / "summary_dirichlet.md", "Dirichlet", "| b |\n|---|\n| 2 |")
+    block = "<!-- generated:{0} -->\nstale\n<!-- /generated:{0} -->\n"
+    (pages / "table2.md").write_text("# Table II\n" + block.format("summary_table2"))
+    (pages / "dirichlet.md").write_text("# Dirichlet\n" + block.format("summary_dirichlet"))
+    (pages / "notes.md").write_text("no blocks\n")
+    spliced = splice_into_pages(pages, [table, other])
+    assert spliced == {pages / "dirichlet.md": ["summary_dirichlet"], pages / "table2.md": ["summary_table2"]}
+    assert "| 1 |" in (pages / "table2.md").read_text() and "| 2 |" not in (pages / "table2.md").read_text()
+    assert "| 2 |" in (pages / "dirichlet.md").read_text()
+    assert splice_into_pages(pages / "table2.md", [table]) == {pages / "table2.md": ["summary_table2"]}
+
+
 def test_dirichlet_plan_uses_each_datasets_model_and_steps(capsys):
     assert main(["--experiment", "dirichlet", "--study", "comparison", "--dataset", "mnist",
                  "cifar10-jpeg", "--epsilons", "1", "--seeds", "0", "1", "--dry-run",
