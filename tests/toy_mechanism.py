@@ -16,7 +16,8 @@ import numpy as np
 
 from dpnoise.accounting import AccountantSpec, MechanismPlugin, MechanismSpec, register_plugin, unregister_plugin
 from dpnoise.accounting.mechanisms import NOISE_MULTIPLIER, AuditPair, EventContext
-from dpnoise.accounting.pld.distribution import PldRoute, gaussian_loss_width, gaussian_pld
+from dpnoise.accounting.pld.distribution import PldRoute, gaussian_loss_width
+from dpnoise.accounting.pld.single_step import gaussian_pmfs
 from dpnoise.accounting.rdp.gaussian import sampled_gaussian_rdp
 from dpnoise.accounting.validation import check_positive
 
@@ -48,7 +49,7 @@ PLUGIN = MechanismPlugin(
     ),
     rdp={"add-remove": toy_rdp},
     pld=PldRoute(loss_width=lambda event, q: gaussian_loss_width(event.noise_multiplier, q),
-                 single_step=lambda event, q, grid: gaussian_pld(event.noise_multiplier, q, grid)),
+                 single_step=lambda event, q, grid: gaussian_pmfs(event.noise_multiplier, q, grid)),
     accountants=(
         AccountantSpec("toy-pld", "toy", True, "The toy's sampled Gaussian PLD.", kind="pld"),
         AccountantSpec("toy-rdp", "toy", True, "The toy's sampled Gaussian RDP."),

@@ -54,18 +54,11 @@ def test_a_broken_rdp_function_is_refused_by_the_accountant():
         _mechanism_rdp.cache_clear()
 
 
-class _FakePmf:
-    def __init__(self, probs, infinity_mass):
-        self._probs = np.asarray(probs, dtype=float)
-        self._infinity_mass = infinity_mass
+def _pmfs(probs, infinity_mass=0.0, rho=0.0):
+    from dpnoise.accounting.pld.tilted import GridPmf
 
-    def to_dense_pmf(self):
-        return self
-
-
-class _FakePld:
-    def __init__(self, probs, infinity_mass=0.0):
-        self._pmf_remove = self._pmf_add = _FakePmf(probs, infinity_mass)
+    pmf = GridPmf(0, np.asarray(probs, dtype=float), infinity_mass, rho)
+    return pmf, pmf
 
 
 @pytest.mark.parametrize(
@@ -79,14 +72,22 @@ class _FakePld:
     ],
 )
 def test_invalid_plds_raise(probs, infinity_mass, message):
-    from dpnoise.accounting.pld.distribution import checked_pld
+    from dpnoise.accounting.pld.distribution import checked_pmfs
 
     with pytest.raises(InvalidPrivacyCurveError, match=message):
-        checked_pld(_FakePld(probs, infinity_mass), "test")
+        checked_pmfs(_pmfs(probs, infinity_mass), "test")
+
+
+@pytest.mark.parametrize("rho", [-1e-12, 0.5, np.nan])
+def test_a_tail_error_out_of_range_raises(rho):
+    from dpnoise.accounting.pld.distribution import checked_pmfs
+
+    with pytest.raises(InvalidPrivacyCurveError, match="tail-sum error"):
+        checked_pmfs(_pmfs([0.5, 0.5], 0.0, rho), "test")
 
 
 def test_valid_pld_passes():
-    from dpnoise.accounting.pld.distribution import checked_pld
+    from dpnoise.accounting.pld.distribution import checked_pmfs
 
-    pld = _FakePld([0.25, 0.25, 0.5 - 1e-12], infinity_mass=1e-12)
-    assert checked_pld(pld, "test") is pld
+    pmfs = _pmfs([0.25, 0.25, 0.5 - 1e-12], infinity_mass=1e-12, rho=1e-10)
+    assert checked_pmfs(pmfs, "test") is pmfs

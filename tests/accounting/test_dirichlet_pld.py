@@ -10,7 +10,7 @@ from scipy.special import betainc, betaln, expit
 
 from dpnoise.accounting import InvalidParameterError, PldAccountant, epsilon_after, get_accountant
 from dpnoise.accounting.events import DirichletEvent, PoissonSampledEvent, event_from_dict, event_to_dict
-from dpnoise.accounting.pld.dirichlet import two_class_vertex_masses, two_class_vertex_pld
+from dpnoise.accounting.pld.dirichlet import two_class_vertex_masses
 from dpnoise.audit.pld import dirichlet_shift_laws, epsilon_lower_bound
 
 
@@ -46,6 +46,15 @@ def _exact_step_delta(q: float, r: float, alpha: float, epsilon: float) -> float
     above_1 = mpmath.betainc(alpha, alpha + r, 0, y, regularized=True)
     above_0 = mpmath.betainc(alpha + r, alpha, 0, y, regularized=True)
     return float((1 - q) * max(1 - mpmath.exp(eps), 0) + q * (above_1 - mpmath.exp(eps) * above_0))
+
+
+def two_class_vertex_pld(q, r, alpha, grid):
+    """The route's single-step PMF as a dp_accounting PLD (a test-only cross-check of its composition)."""
+    from dp_accounting.pld import pld_pmf, privacy_loss_distribution
+
+    lowest, masses, infinity_mass = two_class_vertex_masses(q, r, alpha, grid)
+    return privacy_loss_distribution.PrivacyLossDistribution(
+        pld_pmf.DensePLDPmf(grid, lowest, masses, infinity_mass, pessimistic_estimate=True))
 
 
 @pytest.mark.parametrize("q,r,alpha", [(0.01, 0.0804, 1.0), (1.0, 0.3, 0.5), (0.2, 1.5, 3.0)])

@@ -136,10 +136,10 @@ def test_gaussian_falls_back_where_no_pld_is_attempted():
 
 def test_invalid_pld_falls_back_to_rdp(monkeypatch):
     """A PLD that fails its checks makes the PLD route answer +inf with the reason; the default answers by RDP."""
-    def invalid(pld, source):
+    def invalid(pmfs, source):
         raise InvalidPrivacyCurveError(f"{source}: PLD has NaN or negative mass; refusing to report an epsilon")
 
-    monkeypatch.setattr(distribution, "checked_pld", invalid)
+    monkeypatch.setattr(distribution, "checked_pmfs", invalid)
     distribution.single_step_pmfs.cache_clear()
     distribution.pld_epsilon.cache_clear()
     try:

@@ -319,7 +319,7 @@ class PldAccountant(PrivacyAccountant):
 
     def _epsilon_and_bound(self, delta: float) -> tuple[float, str]:
         epsilon, reason = pld_epsilon(flat_ledger(self._history), delta)
-        return epsilon, "PLD (dp_accounting, pessimistic, round-off bounded)" if reason is None else f"PLD not computed: {reason}"
+        return epsilon, "PLD (pessimistic connect-the-dots, round-off bounded)" if reason is None else f"PLD not computed: {reason}"
 
     def _delta(self, epsilon: float) -> float:
         return pld_delta(flat_ledger(self._history), epsilon)[0]

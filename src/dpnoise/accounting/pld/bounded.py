@@ -10,6 +10,25 @@ import numpy as np
 from dpnoise.accounting.pld.roundoff import summation_error_factor
 
 _CELL_SOLVE_MARGIN = 1e-9
+# Largest exponent of the weights within a block of the suffix sums.
+_BLOCK_EXPONENT = 30.0
+
+
+def _discounted_suffix_sums(masses: np.ndarray, step: float) -> np.ndarray:
+    """tail[k] = sum_{i >= k} e^{-(i - k) step} masses[i] (the recurrence tail[k] = c_k + e^-step tail[k+1]),
+    by blocks over which the weights e^{-i step} stay above e^-30 (no underflow of a weighted mass): sums
+    of nonnegative terms, used only to locate the cell, whose epsilon is then certified directly.
+    (NumPy only: scipy.signal's lfilter would load scipy.stats, a slow import.)"""
+    tail = np.empty_like(masses)
+    block = max(1, int(_BLOCK_EXPONENT / step))
+    carry = 0.0
+    for end in range(masses.size, 0, -block):
+        start = max(0, end - block)
+        weights = np.exp(-step * np.arange(end - start))
+        tail[start:end] = (np.cumsum((masses[start:end] * weights)[::-1])[::-1]
+                           + carry * math.exp(-step * (end - start))) / weights
+        carry = float(tail[start])
+    return tail
 
 
 @dataclass(frozen=True)
@@ -54,8 +73,6 @@ class BoundedPmf:
         (a decaying linear recurrence), solves S(l_j + t) = S(l_j) + E_j (1 - e^t), t in [-h, 0],
         in the cell, and certifies the result by direct evaluation.
         """
-        from scipy.signal import lfilter  # noqa: PLC0415 (slow import: scipy.signal loads scipy.stats)
-
         budget = self._loss_budget(delta)
         if budget < 0:
             return math.inf
@@ -63,9 +80,8 @@ class BoundedPmf:
         if masses.size == 0 or self._computed_loss_sum(lowest) <= budget:
             return lowest
         step = float(self.losses[1] - self.losses[0]) if masses.size > 1 else 1.0
-        decay = math.exp(-step)
         # tail[k] = c_k + B_k = sum_{i >= k} e^{-(l_i - l_k)} c_i, computed from the top down.
-        tail = lfilter([1.0], [1.0, -decay], masses[::-1])[::-1]
+        tail = _discounted_suffix_sums(masses, step)
         # grid_sums[j] = S(l_j) = (1 - e^{-h}) sum_{k > j} tail[k]
         grid_sums = -math.expm1(-step) * np.concatenate([np.cumsum(tail[::-1])[::-1][1:], [0.0]])
         j = int(np.argmax(grid_sums <= budget))

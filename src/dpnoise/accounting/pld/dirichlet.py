@@ -20,11 +20,12 @@ bound on its floating-point error: the result's epsilon(delta) is never below th
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 from scipy.special import betainc, expit
 
+from dpnoise.accounting.pld.tilted import GridPmf
 from dpnoise.accounting.validation import check_positive, check_sample_rate
 
 #: Relative error bound of ``betainc`` at the arguments used here, 4 times the largest error
@@ -59,7 +60,7 @@ def two_class_logit_window(r: float, alpha: float) -> tuple[float, float]:
 
 
 def two_class_loss_range(r: float, alpha: float) -> tuple[float, float]:
-    """(lowest, highest) privacy loss on the grid of :func:`two_class_vertex_pld` (before rounding)."""
+    """(lowest, highest) privacy loss on the grid of :func:`two_class_vertex_pmfs` (before rounding)."""
     lowest, highest = two_class_logit_window(r, alpha)
     return r * lowest, r * highest
 
@@ -102,15 +103,14 @@ def two_class_vertex_masses(sample_rate: float, r: float, alpha: float,
     return lowest, masses, infinity_mass
 
 
-def two_class_vertex_pld(sample_rate: float, r: float, alpha: float, discretization: float) -> Any:
-    """dp_accounting's ``PrivacyLossDistribution`` of one Poisson-sampled step of the two-class
-    Dirichlet mechanism, replace-one adjacency (symmetric: one PMF for both directions).
+def two_class_vertex_pmfs(sample_rate: float, r: float, alpha: float, discretization: float) -> tuple[GridPmf, GridPmf]:
+    """The single-step PMFs (both directions: the pair is symmetric, one PMF serves both) of one
+    Poisson-sampled step of the two-class Dirichlet mechanism, replace-one adjacency.
 
     A pessimistic bound for every pair of two-class inputs (docs/theory/dirichlet.md Sec. 1.3);
-    NOT valid for more than two classes.
+    NOT valid for more than two classes.  Every mass is already raised by its error bound, so the
+    tail sums need no relative error.
     """
-    from dp_accounting.pld import pld_pmf, privacy_loss_distribution  # noqa: PLC0415 (slow import)
-
     lowest, masses, infinity_mass = two_class_vertex_masses(sample_rate, r, alpha, discretization)
-    pmf = pld_pmf.DensePLDPmf(discretization, lowest, masses, infinity_mass, pessimistic_estimate=True)
-    return privacy_loss_distribution.PrivacyLossDistribution(pmf)
+    pmf = GridPmf(lowest, masses, infinity_mass)
+    return pmf, pmf

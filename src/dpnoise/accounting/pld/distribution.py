@@ -1,23 +1,22 @@
-"""Our DP events as privacy loss distributions (PLDs) of dp_accounting, with pessimistic rounding.
+"""Our DP events as privacy loss distributions (PLDs), with pessimistic rounding and proven round-off bounds.
 
-dp_accounting (Google, https://github.com/google/differential-privacy, ``dp_accounting.pld``)
-builds the PLD of the Poisson-sampled Gaussian and Laplace mechanisms under add/remove adjacency
-with "connect the dots" pessimistic discretisation (Doroshenko, Ghazi, Kamath, Kumar, Manurangsi,
-"Connect the dots: tighter discrete approximations of privacy loss distributions",
-arXiv 2207.04380): in exact arithmetic every epsilon(delta) of its PLDs is an upper bound on the
-true one.  Its FFT composition is not exact: its float64 round-off is an absolute error per mass,
-which at deltas of 1e-10 and below is of the order of delta itself.  So this module does not ask
-dp_accounting for epsilon(delta); each composed PLD carries a proven bound on that round-off
-(:mod:`dpnoise.accounting.pld.roundoff`), and epsilon(delta) is the smallest epsilon whose
-delta(epsilon) *with the bound added* is at most delta.  Where the bound alone exceeds delta,
-the route answers +inf and the default accountants use their RDP route.
+Each step's PLD is built here (:mod:`dpnoise.accounting.pld.single_step`) by pessimistic "connect
+the dots" discretisation (Doroshenko, Ghazi, Kamath, Kumar, Manurangsi, "Connect the dots: tighter
+discrete approximations of privacy loss distributions", arXiv 2207.04380): in exact arithmetic every
+epsilon(delta) of its PMFs is an upper bound on the true one, and each PMF carries a proven bound on
+the relative error of its tail sums.  The steps are composed by tilted FFTs
+(:mod:`dpnoise.accounting.pld.tilted`) whose float64 round-off is bounded entry by entry
+(:mod:`dpnoise.accounting.pld.roundoff`); epsilon(delta) is the smallest epsilon whose delta(epsilon)
+*with the bounds added* is at most delta.  Where the bounds alone exceed delta, the route answers
++inf and the default accountants use their RDP route.  dp_accounting (Google) is not used at run
+time; the tests check against it.
 
 Each mechanism event type has at most one PLD route (:class:`PldRoute`), registered by the
 mechanism's plugin (:mod:`dpnoise.accounting.plugins`); the built-in ones:
 
-* Gaussian and penultimate-gaussian: ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma))``;
-* Laplace with L1 clipping: ``PoissonSampledDpEvent(q, LaplaceDpEvent(b / C))`` (the worst case of
-  the L1 ball is a one-coordinate shift of C);
+* Gaussian and penultimate-gaussian: the Poisson-sampled Gaussian of noise multiplier sigma;
+* Laplace with L1 clipping: the Poisson-sampled Laplace of scale b / C (the worst case of the L1
+  ball is a one-coordinate shift of C);
 * Lap2: no PLD of its own; one step is M_n-GDP (:func:`~dpnoise.accounting.pld.gdp.lap2_gdp_mu`),
   GDP dominating pairs survive Poisson subsampling and composition (Zhu, Dong & Wang, "Optimal
   accounting of differential privacy via characteristic function", arXiv 2106.08567), so the PLD
@@ -25,8 +24,8 @@ mechanism's plugin (:mod:`dpnoise.accounting.plugins`); the built-in ones:
 * Dirichlet with two classes (an event recording ``num_classes == 2``): replace-one adjacency
   with the changed example's inclusion visible, one step being the vertex pair
   (1 - q) bot + q P_1 vs (1 - q) bot + q P_0, whose loss is 0 with probability 1 - q
-  (:func:`~dpnoise.accounting.pld.dirichlet.two_class_vertex_pld`; docs/theory/dirichlet.md
-  Sec. 1.3 and 2.4).  Not dp_accounting's add/remove subsampling.  For more classes, or where
+  (:func:`~dpnoise.accounting.pld.dirichlet.two_class_vertex_pmfs`; docs/theory/dirichlet.md
+  Sec. 1.3 and 2.4).  Not the add/remove subsampling of the others.  For more classes, or where
   the number of classes is not recorded, there is no PLD.
 
 The PLD route is only attempted where its grid stays small (:func:`pld_feasibility`); elsewhere,
@@ -45,6 +44,7 @@ import numpy as np
 
 from dpnoise.accounting.events import DpEvent, PoissonSampledEvent
 from dpnoise.accounting.pld.bounded import ComposedPld
+from dpnoise.accounting.pld.single_step import gaussian_pair
 from dpnoise.accounting.pld.tilted import GridPmf, composed_window_length, tilt_centred_at, tilt_for_delta, tilted_composition
 from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
 from dpnoise.accounting.validation import InvalidParameterError
@@ -63,19 +63,19 @@ MAX_COMPOSITIONS = 100_000_000
 MAX_COMPOSED_POINTS = 4_000_000
 # Times the first pass coarsens its grid to fit the composed window within MAX_COMPOSED_POINTS.
 _COARSENINGS = 3
-# dp_accounting evaluates q * exp(max loss); beyond this loss it overflows.
+# e^loss overflows beyond this loss.
 _MAX_LAPLACE_LOSS = 700.0
+# Largest tail-sum relative error accepted from a single-step PMF (ours are below 1e-9).
+_MAX_TAIL_RELATIVE_ERROR = 1e-3
 # Rounding slack on probability masses (FFT composition, truncation book-keeping).
 _MASS_TOLERANCE = 1e-9
 _EXCESS_MASS_PER_STEP = 1e-6
-# dp_accounting's default tail truncation of the Gaussian: |x| <= sqrt(2 * 50) sigma.
-_GAUSSIAN_TAIL = math.sqrt(100.0)
 
 
 Ledger = tuple[tuple[DpEvent, int], ...]
 
-#: the single-step PLD of a Poisson-sampled mechanism event: (event, q, discretization) -> dp_accounting PLD
-SingleStepPld = Callable[[Any, float, float], Any]
+#: the single-step PMFs of a Poisson-sampled mechanism event: (event, q, discretization) -> (remove, add)
+SingleStepPmfs = Callable[[Any, float, float], tuple[GridPmf, GridPmf]]
 
 
 def _always_available(event: Any) -> Optional[str]:
@@ -87,13 +87,14 @@ class PldRoute:
     """How a mechanism event type is accounted by a PLD (its plugin registers it, :func:`register_pld`).
 
     ``loss_width(event, q)``: the width of the single-step privacy-loss support the grid must cover,
-    or the reason the route is not attempted at these parameters (e.g. outside dp_accounting's range);
-    ``single_step(event, q, discretization)``: its pessimistic single-step PLD;
+    or the reason the route is not attempted at these parameters (e.g. a loss that overflows);
+    ``single_step(event, q, discretization)``: its pessimistic single-step PMFs (remove, add) on the grid,
+    each with its proven tail-sum relative error;
     ``unavailable(event)``: why there is no PLD whatever the parameters and step count (None: there is).
     """
 
     loss_width: Callable[[Any, float], Union[float, str]]
-    single_step: SingleStepPld
+    single_step: SingleStepPmfs
     unavailable: Callable[[Any], Optional[str]] = _always_available
 
 
@@ -125,34 +126,18 @@ def sampled_loss_range(q: float, max_loss: float) -> float:
 
 def gaussian_loss_width(noise_multiplier: float, q: float) -> Union[float, str]:
     """:attr:`PldRoute.loss_width` of the Poisson-sampled Gaussian mechanism (sensitivity 1)."""
-    if not 1e-100 < noise_multiplier < 1e100:  # dp_accounting squares sigma
+    if not 1e-100 < noise_multiplier < 1e100:  # sigma^2 and 1/sigma^2 stay finite
         return f"noise multiplier {noise_multiplier:g} out of the PLD route's range"
-    # dp_accounting truncates the Gaussian at |x| <= 10 sigma: loss up to 10/sigma + 1/(2 sigma^2).
-    return sampled_loss_range(q, _GAUSSIAN_TAIL / noise_multiplier + 0.5 / noise_multiplier / noise_multiplier)
-
-
-def gaussian_pld(noise_multiplier: float, q: float, discretization: float) -> Any:
-    """dp_accounting's pessimistic PLD of the Poisson-sampled Gaussian mechanism (add/remove)."""
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib  # noqa: PLC0415 (slow import)
-
-    return pld_lib.from_gaussian_mechanism(noise_multiplier, pessimistic_estimate=True,
-                                           value_discretization_interval=discretization, sampling_prob=q)
+    # the Gaussian is truncated at |x| <= 10 sigma: loss up to 10/sigma + 1/(2 sigma^2)
+    return sampled_loss_range(q, gaussian_pair(noise_multiplier).max_loss)
 
 
 def laplace_loss_width(noise_multiplier: float, q: float) -> Union[float, str]:
     """:attr:`PldRoute.loss_width` of the Poisson-sampled Laplace mechanism (sensitivity 1)."""
     max_loss = 1.0 / noise_multiplier
     if max_loss > _MAX_LAPLACE_LOSS:
-        return f"Laplace loss 1/{noise_multiplier:g} overflows dp_accounting"
+        return f"Laplace loss 1/{noise_multiplier:g} > {_MAX_LAPLACE_LOSS:g} overflows"
     return sampled_loss_range(q, max_loss)
-
-
-def laplace_pld(noise_multiplier: float, q: float, discretization: float) -> Any:
-    """dp_accounting's pessimistic PLD of the Poisson-sampled Laplace mechanism (add/remove)."""
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib  # noqa: PLC0415 (slow import)
-
-    return pld_lib.from_laplace_mechanism(noise_multiplier, pessimistic_estimate=True,
-                                          value_discretization_interval=discretization, sampling_prob=q)
 
 
 def pld_unavailable(mechanism: DpEvent) -> Optional[str]:
@@ -198,30 +183,29 @@ def history_discretization(history: Ledger, discretization: float) -> float:
     return max(discretization, *(_loss_width(event) / MAX_GRID_POINTS for event, _ in history))
 
 
-def checked_pld(pld: Any, source: str) -> Any:
-    """The single-step ``pld`` after checking each of its two PMFs (remove and add directions).
+def checked_pmfs(pmfs: tuple[GridPmf, ...], source: str) -> tuple[GridPmf, ...]:
+    """The single-step ``pmfs`` (remove and add directions) after checking each.
 
-    Finite masses; negative masses only at rounding level; infinity mass in [0, 1]; total mass
-    (infinity included) not below 1 (lost mass could hide privacy loss) and at most
-    1 + 2e-6: dp_accounting's pessimistic add-direction PMF carries up to ~1e-8 extra mass
-    (finer grids more), which can only raise delta(epsilon), i.e. stays conservative; the upper
-    check catches gross failures only.
+    Finite, nonnegative masses; infinity mass in [0, 1]; total mass (infinity included) not below 1
+    (lost mass could hide privacy loss) and at most 1 + 2e-6 (pessimistic rounding adds a little mass,
+    which can only raise delta(epsilon); the upper check catches gross failures only); a tail-sum
+    relative error in [0, 1e-3].
     """
-    for direction in _DIRECTIONS:
-        pmf = getattr(pld, direction)
-        probs = np.asarray(pmf.to_dense_pmf()._probs, dtype=float)  # noqa: SLF001 (no public accessor)
-        infinity_mass = float(pmf._infinity_mass)  # noqa: SLF001
-        total = float(probs.sum()) + infinity_mass
-        # dp_accounting leaves rounding-level negative masses (~1e-16); more is a failure.
-        if not np.all(np.isfinite(probs)) or probs[probs < 0].sum() < -_MASS_TOLERANCE:
+    for direction, pmf in zip(("remove", "add"), pmfs):
+        probs, infinity_mass = pmf.probs, pmf.infinity_mass
+        if not np.all(np.isfinite(probs)) or np.any(probs < 0):
             raise InvalidPrivacyCurveError(f"{source}: PLD has NaN or negative mass; refusing to report an epsilon")
+        total = float(probs.sum()) + infinity_mass
         excess_allowed = 2 * _EXCESS_MASS_PER_STEP
         if not 0.0 <= infinity_mass <= 1.0 + _MASS_TOLERANCE or not 1.0 - _MASS_TOLERANCE <= total <= 1.0 + excess_allowed:
             raise InvalidPrivacyCurveError(
-                f"{source}: PLD masses are invalid ({direction[5:]} direction: total {total:.12g}, "
+                f"{source}: PLD masses are invalid ({direction} direction: total {total:.12g}, "
                 f"infinity mass {infinity_mass:.3g}); refusing to report an epsilon"
             )
-    return pld
+        if not 0.0 <= pmf.tail_relative_error <= _MAX_TAIL_RELATIVE_ERROR:
+            raise InvalidPrivacyCurveError(f"{source}: tail-sum error {pmf.tail_relative_error:.3g} of the {direction} "
+                                           f"direction out of range; refusing to report an epsilon")
+    return pmfs
 
 
 class PldTooCostly(ArithmeticError):
@@ -233,29 +217,20 @@ class PldTooCostly(ArithmeticError):
         self.points = points
 
 
-_DIRECTIONS = ("_pmf_remove", "_pmf_add")
+_DIRECTIONS = 2  # remove, add
 
 
 @lru_cache(maxsize=64)
 def single_step_pmfs(event: PoissonSampledEvent, discretization: float) -> tuple[GridPmf, ...]:
-    """The checked single-step PMFs of ``event`` (remove and add directions) on the grid.
-
-    Rounding-level negative masses are raised to 0: larger masses only raise delta(epsilon).
-    """
-    pld = checked_pld(_PLD_ROUTES[type(event.event)].single_step(event.event, event.sampling_probability,
-                                                                 discretization), f"PLD of {event}")
-    pmfs = []
-    for direction in _DIRECTIONS:
-        dense = getattr(pld, direction).to_dense_pmf()
-        probs = np.maximum(np.asarray(dense._probs, dtype=float), 0.0)  # noqa: SLF001 (no public accessor)
-        pmfs.append(GridPmf(int(dense._lower_loss), probs, float(dense._infinity_mass)))  # noqa: SLF001
-    return tuple(pmfs)
+    """The checked single-step PMFs of ``event`` (remove and add directions) on the grid."""
+    route = _PLD_ROUTES[type(event.event)]
+    return checked_pmfs(route.single_step(event.event, event.sampling_probability, discretization), f"PLD of {event}")
 
 
 def _directions(history: Ledger, discretization: float) -> list[list[tuple[GridPmf, int]]]:
     """Per direction, the single-step PMF of each event of ``history`` with its count."""
     pmfs = [(single_step_pmfs(event, discretization), count) for event, count in history]
-    return [[(pair[index], count) for pair, count in pmfs] for index in range(len(_DIRECTIONS))]
+    return [[(pair[index], count) for pair, count in pmfs] for index in range(_DIRECTIONS)]
 
 
 @lru_cache(maxsize=128)
@@ -305,7 +280,7 @@ def pld_epsilon(history: Ledger, delta: float, refine: bool = True) -> tuple[flo
     Passes on ever finer value grids (``refine``): a coarse one, then grids REFINEMENT times finer
     while a pass still lowers epsilon by more than CONVERGED and its PLD stays within the size limits;
     every pass is pessimistic and carries its round-off bound, so the smallest result is reported.
-    (A small per-step loss, e.g. q = 1e-4, needs a grid finer than the loss itself.)  A PLD that cannot be built (dp_accounting's numerics fail, or its masses break
+    (A small per-step loss, e.g. q = 1e-4, needs a grid finer than the loss itself.)  A PLD that cannot be built (its numerics fail, or its masses break
     their checks) gives +inf with the reason: the default accountants then answer by RDP.
     """
     reason = history_infeasibility(history)
@@ -327,7 +302,7 @@ def pld_epsilon(history: Ledger, delta: float, refine: bool = True) -> tuple[flo
                 break
     except PldTooCostly as err:
         return math.inf, str(err)
-    except (ArithmeticError, ValueError) as err:  # dp_accounting's numerics or our checks gave up
+    except (ArithmeticError, ValueError) as err:  # the numerics or our checks gave up
         return math.inf, f"PLD not valid ({type(err).__name__}: {err})"
     if not math.isfinite(best):
         return math.inf, f"round-off bound of the composed PLD exceeds delta = {delta:g}"

@@ -21,6 +21,7 @@ radix 3, 4, 5, 7 and 11 passes cost at most ~5 u per binary level; c = 32 is tak
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -28,11 +29,6 @@ import numpy as np
 UNIT_ROUNDOFF = 2.0**-53
 #: Componentwise error growth of one binary level of an FFT (see the module docstring).
 FFT_ERROR_PER_LEVEL = 32.0 * UNIT_ROUNDOFF
-#: Relative error allowed on each upper tail sum (sum_{i >= j} p_i + infinity mass) of a single-step
-#: PMF as dp_accounting computes it: first differences of hockey-stick values at adjacent grid
-#: points; within 2e-9 of 40-digit mpmath on grids down to 2e-5 (docs/theory/pld_roundoff.md; single
-#: masses, second differences, are far less accurate at negative losses and need not be).
-SINGLE_STEP_RELATIVE_ERROR = 1e-7
 #: Relative error of complex ``z ** T`` (glibc's cpow is exp(T log z); numpy's binary powering
 #: below T = 100): at most this many units per unit of |T log z| + T pi, plus a few ulps.
 _POWER_ERROR_PER_UNIT = 8.0 * UNIT_ROUNDOFF
@@ -52,11 +48,12 @@ def summation_error_factor(count: int) -> float:
     return terms / (1.0 - terms) + 4.0 * UNIT_ROUNDOFF
 
 
-def composition_relative_error(compositions: int) -> float:
-    """R with true delta(eps) <= (1 + R) x that of the computed single-step PMFs' exact composition:
-    their upper tail sums are >= (1 - rho) x the exact ones, an order convolution keeps, so the
-    T-fold composition dominates (1 - rho)^T x the exact one: R = (1 - rho)^-T - 1."""
-    return math.expm1(-compositions * math.log1p(-SINGLE_STEP_RELATIVE_ERROR))
+def composition_relative_error(events: Sequence[tuple[float, int]]) -> float:
+    """R with true delta(eps) <= (1 + R) x that of the computed single-step PMFs' exact composition, for
+    events (rho_e, T_e): each PMF's upper tail sums are >= (1 - rho_e) x the exact ones, an order
+    convolution keeps, so the composition dominates prod_e (1 - rho_e)^T_e x the exact one:
+    R = prod_e (1 - rho_e)^-T_e - 1."""
+    return math.expm1(-sum(count * math.log1p(-rho) for rho, count in events))
 
 
 def power_product_entry_error(abs_spectra: list[np.ndarray], counts: list[int], forward_errors: list[float],

@@ -50,11 +50,16 @@ _TILT_ITERATIONS = 200
 
 @dataclass(frozen=True)
 class GridPmf:
-    """One direction of a single-step PLD on the grid l_i = (lower + i) h: masses >= 0 and the infinity mass."""
+    """One direction of a single-step PLD on the grid l_i = (lower + i) h: masses >= 0 and the infinity mass.
+
+    ``tail_relative_error`` rho: every upper tail sum sum_{i >= j} p_i + infinity mass is at least (1 - rho)
+    times that of the exact (pessimistic) discretisation it stands for (docs/theory/pld_roundoff.md).
+    """
 
     lower: int
     probs: np.ndarray
     infinity_mass: float
+    tail_relative_error: float = 0.0
 
     @cached_property
     def finite_mass(self) -> float:
@@ -207,7 +212,7 @@ def tilted_composition(steps: Steps, grid: float, tilt: float) -> BoundedPmf:
     top = grid * (indices[-1] + 1)
     above = log_chernoff_tail(steps, grid, top - grid / 2, tilt) if top <= grid * _highest(steps) else -math.inf
     untilt_error = 4.0 * UNIT_ROUNDOFF * (float(np.max(np.abs(log_untilt))) + 1.0)
-    relative_error = (composition_relative_error(sum(counts)) + 4.0 * UNIT_ROUNDOFF * exponent_size
+    relative_error = (composition_relative_error([(pmf.tail_relative_error, count) for pmf, count in steps]) + 4.0 * UNIT_ROUNDOFF * exponent_size
                       + untilt_error)
     floor = grid * first if first > lowest else -math.inf
     return BoundedPmf(grid * indices, probs, _composed_infinity_mass(steps) + math.exp(above), relative_error, floor)

@@ -28,7 +28,7 @@ from dpnoise.accounting.calibration import (
 )
 from dpnoise.accounting.events import DirichletEvent
 from dpnoise.accounting.mechanisms import CONCENTRATION, OUTPUT_PRIVACY_SCOPE, AuditPair, EventContext, MechanismSpec
-from dpnoise.accounting.pld.dirichlet import two_class_domain_problem, two_class_loss_range, two_class_vertex_pld
+from dpnoise.accounting.pld.dirichlet import two_class_domain_problem, two_class_loss_range, two_class_vertex_pmfs
 from dpnoise.accounting.pld.distribution import PldRoute
 from dpnoise.accounting.plugin import MechanismPlugin, register_plugin
 from dpnoise.accounting.plugins.wording import add_remove_reading
@@ -146,7 +146,7 @@ PLUGIN = register_plugin(MechanismPlugin(
          "ponnoprat": _rdp("ponnoprat", "general"), "tight": _rdp("exact-vertex", "tight")},
     unsound_rdp=("add-remove", "ponnoprat", "tight"),
     pld=PldRoute(loss_width=_two_class_loss_width,
-                 single_step=lambda event, q, grid: two_class_vertex_pld(q, event.r, event.alpha, grid),
+                 single_step=lambda event, q, grid: two_class_vertex_pmfs(q, event.r, event.alpha, grid),
                  unavailable=_two_class_unavailable),
     accountants=(
         AccountantSpec(

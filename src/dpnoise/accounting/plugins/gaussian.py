@@ -1,6 +1,6 @@
 """DP-SGD: per-example L2 clipping to C, Gaussian noise of std sigma C on the sum (add/remove adjacency).
 
-Accounted by dp_accounting's PLD of the Poisson-sampled Gaussian and by the sampled Gaussian RDP
+Accounted by the PLD of the Poisson-sampled Gaussian (pessimistic connect-the-dots, arXiv 2207.04380) and by the sampled Gaussian RDP
 (Mironov, Talwar & Zhang, arXiv 1908.10530), the default being the smaller per delta.
 """
 
@@ -11,7 +11,8 @@ import numpy as np
 from dpnoise.accounting.calibration import CalibrationResult, calibrate_noise
 from dpnoise.accounting.events import GaussianEvent
 from dpnoise.accounting.mechanisms import NOISE_MULTIPLIER, AuditPair, EventContext, MechanismSpec
-from dpnoise.accounting.pld.distribution import PldRoute, gaussian_loss_width, gaussian_pld
+from dpnoise.accounting.pld.distribution import PldRoute, gaussian_loss_width
+from dpnoise.accounting.pld.single_step import gaussian_pmfs
 from dpnoise.accounting.plugin import MechanismPlugin, register_plugin
 from dpnoise.accounting.plugins.wording import pld_and_rdp
 from dpnoise.accounting.rdp.gaussian import sampled_gaussian_rdp
@@ -47,7 +48,7 @@ PLUGIN = register_plugin(MechanismPlugin(
     ),
     rdp={"add-remove": add_remove_rdp},
     pld=PldRoute(loss_width=lambda event, q: gaussian_loss_width(event.noise_multiplier, q),
-                 single_step=lambda event, q, grid: gaussian_pld(event.noise_multiplier, q, grid)),
+                 single_step=lambda event, q, grid: gaussian_pmfs(event.noise_multiplier, q, grid)),
     release_profile=releases_log_profile,
     accountants=pld_and_rdp(
         "gaussian", "Poisson-sampled Gaussian mechanism",

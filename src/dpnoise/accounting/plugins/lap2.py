@@ -17,8 +17,9 @@ import numpy as np
 from dpnoise.accounting.calibration import CalibrationResult, calibrate_noise
 from dpnoise.accounting.events import Lap2Event
 from dpnoise.accounting.mechanisms import LAPLACE_SCALE, AuditPair, EventContext, MechanismSpec
-from dpnoise.accounting.pld.distribution import PldRoute, gaussian_loss_width, gaussian_pld
+from dpnoise.accounting.pld.distribution import PldRoute, gaussian_loss_width
 from dpnoise.accounting.pld.gdp import lap2_gdp_mu
+from dpnoise.accounting.pld.single_step import gaussian_pmfs
 from dpnoise.accounting.plugin import MechanismPlugin, register_plugin
 from dpnoise.accounting.plugins.wording import PLD_NOTE
 from dpnoise.accounting.rdp.lap2 import lap2_add_only_rdp, lap2_paper_rdp, lap2_sound_rdp
@@ -59,7 +60,7 @@ PLUGIN = register_plugin(MechanismPlugin(
     rdp={"sound": _rdp(lap2_sound_rdp), "paper": _rdp(lap2_paper_rdp), "add-only": _rdp(lap2_add_only_rdp)},
     unsound_rdp=("paper", "add-only"),
     pld=PldRoute(loss_width=lambda event, q: gaussian_loss_width(dominating_noise_multiplier(event), q),
-                 single_step=lambda event, q, grid: gaussian_pld(dominating_noise_multiplier(event), q, grid)),
+                 single_step=lambda event, q, grid: gaussian_pmfs(dominating_noise_multiplier(event), q, grid)),
     accountants=(
         AccountantSpec(
             "lap2-rdp", "lap2", True,

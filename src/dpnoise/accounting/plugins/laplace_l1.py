@@ -1,7 +1,7 @@
 """Laplace DP-SGD baseline: exact per-example L1 clipping to C, i.i.d. Laplace(b) noise on the sum.
 
 The worst case of the L1 ball is a one-coordinate shift of C, so one step is the 1-D Laplace
-mechanism at b / C: dp_accounting's PLD and the exact binomial RDP expansion.
+mechanism at b / C: its PLD (pessimistic connect-the-dots) and the exact binomial RDP expansion.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import numpy as np
 
 from dpnoise.accounting.events import LaplaceEvent
 from dpnoise.accounting.mechanisms import LAPLACE_SCALE, AuditPair, EventContext, MechanismSpec
-from dpnoise.accounting.pld.distribution import PldRoute, laplace_loss_width, laplace_pld
+from dpnoise.accounting.pld.distribution import PldRoute, laplace_loss_width
+from dpnoise.accounting.pld.single_step import laplace_pmfs
 from dpnoise.accounting.plugin import MechanismPlugin, register_plugin
 from dpnoise.accounting.plugins.wording import pld_and_rdp
 from dpnoise.accounting.rdp.laplace import sampled_laplace_rdp
@@ -38,7 +39,7 @@ PLUGIN = register_plugin(MechanismPlugin(
     ),
     rdp={"add-remove": add_remove_rdp},
     pld=PldRoute(loss_width=lambda event, q: laplace_loss_width(event.noise_multiplier, q),
-                 single_step=lambda event, q, grid: laplace_pld(event.noise_multiplier, q, grid)),
+                 single_step=lambda event, q, grid: laplace_pmfs(event.noise_multiplier, q, grid)),
     accountants=pld_and_rdp(
         "laplace-l1", "Poisson-sampled Laplace mechanism (L1 clipping: one-coordinate shift of C)",
         "Poisson-sampled Laplace with L1 clipping: exact binomial expansion of the 1-D shift "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dpnoise.accounting.registry import AccountantSpec
 
-PLD_NOTE = "dp_accounting's privacy loss distribution with pessimistic (connect-the-dots) rounding, arXiv 2207.04380"
+PLD_NOTE = "privacy loss distribution with pessimistic (connect-the-dots) rounding, arXiv 2207.04380"
 
 
 def add_remove_reading(name: str, mechanism: str, default: str, example: str = "") -> str:
