@@ -254,23 +254,32 @@ def composed_pld(history: Ledger, discretization: float, tilts: tuple[float, ...
     return ComposedPld(composed)
 
 
-def _epsilon_on_grid(history: Ledger, discretization: float, delta: float) -> float:
-    tilts = tuple(tilt_for_delta(steps, discretization, delta) for steps in _directions(history, discretization))
-    return composed_pld(history, discretization, tilts).epsilon_for_delta(delta)
+Tilts = tuple[float, ...]
 
 
-def _first_pass(history: Ledger, delta: float) -> tuple[float, float]:
-    """(epsilon, grid) on the coarse grid, made coarser where the composed window would be too large
-    (e.g. 10^7 steps at q = 1)."""
+def _epsilon_on_grid(history: Ledger, discretization: float, delta: float,
+                     near: Optional[Tilts] = None) -> tuple[float, Tilts]:
+    """(epsilon(delta), the tilt of each direction) on one grid; ``near``: the tilts of a coarser grid."""
+    directions = _directions(history, discretization)
+    tilts = tuple(tilt_for_delta(steps, discretization, delta, near[index] if near else None)
+                  for index, steps in enumerate(directions))
+    return composed_pld(history, discretization, tilts).epsilon_for_delta(delta), tilts
+
+
+def _first_pass(history: Ledger, delta: float) -> tuple[float, float, Tilts]:
+    """(epsilon, grid, tilts) on the coarse grid, made coarser where the composed window would be too
+    large (e.g. 10^7 steps at q = 1)."""
     grid = history_discretization(history, COARSE_DISCRETIZATION)
     for _ in range(_COARSENINGS):
         try:
-            return _epsilon_on_grid(history, grid, delta), grid
+            epsilon, tilts = _epsilon_on_grid(history, grid, delta)
+            return epsilon, grid, tilts
         except PldTooCostly as err:
             if not math.isfinite(err.points):
                 raise
             grid *= 1.25 * err.points / MAX_COMPOSED_POINTS
-    return _epsilon_on_grid(history, grid, delta), grid
+    epsilon, tilts = _epsilon_on_grid(history, grid, delta)
+    return epsilon, grid, tilts
 
 
 @lru_cache(maxsize=1024)
@@ -280,20 +289,20 @@ def pld_epsilon(history: Ledger, delta: float, refine: bool = True) -> tuple[flo
     Passes on ever finer value grids (``refine``): a coarse one, then grids REFINEMENT times finer
     while a pass still lowers epsilon by more than CONVERGED and its PLD stays within the size limits;
     every pass is pessimistic and carries its round-off bound, so the smallest result is reported.
-    (A small per-step loss, e.g. q = 1e-4, needs a grid finer than the loss itself.)  A PLD that cannot be built (its numerics fail, or its masses break
-    their checks) gives +inf with the reason: the default accountants then answer by RDP.
+    (A small per-step loss, e.g. q = 1e-4, needs a grid finer than the loss itself.)  A PLD that cannot
+    be built (its numerics fail, or its masses break their checks) gives +inf with the reason: the default accountants then answer by RDP.
     """
     reason = history_infeasibility(history)
     if reason is not None:
         return math.inf, reason
     try:
-        best, grid = _first_pass(history, delta)
+        best, grid, tilts = _first_pass(history, delta)
         while refine and math.isfinite(best):
             finer = history_discretization(history, max(grid / REFINEMENT, FINEST_DISCRETIZATION))
             if finer > 0.5 * grid:
                 break
             try:
-                refined = _epsilon_on_grid(history, finer, delta)
+                refined, tilts = _epsilon_on_grid(history, finer, delta, tilts)
             except PldTooCostly:
                 break  # the coarser grid's epsilon stands
             improved = refined < best * (1.0 - CONVERGED)
