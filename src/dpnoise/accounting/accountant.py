@@ -3,7 +3,7 @@
 
 What happened is a ledger of DP events (:mod:`dpnoise.accounting.events`); how it is accounted
 depends on the accountant's kind (:mod:`dpnoise.accounting.kinds`; the kinds below are registered here,
-"release-count" by :mod:`dpnoise.accounting.release_count`):
+the release-count kind by :mod:`dpnoise.accounting.release_count`):
 
 * :class:`RdpAccountant` -- Renyi DP over a grid of orders, converted to (epsilon, delta);
 * :class:`PldAccountant` -- dp_accounting's privacy loss distributions, pessimistic rounding;
