@@ -13,12 +13,10 @@ register its kind here without importing another.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
+from dpnoise.accounting.events import DpEvent
 from dpnoise.accounting.validation import InvalidParameterError
-
-if TYPE_CHECKING:  # annotations only: the accountant module imports this one
-    from dpnoise.accounting.accountant import Ledger, PrivacyAccountant
 
 
 class NoiseRatioSearch(Protocol):
@@ -32,7 +30,7 @@ class NoiseRatioSearch(Protocol):
     def epsilon(self, accountant: str, ratio: float) -> float:
         """Epsilon at :attr:`delta` of the named accountant's ledger at ``ratio`` (no unsoundness warning)."""
 
-    def ledger(self, accountant: str, ratio: float) -> Ledger:
+    def ledger(self, accountant: str, ratio: float) -> Sequence[tuple[DpEvent, int]]:
         """The named accountant's ledger at ``ratio``, composition unrolled
         (:func:`~dpnoise.accounting.accountant.flat_ledger`)."""
 
@@ -58,7 +56,7 @@ class AccountantKind:
     """
 
     name: str
-    accountant: type[PrivacyAccountant]
+    accountant: type  # a PrivacyAccountant subclass: this module imports no accountant, which import it
     solve: SolveStrategy
     cheap_epsilon: bool = False
     takes_rdp_route: bool = False
