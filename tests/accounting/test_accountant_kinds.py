@@ -10,15 +10,18 @@ import numpy as np
 import pytest
 
 from dpnoise.accounting import (
+    ACCOUNTANT_KINDS,
     ACCOUNTANTS,
+    AccountantKind,
     AccountantSpec,
     InvalidParameterError,
     RdpAccountant,
     calibrate,
     get_accountant,
     register_accountant,
+    register_accountant_kind,
 )
-from dpnoise.accounting.kinds import ACCOUNTANT_KINDS, AccountantKind, NoiseRatioSearch, register_accountant_kind
+from dpnoise.accounting.kinds import NoiseRatioSearch
 from dpnoise.accounting.solvers import solve_directly
 
 SOURCE = Path(__file__).resolve().parents[2] / "src" / "dpnoise"
