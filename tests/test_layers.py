@@ -126,6 +126,22 @@ def test_no_import_cycles_between_parts(package_imports):
     assert sorted(f"{a} <-> {b}" for a in edges for b in edges[a] if reaches(b, a, {b})) == []
 
 
+def test_no_import_cycles_between_modules():
+    """No module imports, even inside a function, a module that imports it back (directly or through
+    others): packages' ``__init__`` files, which gather their modules' names, left aside."""
+    modules = {name: path for name, path in source_modules(PACKAGE.parent, "dpnoise").items()
+               if path.name != "__init__.py"}
+    edges = {name: {imported for imported, _ in imported_modules(path, name, set(modules))
+                    if imported in modules and imported != name}
+             for name, path in modules.items()}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt}))
+                   for nxt in edges[start])
+
+    assert sorted(f"{a} <-> {b}" for a in edges for b in edges[a] if reaches(b, a, {b})) == []
+
+
 def test_the_rule_is_checked_on_real_imports(package_imports):
     """Guards the parser: imports known to exist are found, function-level ones included."""
     pairs = {(importer, imported) for importer, imported, _ in package_imports}

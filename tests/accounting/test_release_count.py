@@ -295,7 +295,7 @@ def test_state_dict_round_trip():
 def test_bad_inputs_are_refused():
     with pytest.raises(InvalidParameterError, match="orders= applies to RDP accountants only"):
         get_accountant("penultimate-gaussian-exact", orders=np.array([2.0]))
-    with pytest.raises(InvalidParameterError, match="not a release-count accountant"):
+    with pytest.raises(InvalidParameterError, match="is of kind .rdp., accounted by RdpAccountant, not ReleaseCountAccountant"):
         ReleaseCountAccountant("dirichlet-rdp")
     acc = get_accountant("penultimate-gaussian-exact").step(noise_multiplier=1.0, sample_rate=0.01, steps=10)
     for delta in (0.0, 1.0, float("nan"), -1e-5):

@@ -9,6 +9,8 @@
 * :data:`MECHANISMS` -- the mechanism registry (noise unit, event, accountants, audit pair), each
   built-in mechanism one module of :mod:`~dpnoise.accounting.plugins` registered by one
   :func:`register_plugin` call (its spec, its RDP and PLD routes, its accountants);
+* :data:`ACCOUNTANT_KINDS` -- kinds of accountant (rdp, pld, minimum, release-count): each kind's
+  class, calibration strategy and cheap-epsilon flag, added by :func:`register_accountant_kind`;
 * :data:`ACCOUNTANTS` -- named accountants (``gaussian``, ``laplace-l1``, ``lap2``, ``lap2-paper``,
   ``dirichlet``, ...), each added by :func:`register_accountant`; non-sound ones warn whenever
   they produce a number;
@@ -36,6 +38,7 @@ from dpnoise.accounting.calibration import (
     step_event_factory,
     steps_from_epochs,
 )
+from dpnoise.accounting.kinds import ACCOUNTANT_KINDS, AccountantKind, register_accountant_kind
 from dpnoise.accounting.mechanisms import (
     MECHANISMS,
     OUTPUT_PRIVACY_SCOPE,
@@ -57,9 +60,11 @@ from dpnoise.accounting.plugins.gaussian import calibrate_gaussian_sigma  # noqa
 from dpnoise.accounting.plugins.lap2 import calibrate_lap2  # noqa: E402
 
 __all__ = [
+    "ACCOUNTANT_KINDS",
     "ACCOUNTANTS",
     "MECHANISMS",
     "OUTPUT_PRIVACY_SCOPE",
+    "AccountantKind",
     "AccountantSpec",
     "CalibrationResult",
     "InvalidParameterError",
@@ -88,6 +93,7 @@ __all__ = [
     "noise_from_keywords",
     "noise_keywords",
     "register_accountant",
+    "register_accountant_kind",
     "register_mechanism",
     "register_plugin",
     "unregister_plugin",

@@ -2,7 +2,8 @@
 ``compose``/``get_epsilon``; ``state_dict``/``load_state_dict`` for checkpoints).
 
 What happened is a ledger of DP events (:mod:`dpnoise.accounting.events`); how it is accounted
-depends on the accountant's kind (its :class:`~dpnoise.accounting.registry.AccountantSpec`):
+depends on the accountant's kind (:mod:`dpnoise.accounting.kinds`; the kinds below are registered here,
+the release-count kind by :mod:`dpnoise.accounting.release_count`):
 
 * :class:`RdpAccountant` -- Renyi DP over a grid of orders, converted to (epsilon, delta);
 * :class:`PldAccountant` -- dp_accounting's privacy loss distributions, pessimistic rounding;
@@ -32,8 +33,10 @@ from dpnoise.accounting.rdp.conversion import delta_from_rdp, epsilon_from_rdp
 from dpnoise.accounting.rdp.curve import checked_rdp_curve
 from dpnoise.accounting.rdp.orders import DEFAULT_ORDERS
 from dpnoise.accounting.rdp.registry import event_rdp
+from dpnoise.accounting.kinds import AccountantKind, register_accountant_kind
 from dpnoise.accounting.mechanisms import get_mechanism_spec, noise_from_keywords
 from dpnoise.accounting.registry import AccountantSpec, get_spec
+from dpnoise.accounting.solvers import solve_by_pld_passes, solve_directly, solve_over_routes
 from dpnoise.accounting.validation import (
     InvalidParameterError,
     check_count,
@@ -55,6 +58,10 @@ class PrivacyAccountant:
 
     def __init__(self, name: str) -> None:
         self.spec: AccountantSpec = get_spec(name)
+        kind = self.spec.accountant_kind
+        if not isinstance(self, kind.accountant):
+            raise InvalidParameterError(f"accountant {name!r} is of kind {kind.name!r}, accounted by "
+                                        f"{kind.accountant.__name__}, not {type(self).__name__}")
         self._history: list[tuple[DpEvent, int]] = []
 
     # -- what happened -------------------------------------------------------------------
@@ -158,9 +165,9 @@ class PrivacyAccountant:
     def get_quick_epsilon(self, delta: float) -> float:
         """A proven upper bound on :meth:`get_epsilon` that is cheap to recompute at every step.
 
-        The same value for RDP and PLD accountants; a :class:`MinimumAccountant` takes the
-        minimum over its RDP routes only (a PLD recomputed after every step would cost more than
-        the step itself).
+        The same value for a single route; a :class:`MinimumAccountant` takes the minimum over its
+        routes whose kind has a cheap epsilon (:attr:`~dpnoise.accounting.kinds.AccountantKind.cheap_epsilon`,
+        the RDP routes: a PLD recomputed after every step would cost more than the step itself).
         """
         return self.get_epsilon(delta)
 
@@ -234,8 +241,6 @@ class RdpAccountant(PrivacyAccountant):
 
     def __init__(self, name: str = "gaussian-rdp", orders: Optional[np.ndarray] = None) -> None:
         super().__init__(name)
-        if self.spec.kind != "rdp":
-            raise InvalidParameterError(f"accountant {name!r} is not an RDP accountant (it is {self.spec.kind})")
         self.orders = DEFAULT_ORDERS.copy() if orders is None else check_orders("orders", orders)
 
     def _check_supported(self, event: DpEvent) -> None:
@@ -303,8 +308,6 @@ class PldAccountant(PrivacyAccountant):
 
     def __init__(self, name: str = "gaussian-pld") -> None:
         super().__init__(name)
-        if self.spec.kind != "pld":
-            raise InvalidParameterError(f"accountant {name!r} is not a PLD accountant (it is {self.spec.kind})")
 
     def _check_supported(self, event: DpEvent) -> None:
         """Refuse an event that has no PLD, except an event of this accountant's own mechanism: where
@@ -336,7 +339,7 @@ class MinimumAccountant(PrivacyAccountant):
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
-        if self.spec.kind != "minimum" or not self.spec.routes:
+        if not self.spec.routes:
             raise InvalidParameterError(f"accountant {name!r} is not a minimum of routes")
         if not all(get_spec(route).sound for route in self.spec.routes) or not self.sound:
             raise InvalidParameterError(f"accountant {name!r}: a minimum is sound only over sound routes")
@@ -373,8 +376,8 @@ class MinimumAccountant(PrivacyAccountant):
         return min(acc.get_delta(epsilon) for acc in self.routes())
 
     def get_quick_epsilon(self, delta: float) -> float:
-        rdp_routes = [acc for acc in self.routes() if acc.spec.kind == "rdp"]
-        return min(acc.get_epsilon(delta) for acc in rdp_routes) if rdp_routes else self.get_epsilon(delta)
+        cheap = [acc for acc in self.routes() if acc.spec.accountant_kind.cheap_epsilon]
+        return min(acc.get_epsilon(delta) for acc in cheap) if cheap else self.get_epsilon(delta)
 
 
 def training_step_event(mechanism: str, *, sample_rate: float, clip: float = 1.0, params: Optional[int] = None,
@@ -421,21 +424,21 @@ def accountant_holding(name: str, releases: Sequence[DpEvent]) -> PrivacyAccount
     return acc
 
 
-_KINDS = {"rdp": RdpAccountant, "pld": PldAccountant, "minimum": MinimumAccountant}
+register_accountant_kind(AccountantKind("rdp", RdpAccountant, solve_directly, cheap_epsilon=True,
+                                        takes_rdp_route=True, takes_orders=True))
+register_accountant_kind(AccountantKind("pld", PldAccountant, solve_by_pld_passes))
+register_accountant_kind(AccountantKind("minimum", MinimumAccountant, solve_over_routes, minimum_of_routes=True))
 
 
 def get_accountant(name: str, orders: Optional[np.ndarray] = None) -> PrivacyAccountant:
-    """A fresh accountant by name (``dpnoise.accounting.ACCOUNTANTS``: "gaussian", "lap2", ...)."""
-    spec = get_spec(name)
-    if spec.kind == "rdp":
-        return RdpAccountant(name, orders)
-    if orders is not None:
-        raise InvalidParameterError(f"orders= applies to RDP accountants only, not {name!r} ({spec.kind})")
-    if spec.kind == "release-count":  # a PrivacyAccountant subclass in its own module, which imports this one
-        from dpnoise.accounting.release_count import ReleaseCountAccountant  # noqa: PLC0415
-
-        return ReleaseCountAccountant(name)
-    return _KINDS[spec.kind](name)
+    """A fresh accountant by name (``dpnoise.accounting.ACCOUNTANTS``: "gaussian", "lap2", ...), of the class
+    its kind names; ``orders``: the Renyi orders, for a kind that takes them (RDP)."""
+    kind = get_spec(name).accountant_kind
+    if orders is None:
+        return kind.accountant(name)
+    if not kind.takes_orders:
+        raise InvalidParameterError(f"orders= applies to RDP accountants only, not {name!r} ({kind.name})")
+    return kind.accountant(name, orders)
 
 
 __all__ = [

@@ -14,12 +14,23 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from dpnoise.accounting.accountant import UnsoundAccountantWarning, accountant_holding, epsilon_of_events, flat_ledger
+from dpnoise.accounting.accountant import (
+    Ledger,
+    UnsoundAccountantWarning,
+    accountant_holding,
+    epsilon_of_events,
+    flat_ledger,
+)
 from dpnoise.accounting.events import DpEvent, PoissonSampledEvent
 from dpnoise.accounting.mechanisms import get_mechanism_spec
-from dpnoise.accounting.pld.distribution import pld_epsilon
 from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
 from dpnoise.accounting.registry import accountants_for_mechanism, get_spec
+from dpnoise.accounting.solvers import (
+    UnreachableTargetError,
+    solve_by_secant,
+    solve_ratio,
+    solve_smallest,
+)
 from dpnoise.accounting.validation import (
     InvalidParameterError,
     check_count,
@@ -28,15 +39,8 @@ from dpnoise.accounting.validation import (
     check_sample_rate,
 )
 
-_LARGE = 1e12  # stands for +inf inside the root finder
 #: the most steps accounted: beyond, step counts are no longer exact integers in floating point
 MAX_STEPS = 2**53 - 1
-#: the range a calibrated noise (per clip where the privacy depends on noise / clip) is searched in
-NOISE_SEARCH_RANGE = (1e-8, 1e8)
-
-
-class UnreachableTargetError(InvalidParameterError):
-    """No value of the calibrated parameter reaches the target epsilon."""
 
 
 def steps_from_epochs(epochs: float, sample_rate: float) -> int:
@@ -53,125 +57,6 @@ def steps_from_epochs(epochs: float, sample_rate: float) -> int:
         raise InvalidParameterError(f"epochs={epochs:g} at sample rate {q:g} is {steps:.3g} steps: "
                                     "fewer than one step")
     return count
-
-
-def solve_smallest(
-    epsilon_of: Callable[[float], float],
-    target: float,
-    *,
-    initial: float = 1.0,
-    lower: float = NOISE_SEARCH_RANGE[0],
-    upper: float = NOISE_SEARCH_RANGE[1],
-    name: str = "noise",
-    factor: float = 2.0,
-    tolerance: float = 1e-9,
-) -> float:
-    """Smallest x in [lower, upper] with epsilon_of(x) <= target, for epsilon_of non-increasing in x.
-
-    Brackets by powers of ``factor`` from ``initial`` (a good guess, e.g. a looser accountant's
-    answer, saves evaluations), then Brent's method on log x to the relative ``tolerance``; the
-    answer is checked afterwards and nudged upwards until epsilon_of(x) <= target (never overshoots).
-    """
-    from scipy.optimize import brentq  # noqa: PLC0415 (slow import, needed by calibrations only)
-
-    target = check_positive("target epsilon", target)
-
-    def f(log_x: float) -> float:
-        return min(epsilon_of(math.exp(log_x)), _LARGE) - target
-
-    hi = min(max(initial, lower), upper)
-    while f(math.log(hi)) > 0:
-        if hi >= upper:
-            floor = epsilon_of(upper)
-            if not math.isfinite(floor):
-                raise UnreachableTargetError(
-                    f"epsilon={target:g} is unreachable by this accountant: it certifies no finite epsilon "
-                    f"at any {name} up to {upper:g} for these sampling/step/delta settings (its route cannot "
-                    f"certify this delta); use the default accountant or a larger delta")
-            raise UnreachableTargetError(
-                f"epsilon={target:g} is unreachable: even {name}={upper:g} gives epsilon={floor:.4g} "
-                f"(the floor for these sampling/step/delta settings); raise epsilon or delta, or "
-                f"lower the number of steps or the sample rate"
-            )
-        hi = min(hi * factor, upper)
-    lo = hi
-    while f(math.log(lo)) <= 0:
-        if lo <= lower:
-            return lower
-        lo = max(lo / factor, lower)
-    x = math.exp(brentq(f, math.log(lo), math.log(hi), xtol=tolerance, rtol=tolerance))
-    nudge = 1e-12
-    while epsilon_of(x) > target:  # Brent's answer may sit a hair on the wrong side
-        x = min(x * (1.0 + nudge), hi)
-        nudge *= 4.0
-    return x
-
-
-def solve_by_secant(
-    epsilon_of: Callable[[float], float],
-    target: float,
-    *,
-    initial: float,
-    tolerance: float,
-    first_slope: float = -1.0,
-    max_evaluations: int = 10,
-    bounds: tuple[float, float] = NOISE_SEARCH_RANGE,
-) -> Optional[tuple[float, float]]:
-    """(x, the last secant slope) with epsilon_of(x) <= target, x within relative ``tolerance`` of the
-    smallest such x in ``bounds``; or None.
-
-    For an ``epsilon_of`` that is costly (a composed PLD), smooth and decreasing in x: the secant
-    method on g(u) = log epsilon_of(e^u) - log target, from u = log ``initial`` with slope
-    ``first_slope`` (d log epsilon / d log x; about -1 for large noise) for the first step.  From a
-    start within ~20% it takes 3 to 6 evaluations, where bracketing by powers and Brent's method take
-    8 to 20.  Each step aims ``tolerance`` / 2 (in log x) above the root, so that converged points
-    are on the admissible side; once points on both sides are known, every step stays between them
-    (bisection otherwise).  The answer is an evaluated x with epsilon <= target from which the next
-    step would be shorter than ``tolerance``, or that closes the bracket to ``tolerance``.  None when
-    neither happens within ``max_evaluations``, or epsilon is not a positive number (e.g. 0 at a
-    huge noise) or is infinite before an admissible point is known, or a step leaves ``bounds``: the
-    caller falls back on :func:`solve_smallest`, which says when the target is out of reach.
-    """
-    log_target = math.log(check_positive("target epsilon", target))
-
-    def g(u: float) -> float:
-        epsilon = epsilon_of(math.exp(u))
-        return math.log(epsilon) - log_target if epsilon > 0 else math.nan
-
-    u, slope = math.log(min(max(initial, bounds[0]), bounds[1])), first_slope
-    value = g(u)
-    admissible, refused = math.inf, -math.inf  # smallest u known with g <= 0, largest with g > 0
-    for _ in range(max_evaluations):
-        if math.isnan(value):
-            return None
-        if value <= 0:
-            admissible = min(admissible, u)
-        else:
-            refused = max(refused, u)
-        step = -value / slope + tolerance / 2 if math.isfinite(value) and slope < 0 else math.nan
-        if admissible - refused <= tolerance or (value <= 0 and abs(step) <= tolerance):
-            return math.exp(admissible), slope
-        proposal = u + step
-        if not refused < proposal < admissible:
-            proposal = (refused + admissible) / 2
-        if not math.log(bounds[0]) <= proposal <= math.log(bounds[1]):
-            return None
-        new_value = g(proposal)
-        if math.isfinite(new_value) and math.isfinite(value):
-            slope = (new_value - value) / (proposal - u)
-        u, value = proposal, new_value
-    return None
-
-
-def _solve_costly(epsilon_of: Callable[[float], float], target: float, initial: float, factor: float,
-                  slope: float) -> tuple[float, float]:
-    """(smallest x (to relative 1e-5) with epsilon_of(x) <= target, a slope of log epsilon there) for a
-    costly ``epsilon_of``: the secant method (first step with ``slope``), or bracketing by ``factor``
-    and Brent's method where the secant does not converge."""
-    answer = solve_by_secant(epsilon_of, target, initial=initial, tolerance=1e-5, first_slope=slope)
-    if answer is not None:
-        return answer
-    return solve_smallest(epsilon_of, target, initial=initial, factor=factor, tolerance=1e-5), slope
 
 
 @dataclass(frozen=True)
@@ -288,7 +173,7 @@ def calibrate_noise(
                                          f"cost epsilon={spent:.4g} under {accountant} (delta={delta:g})")
     scale = _noise_scale(accountant, clip)
     guess = gaussian_initial_noise(eps_t, delta, q, steps)
-    ratio = _smallest_ratio(accountant, step_event, scale, eps_t, delta, steps, max(guess, 1e-3), releases)
+    ratio = solve_ratio(_StepsSearch(step_event, scale, steps, releases, eps_t, delta), accountant, max(guess, 1e-3))
     noise = ratio * scale
     by_acc = {
         name: epsilon_at_noise(name, step_event, noise, steps, delta, releases)
@@ -302,64 +187,25 @@ def calibrate_noise(
     )
 
 
-def _smallest_ratio(
-    accountant: str, step_event: StepEventFactory, scale: float, target: float, delta: float, steps: int,
-    initial: float, releases: tuple[DpEvent, ...] = (), slope: float = -1.0,
-) -> float:
-    """Smallest noise / ``scale`` (Laplace: b / C; else sigma) whose ``steps`` x ``step_event(noise)``, after
-    ``releases``, reaches ``target`` under ``accountant``.
+@dataclass(frozen=True)
+class _StepsSearch:
+    """The search of :func:`calibrate_noise` (a :class:`~dpnoise.accounting.kinds.NoiseRatioSearch`): noise
+    ratio r -> ``releases``, then ``steps`` x ``step_event(r * scale)`` (scale: C where the privacy depends on
+    noise / C only, else 1)."""
 
-    ``initial``: where the search starts; ``slope``: a guess of d log epsilon / d log ratio there.
+    step_event: StepEventFactory
+    scale: float
+    steps: int
+    releases: tuple[DpEvent, ...]
+    target: float
+    delta: float
 
-    * a minimum of routes: the smallest of the routes' answers (the minimum of non-increasing
-      epsilons is <= target exactly where one of them is); the fast RDP routes go first, and the
-      others start from their answer with their slope there;
-    * a PLD accountant: first on the coarse grid alone (a sound, slightly larger epsilon, cheap),
-      then on the full two-pass value from that answer, each by the secant method (a composed PLD
-      costs about a second; :func:`solve_by_secant`);
-    * an RDP accountant: directly.
-    """
-    spec = get_spec(accountant)
+    def epsilon(self, accountant: str, ratio: float) -> float:
+        return epsilon_at_noise(accountant, self.step_event, ratio * self.scale, self.steps, self.delta, self.releases)
 
-    def ledger(ratio: float):
-        return flat_ledger(accountant_holding(accountant, releases).compose(step_event(ratio * scale), steps).history)
-
-    if spec.kind == "minimum":
-        def route_epsilon(route: str, ratio: float) -> float:
-            return epsilon_at_noise(route, step_event, ratio * scale, steps, delta, releases)
-
-        answers, failure = [], None
-        for route in sorted(spec.routes, key=lambda r: get_spec(r).kind != "rdp"):
-            if answers and route_epsilon(route, min(answers)) > target:
-                continue  # not below target where another route already is: its answer is not smaller
-            try:
-                answers.append(_smallest_ratio(route, step_event, scale, target, delta, steps,
-                                               min(answers) if answers else initial, releases, slope))
-            except UnreachableTargetError as err:
-                failure = err
-                continue
-            if get_spec(route).kind == "rdp":  # the slope there starts the costly routes' secant
-                found = answers[-1]
-                slope = math.log(route_epsilon(route, found * 1.01) / route_epsilon(route, found)) / math.log(1.01)
-                slope = slope if slope < 0 else -1.0
-        if not answers:
-            raise failure
-        return min(answers)
-    if spec.kind == "pld":
-        try:
-            coarse, slope = _solve_costly(lambda r: pld_epsilon(ledger(r), delta, refine=False)[0], target, initial,
-                                          1.25, slope)
-        except UnreachableTargetError:
-            # the coarse grid's own floor (tiny per-step losses spread to a grid step) is not the route's
-            return _solve_costly(lambda r: pld_epsilon(ledger(r), delta)[0], target, initial, 1.25, slope)[0]
-        if pld_epsilon(ledger(coarse), delta)[0] == pld_epsilon(ledger(coarse), delta, refine=False)[0]:
-            return coarse  # no refinement at this epsilon: the same function, the same answer
-        return _solve_costly(lambda r: pld_epsilon(ledger(r), delta)[0], target, coarse, 1.05, slope)[0]
-
-    def eps_of(ratio: float) -> float:
-        return epsilon_at_noise(accountant, step_event, ratio * scale, steps, delta, releases)
-
-    return solve_smallest(eps_of, target, initial=initial)
+    def ledger(self, accountant: str, ratio: float) -> Ledger:
+        held = accountant_holding(accountant, self.releases).compose(self.step_event(ratio * self.scale), self.steps)
+        return flat_ledger(held.history)
 
 
 def _noise_scale(accountant: str, clip: float) -> float:
@@ -405,3 +251,22 @@ def calibrate(
         raise InvalidParameterError(f"releases before training are not accounted for mechanism {mechanism.name!r}")
     return mechanism.calibrate(accountant, target_epsilon, delta, sample_rate, steps, alpha=alpha,
                                num_classes=num_classes)
+
+
+# the root finders and their error live in solvers; calibrators import them from here too
+__all__ = [
+    "MAX_STEPS",
+    "CalibrationResult",
+    "StepEventFactory",
+    "UnreachableTargetError",
+    "calibrate",
+    "calibrate_noise",
+    "clip_from_gradient_norms",
+    "epsilon_at_noise",
+    "gaussian_initial_noise",
+    "solve_by_secant",
+    "solve_smallest",
+    "step_event_factory",
+    "steps_from_epochs",
+    "validated_target",
+]

@@ -5,26 +5,25 @@ each added by :func:`register_accountant` (the built-in ones by their mechanism'
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional, get_args
+from typing import Optional
 
+from dpnoise.accounting.kinds import ACCOUNTANT_KINDS, AccountantKind, get_accountant_kind
 from dpnoise.accounting.mechanisms import MECHANISMS, get_mechanism_spec
 from dpnoise.accounting.rdp.registry import RdpRoute, rdp_route_is_sound, rdp_routes
 from dpnoise.accounting.validation import InvalidParameterError
-
-
-AccountantKind = Literal["rdp", "pld", "minimum", "release-count"]
 
 
 @dataclass(frozen=True)
 class AccountantSpec:
     """A named accountant: the mechanism it accounts for and how.
 
-    ``kind``: "rdp" (Renyi DP), "pld" (dp_accounting's privacy loss distributions), "minimum" (per
-    delta, the smallest epsilon of the sound ``routes``) or "release-count" (an output mechanism's
-    profile as the Bin(T, q) mixture over the changed example's number of releases from its RDP,
-    :mod:`dpnoise.accounting.release_count`).  ``rdp_route``: which RDP route of the mechanism's
-    event type the RDP and release-count kinds use (None: its default, the first its plugin
-    registered; :func:`dpnoise.accounting.rdp.registry.rdp_routes`).
+    ``kind``: the name of a registered :class:`~dpnoise.accounting.kinds.AccountantKind`
+    (:data:`~dpnoise.accounting.kinds.ACCOUNTANT_KINDS`): rdp (Renyi DP), pld (dp_accounting's privacy
+    loss distributions), minimum (per delta, the smallest epsilon of the sound ``routes``) or
+    release-count (an output mechanism's profile as the Bin(T, q) mixture over the changed example's
+    number of releases from its RDP, :mod:`dpnoise.accounting.release_count`).  ``rdp_route``: which
+    RDP route of the mechanism's event type a kind that takes one uses (None: its default, the first
+    its plugin registered; :func:`dpnoise.accounting.rdp.registry.rdp_routes`).
     """
 
     name: str
@@ -32,9 +31,14 @@ class AccountantSpec:
     sound: bool
     description: str
     warning: Optional[str] = None
-    kind: AccountantKind = "rdp"
+    kind: str = "rdp"
     routes: tuple[str, ...] = ()
     rdp_route: Optional[str] = None
+
+    @property
+    def accountant_kind(self) -> AccountantKind:
+        """The registered kind :attr:`kind` names: how this accountant is accounted and calibrated."""
+        return get_accountant_kind(self.kind)
 
     @property
     def rdp_route_key(self) -> RdpRoute:
@@ -78,24 +82,23 @@ def _refusal(spec: AccountantSpec) -> Optional[str]:
         return "is already registered"
     if spec.mechanism not in MECHANISMS:
         return f"accounts for mechanism {spec.mechanism!r}, which is not registered (register_mechanism first)"
-    if spec.kind not in get_args(AccountantKind):
-        return f"has kind {spec.kind!r}; choose from {', '.join(get_args(AccountantKind))}"
+    if spec.kind not in ACCOUNTANT_KINDS:
+        return f"has kind {spec.kind!r}; choose from {', '.join(ACCOUNTANT_KINDS)}"
+    kind, event_type = ACCOUNTANT_KINDS[spec.kind], MECHANISMS[spec.mechanism].event_type
     if spec.rdp_route is not None:
-        if spec.kind not in ("rdp", "release-count"):
+        if not kind.takes_rdp_route:
             return f"is of kind {spec.kind!r}, which takes no RDP route"
-        event_type = MECHANISMS[spec.mechanism].event_type
         if spec.rdp_route not in rdp_routes(event_type):
             return (f"names RDP route {spec.rdp_route!r}, which {event_type.__name__} does not have (it has "
                     f"{', '.join(rdp_routes(event_type)) or 'none'})")
-    if spec.sound and spec.kind in ("rdp", "release-count") and \
-            not rdp_route_is_sound(MECHANISMS[spec.mechanism].event_type, spec.rdp_route):
+    if spec.sound and kind.takes_rdp_route and not rdp_route_is_sound(event_type, spec.rdp_route):
         return (f"is declared sound over RDP route {spec.rdp_route!r}, which its mechanism's plugin declares not "
                 f"sound (a formula kept for reproduction, not a proven bound)")
     if spec.sound and spec.warning is not None:
         return "is sound and takes no warning"
     if not spec.sound and spec.warning is None:
         return "is not sound and needs a warning (printed with its epsilons)"
-    if spec.kind != "minimum":
+    if not kind.minimum_of_routes:
         return f"is of kind {spec.kind!r}, which takes no routes (a minimum does)" if spec.routes else None
     if not spec.routes:
         return "is a minimum of routes and needs at least one"
@@ -129,7 +132,7 @@ def register_accountant(spec: AccountantSpec) -> AccountantSpec:
     reason = _refusal(spec)
     if reason is not None:
         raise InvalidParameterError(f"accountant {spec.name!r} {reason}")
-    if spec.kind != "minimum":
+    if not spec.accountant_kind.minimum_of_routes:
         ACCOUNTANTS[spec.name] = spec
         return spec
     entries = list(ACCOUNTANTS.items())

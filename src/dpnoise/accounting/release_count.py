@@ -37,8 +37,10 @@ from scipy.special import gammaln, log_ndtr, logsumexp, xlog1py
 
 from dpnoise.accounting.accountant import PrivacyAccountant, flat_ledger
 from dpnoise.accounting.events import DpEvent, MechanismEvent, PoissonSampledEvent
+from dpnoise.accounting.kinds import AccountantKind, register_accountant_kind
 from dpnoise.accounting.rdp.orders import DEFAULT_ORDERS
 from dpnoise.accounting.rdp.registry import RdpRoute, event_rdp
+from dpnoise.accounting.solvers import solve_directly
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
 
 _ULP = float(np.finfo(float).eps)
@@ -348,12 +350,6 @@ class ReleaseCountAccountant(PrivacyAccountant):
     44.3
     """
 
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        if self.spec.kind != "release-count":
-            raise InvalidParameterError(
-                f"accountant {name!r} is not a release-count accountant (it is {self.spec.kind})")
-
     def _check_supported(self, event: DpEvent) -> None:
         for sampled, _ in flat_ledger([(event, 1)]):
             if type(sampled.event) not in EXACT_LOG_PROFILES:
@@ -380,6 +376,8 @@ class ReleaseCountAccountant(PrivacyAccountant):
             return 1.0
         return release_count_delta(event, steps, epsilon, self.spec.rdp_route_key)
 
+
+register_accountant_kind(AccountantKind("release-count", ReleaseCountAccountant, solve_directly, takes_rdp_route=True))
 
 __all__ = [
     "ReleaseCountAccountant",
