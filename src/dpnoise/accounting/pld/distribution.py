@@ -65,6 +65,9 @@ MAX_COMPOSED_POINTS = 4_000_000
 _COARSENINGS = 3
 # e^loss overflows beyond this loss.
 _MAX_LAPLACE_LOSS = 700.0
+# Beyond this single-step loss (sigma below ~0.003) the grid's loss values lose the precision its
+# rounding bounds assume; such a noise has epsilon in the tens of thousands per step anyway.
+_MAX_GAUSSIAN_LOSS = 1e5
 # Largest tail-sum relative error accepted from a single-step PMF (ours are below 1e-9).
 _MAX_TAIL_RELATIVE_ERROR = 1e-3
 # Rounding slack on probability masses (FFT composition, truncation book-keeping).
@@ -129,7 +132,10 @@ def gaussian_loss_width(noise_multiplier: float, q: float) -> Union[float, str]:
     if not 1e-100 < noise_multiplier < 1e100:  # sigma^2 and 1/sigma^2 stay finite
         return f"noise multiplier {noise_multiplier:g} out of the PLD route's range"
     # the Gaussian is truncated at |x| <= 10 sigma: loss up to 10/sigma + 1/(2 sigma^2)
-    return sampled_loss_range(q, gaussian_pair(noise_multiplier).max_loss)
+    max_loss = gaussian_pair(noise_multiplier).max_loss
+    if max_loss > _MAX_GAUSSIAN_LOSS:
+        return f"Gaussian loss up to {max_loss:.3g} > {_MAX_GAUSSIAN_LOSS:g} (noise multiplier {noise_multiplier:g})"
+    return sampled_loss_range(q, max_loss)
 
 
 def laplace_loss_width(noise_multiplier: float, q: float) -> Union[float, str]:

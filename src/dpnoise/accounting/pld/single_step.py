@@ -217,7 +217,8 @@ def _sampled_curves(points: np.ndarray, q: float, pair: UnsampledPair) -> tuple[
         upper_slope = pair.upper_tail(loss - loss_error)
         lower_slope = pair.lower_tail(loss + loss_error)
     dw = inverse.scaled_w_error
-    delta = np.where(inverse.positive, q * upper, -np.expm1(points))
+    # where w <= 0, t <= log(1 - q) < 0: the clamp only keeps the unused entries from overflowing
+    delta = np.where(inverse.positive, q * upper, -np.expm1(np.minimum(points, 0.0)))
     delta_error = (np.where(inverse.positive, q * upper_error + _times(points, dw * upper_slope), _times(points, dw))
                    + 2.0 * U * delta)
     lower = inverse.scaled_w * mirror
@@ -236,7 +237,8 @@ def _tail_sums(upper: np.ndarray, upper_error: np.ndarray, lower: np.ndarray, lo
     decay, width = math.exp(-grid), -math.expm1(-grid)
     numerator = upper[:-1] - decay * upper[1:]
     numerator_error = upper_error[:-1] + upper_error[1:] + 4.0 * U * (upper[:-1] + upper[1:])
-    with np.errstate(divide="ignore", invalid="ignore"):
+    # an error bound that overflows only rules its form out (inf is never the smaller)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         from_top = numerator / width
         top_error = np.where(numerator > numerator_error, numerator_error / (numerator - numerator_error), np.inf) + 4.0 * U
         top_absolute = numerator_error / width * (1.0 + 4.0 * U) + 4.0 * U * np.abs(from_top)
