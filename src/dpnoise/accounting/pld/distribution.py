@@ -55,7 +55,7 @@ COARSE_DISCRETIZATION = 1e-3
 #: while a pass still lowers epsilon by more than the relative CONVERGED (geometric convergence: the
 #: next pass would gain a fraction of that).
 REFINEMENT = 5.0
-FINEST_DISCRETIZATION = 1e-6
+FINEST_DISCRETIZATION = 1e-9
 CONVERGED = 5e-3
 #: Largest single-step grid (points) and number of compositions the PLD route attempts.
 MAX_GRID_POINTS = 200_000

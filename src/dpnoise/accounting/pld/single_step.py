@@ -114,7 +114,8 @@ def gaussian_pair(sigma: float) -> UnsampledPair:
         one_minus_r = -np.expm1(log_r)
         phi_a_cdf = ndtr(a)
         delta = phi_a_cdf * one_minus_r
-        one_minus_r_error = 2.0 * U * one_minus_r + r * np.expm1(eta) * (1.0 + 2.0 * U)
+        with np.errstate(over="ignore"):  # an infinite bound is a valid (useless) bound: that tail is raised to it
+            one_minus_r_error = 2.0 * U * one_minus_r + r * np.expm1(eta) * (1.0 + 2.0 * U)
         cdf_error = SPECIAL_FUNCTION_ERROR * (1.0 + a * a)
         density = np.exp(-0.5 * a * a - _LOG_SQRT_TWO_PI)
         shift_a = 2.0 * U * (np.abs(a) + 2.0 * np.abs(loss * sigma) + mu)  # a's rounding (mu's included)
@@ -253,14 +254,15 @@ def _tail_sums(upper: np.ndarray, upper_error: np.ndarray, lower: np.ndarray, lo
 
 
 def connect_the_dots(lowest: int, grid: float, upper: np.ndarray, upper_error: np.ndarray, lower: np.ndarray,
-                     lower_error: np.ndarray) -> GridPmf:
+                     lower_error: np.ndarray, loss_bounded: bool = False) -> GridPmf:
     """The pessimistic connect-the-dots PMF (arXiv 2207.04380, Algorithm 1) on l_lowest..l_top from the
     hockey-stick values delta_j (``upper``) and g_j = delta_j - (1 - e^{l_j}) (``lower``) with their error
-    bounds: all mass below l_lowest on it (S_lowest = 1), delta_top (raised by its error) at +inf."""
+    bounds: all mass below l_lowest on it (S_lowest = 1), delta_top (raised by its error) at +inf, or none
+    where ``loss_bounded``: l_top is at or above the supremum of the loss, where delta is exactly 0."""
     tails, relative, absolute = _tail_sums(upper, upper_error, lower, lower_error, grid)
     poor = relative > _RELATIVE_ERROR_CAP
     tails = np.concatenate([[1.0], np.where(poor, tails + absolute, tails)])
-    infinity_mass = float(upper[-1] + upper_error[-1])
+    infinity_mass = 0.0 if loss_bounded else float(upper[-1] + upper_error[-1])
     probs = np.maximum(np.diff(-np.concatenate([tails, [infinity_mass]])), 0.0)
     # Differences of floats within a factor 2 are exact (Sterbenz); others round by u: 2u covers the sums.
     rho = float(np.max(relative[~poor], initial=0.0)) + 2.0 * U
@@ -279,10 +281,14 @@ def sampled_pmfs(pair: UnsampledPair, q: float, grid: float) -> tuple[GridPmf, G
     """(remove, add) pessimistic connect-the-dots PMFs of one Poisson-sampled step on the grid j ``grid``."""
     low, high = _sampled_range(q, pair.max_loss)
     remove_lo, remove_top = math.floor(low / grid), math.ceil(high / grid)
-    add_lo, add_top = math.floor(-high / grid), math.ceil(-low / grid)
+    # At q < 1 the add direction's loss -log(1 - q + q e^l) never exceeds -log(1 - q): from there on its
+    # delta is exactly 0, so the grid reaches that point and holds no infinity mass (the computed delta there
+    # is 0 plus its rounding bound, which T steps would turn into T times an artificial mass).
+    add_lo = math.floor(-high / grid)
+    add_top = math.ceil(-math.log1p(-q) / grid) if q < 1 else math.ceil(-low / grid)
     remove = sampled_curves_on_grid(pair, q, grid, remove_lo, remove_top, "remove")
     add = sampled_curves_on_grid(pair, q, grid, add_lo, add_top, "add")
-    return (connect_the_dots(remove_lo, grid, *remove), connect_the_dots(add_lo, grid, *add))
+    return (connect_the_dots(remove_lo, grid, *remove), connect_the_dots(add_lo, grid, *add, loss_bounded=q < 1))
 
 
 def sampled_curves_on_grid(pair: UnsampledPair, q: float, grid: float, lowest: int, top: int,
