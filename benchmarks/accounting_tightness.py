@@ -160,17 +160,17 @@ def reference(mechanism: str, noise: float, q: float, steps: int, delta: float, 
     kind = "laplace-l1" if mechanism == "laplace-l1" else "gaussian"
     noise_of_reference = noise if kind == "laplace-l1" else _gaussian_sigma(mechanism, noise, params)
     candidates, lower, grid = {}, None, None
-    if kind == "gaussian":
-        try:
-            candidates["PRV"] = _opacus_prv(noise_of_reference, q, steps, delta)
-        except Exception as err:  # noqa: BLE001 (a reference that fails is reported, not fatal)
-            candidates["PRV error"] = str(err)[:80]
-        print(json.dumps(_summary(candidates, lower, grid)), flush=True)  # what the parent keeps if PLD times out
     try:
         candidates["PLD"], grid = _google_pld(kind, noise_of_reference, q, steps, delta, True)
         lower = _google_pld(kind, noise_of_reference, q, steps, delta, False)[0]
     except (ArithmeticError, ValueError, MemoryError) as err:
         candidates["PLD error"] = str(err)[:80]
+    if kind == "gaussian":
+        print(json.dumps(_summary(candidates, lower, grid)), flush=True)  # what the parent keeps if PRV times out
+        try:
+            candidates["PRV"] = _opacus_prv(noise_of_reference, q, steps, delta)
+        except Exception as err:  # noqa: BLE001 (a reference that fails is reported, not fatal)
+            candidates["PRV error"] = str(err)[:80]
     return _summary(candidates, lower, grid)
 
 
@@ -184,7 +184,7 @@ def _summary(candidates: dict, lower, grid) -> dict:
 
 
 def _row_in_child(index: int, timeout: float) -> dict:
-    """The last summary the child printed (the PRV one when the PLD does not finish in time)."""
+    """The last summary the child printed (the PLD one when the PRV does not finish in time)."""
     try:
         run = subprocess.run([sys.executable, __file__, "--row", str(index)], capture_output=True, text=True, timeout=timeout)
         output = run.stdout
