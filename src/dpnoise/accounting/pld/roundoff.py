@@ -1,14 +1,13 @@
-"""Bounds on the floating-point error of dp_accounting's FFT composition of PLDs.
+"""Bounds on the floating-point error of the FFT composition of PLDs.
 
-dp_accounting composes privacy loss distributions with FFTs in float64
-(``common.self_convolve``: ``ifft(fft(p, L) ** T)``; ``signal.fftconvolve`` for two different
-PMFs).  Pessimistic discretisation and tail truncation keep it an upper bound in exact arithmetic,
-but the FFT's round-off is an *absolute* error, of the order of 1e-17 per entry of the composed
-PMF: summed over the entries above epsilon it reaches the deltas of 1e-10 and below, and then
-epsilon(delta) can come out below the truth (docs/ACCOUNTING.md, "Round-off of the PLD route").
-The functions here bound that error entry by entry, from the computed spectrum itself
-(docs/theory/pld_roundoff.md), so that the PLD route reports an epsilon for the bound, not for
-the rounded PMF.
+The PLD route composes (tilted) privacy loss distributions with FFTs in float64
+(:mod:`dpnoise.accounting.pld.tilted`: ``ifft(prod_e fft(p_e, L) ** T_e)``, NumPy's pocketfft).
+Pessimistic discretisation keeps the composition an upper bound in exact arithmetic, but the
+FFT's round-off is an *absolute* error, of the order of 1e-16 of the total mass per entry of the
+composed PMF: summed over the entries above epsilon it can reach the deltas users ask for, and
+then epsilon(delta) can come out below the truth.  The functions here bound that error entry by
+entry, from the computed spectra themselves (docs/theory/pld_roundoff.md), so that the PLD route
+reports an epsilon for the bound, not for the rounded PMF.
 
 Error model (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., Sec. 24.1):
 each output of a length-L FFT is a sum of the inputs times products of twiddle factors, computed

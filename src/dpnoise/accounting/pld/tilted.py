@@ -30,8 +30,7 @@ from functools import cached_property
 from typing import Optional, Sequence
 
 import numpy as np
-from scipy import fft as scipy_fft
-from scipy.special import logsumexp
+from numpy import fft as numpy_fft
 
 from dpnoise.accounting.pld.bounded import BoundedPmf
 from dpnoise.accounting.pld.roundoff import (
@@ -82,8 +81,31 @@ Steps = Sequence[tuple[GridPmf, int]]
 def _tilted_log_weights(pmf: GridPmf, tilt: float, grid: float) -> tuple[np.ndarray, float]:
     """(log p_lam(l_i), log Z(lam)) of the finite part of ``pmf``."""
     log_weights = pmf.log_probs + tilt * grid * pmf.loss_indices
-    log_z = float(logsumexp(log_weights))
+    log_z = _log_sum_exp(log_weights)
     return log_weights - log_z, log_z
+
+
+def _log_sum_exp(values: np.ndarray) -> float:
+    """log sum e^values (-inf for no finite value); cheaper than scipy's, which checks array backends per call."""
+    top = float(np.max(values))
+    if not math.isfinite(top):
+        return top
+    return top + math.log(float(np.sum(np.exp(values - top))))
+
+
+def fast_length(size: int) -> int:
+    """The smallest 2^a 3^b 5^c >= ``size``: an FFT length pocketfft transforms fast."""
+    best, power_of_five = 2 * size, 1
+    while power_of_five < 2 * size:
+        power_of_three = power_of_five
+        while power_of_three < 2 * size:
+            length = power_of_three
+            while length < size:
+                length *= 2
+            best = min(best, length)
+            power_of_three *= 3
+        power_of_five *= 5
+    return best
 
 
 def log_mgf(steps: Steps, tilt: float, grid: float) -> float:
@@ -173,7 +195,7 @@ def _window(steps: Steps, tilt: float, grid: float) -> tuple[int, int]:
     # above the mean, room for one more step's whole support (skewed compositions of rare large losses)
     first = max(lowest, math.floor(mean / grid - half_width))
     last = min(highest, math.ceil(mean / grid + half_width) + max(pmf.probs.size for pmf, _ in steps))
-    length = scipy_fft.next_fast_len(max(last - first + 1, max(pmf.probs.size for pmf, _ in steps)))
+    length = fast_length(max(last - first + 1, max(pmf.probs.size for pmf, _ in steps)))
     return first, length
 
 
@@ -196,7 +218,7 @@ def tilted_composition(steps: Steps, grid: float, tilt: float) -> BoundedPmf:
     for pmf, count in steps:
         log_tilted, log_z = _tilted_log_weights(pmf, tilt, grid)
         tilted = np.exp(log_tilted)
-        spectra.append(scipy_fft.fft(tilted, length))
+        spectra.append(numpy_fft.fft(tilted, length))
         forward_errors.append(gamma * float(tilted.sum()) * (1.0 + tilted.size * UNIT_ROUNDOFF))
         counts.append(count)
         log_z_total += count * log_z
@@ -205,7 +227,7 @@ def tilted_composition(steps: Steps, grid: float, tilt: float) -> BoundedPmf:
     product = np.ones(length, dtype=complex)
     for spectrum, count in zip(spectra, counts):
         product *= spectrum**count
-    composed = scipy_fft.ifft(product).real
+    composed = numpy_fft.ifft(product).real
     entry_error = power_product_entry_error([np.abs(s) for s in spectra], counts, forward_errors, product)
     # position j of the circular result holds loss index lowest + j (mod length)
     indices = first + np.arange(length)
