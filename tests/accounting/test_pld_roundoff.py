@@ -199,3 +199,18 @@ def test_wide_single_steps_take_a_coarser_grid():
     epsilon, bound = gaussian("gaussian", 0.05, 1e-6, 1000, 1e-5)
     assert bound.startswith("gaussian-pld")
     assert 222.15 <= epsilon <= 240.0
+
+
+@pytest.mark.parametrize("mechanism,keywords,q,steps,bounded", [
+    ("laplace-l1", dict(laplace_scale=0.5, clip=1.0), 1e-4, 10_000, (0, 1)),  # both directions' losses bounded
+    ("gaussian", dict(noise_multiplier=0.6), 0.05, 1000, (1,)),               # the add direction's, at q < 1
+])
+def test_bounded_losses_hold_no_infinity_mass_at_delta_1e_15(mechanism, keywords, q, steps, bounded):
+    """Where a direction's privacy loss has a supremum, its delta is exactly 0 beyond it: a rounding bound put
+    there as infinity mass, times the steps, exceeded delta = 1e-15 and the RDP route answered."""
+    accountant = get_accountant(mechanism).step(sample_rate=q, steps=steps, **keywords)
+    epsilon, bound = accountant.get_epsilon_and_bound(1e-15)
+    assert bound.startswith(f"{mechanism}-pld") and math.isfinite(epsilon)
+    (event, _), = accountant.history
+    pmfs = distribution.single_step_pmfs(event, distribution.COARSE_DISCRETIZATION)
+    assert all(pmfs[direction].infinity_mass == 0.0 for direction in bounded)

@@ -64,13 +64,15 @@ class UnsampledPair:
     ``hockey_stick(l)``: (delta_0(l), a bound on its absolute error) at float losses l;
     ``upper_tail(l)`` / ``lower_tail(l)``: upper bounds on Q_0(L > l) and Q_0(L <= l), the slopes
     e^-l |d delta_0 / dl| and e^-l dg_0/dl that propagate an error in l;
-    ``max_loss``: the largest loss kept (the loss range is [-max_loss, max_loss]).
+    ``max_loss``: the largest loss kept (the loss range is [-max_loss, max_loss]);
+    ``loss_bounded``: the loss never exceeds ``max_loss`` (no tail was cut), so delta_0 is exactly 0 above it.
     """
 
     hockey_stick: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
     upper_tail: Callable[[np.ndarray], np.ndarray]
     lower_tail: Callable[[np.ndarray], np.ndarray]
     max_loss: float
+    loss_bounded: bool = False
 
 
 def _log_mills(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -153,7 +155,7 @@ def laplace_pair(scale: float) -> UnsampledPair:
     def lower_tail(loss: np.ndarray) -> np.ndarray:
         return np.where(loss >= -top * (1.0 + 8.0 * U), 1.0, 0.0)
 
-    return UnsampledPair(hockey_stick, upper_tail, lower_tail, top)
+    return UnsampledPair(hockey_stick, upper_tail, lower_tail, top, loss_bounded=True)
 
 
 @dataclass(frozen=True)
@@ -280,15 +282,18 @@ def _sampled_range(q: float, max_loss: float) -> tuple[float, float]:
 def sampled_pmfs(pair: UnsampledPair, q: float, grid: float) -> tuple[GridPmf, GridPmf]:
     """(remove, add) pessimistic connect-the-dots PMFs of one Poisson-sampled step on the grid j ``grid``."""
     low, high = _sampled_range(q, pair.max_loss)
-    remove_lo, remove_top = math.floor(low / grid), math.ceil(high / grid)
-    # At q < 1 the add direction's loss -log(1 - q + q e^l) never exceeds -log(1 - q): from there on its
-    # delta is exactly 0, so the grid reaches that point and holds no infinity mass (the computed delta there
-    # is 0 plus its rounding bound, which T steps would turn into T times an artificial mass).
+    # Where a direction's loss has a supremum (the add direction's -log(1 - q) at q < 1; both directions'
+    # for a pair whose loss is bounded, e.g. the Laplace), its delta is exactly 0 from there on: the grid
+    # reaches one point past the (rounded) supremum and holds no infinity mass, since the computed delta
+    # there is 0 plus its rounding bound, which T steps would turn into T times an artificial mass.
+    remove_bounded, add_bounded = pair.loss_bounded, q < 1 or pair.loss_bounded
+    remove_lo, remove_top = math.floor(low / grid), math.ceil(high / grid) + remove_bounded
     add_lo = math.floor(-high / grid)
-    add_top = math.ceil(-math.log1p(-q) / grid) if q < 1 else math.ceil(-low / grid)
+    add_top = (math.ceil(-math.log1p(-q) / grid) if q < 1 else math.ceil(-low / grid)) + add_bounded
     remove = sampled_curves_on_grid(pair, q, grid, remove_lo, remove_top, "remove")
     add = sampled_curves_on_grid(pair, q, grid, add_lo, add_top, "add")
-    return (connect_the_dots(remove_lo, grid, *remove), connect_the_dots(add_lo, grid, *add, loss_bounded=q < 1))
+    return (connect_the_dots(remove_lo, grid, *remove, loss_bounded=remove_bounded),
+            connect_the_dots(add_lo, grid, *add, loss_bounded=add_bounded))
 
 
 def sampled_curves_on_grid(pair: UnsampledPair, q: float, grid: float, lowest: int, top: int,
