@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from numpy import fft as numpy_fft
@@ -133,43 +133,53 @@ def _tilted_moments(steps: Steps, tilt: float, grid: float) -> tuple[float, floa
     return _cumulants(steps, tilt, grid)[1:]
 
 
-def _bisect_tilt(increasing, target: float, near: Optional[float] = None) -> float:
-    """The smallest lam in [0, _MAX_TILT] with increasing(lam) >= target, to _TILT_TOLERANCE in log10 lam
-    (bisection in log lam; within half a decade of ``near`` first, where that brackets it).
+def _solve_tilt(evaluate: Callable[[float], tuple[float, float]], target: float, near: Optional[float] = None) -> float:
+    """The lam in [0, _MAX_TILT] where an increasing function reaches ``target``, to _TILT_TOLERANCE in
+    log10 lam.  ``evaluate(lam)`` gives (value, d value / d lam).
 
-    Any tilt gives a proven bound; how close it is to the saddle point only sets how tight."""
-    if increasing(0.0) >= target:
+    Brackets in log10 lam (within half a decade of ``near`` first, where that brackets it), then takes
+    Newton steps in log lam, bisecting wherever a step leaves the bracket.  Any tilt gives a proven
+    bound; how close it is to the saddle point only sets how tight."""
+    value = lambda exponent: evaluate(10.0**exponent)[0]  # noqa: E731
+    if evaluate(0.0)[0] >= target:
         return 0.0
     low, high = -12.0, math.log10(_MAX_TILT)
     if near is not None and near > 0:
         centre = math.log10(near)
-        if increasing(10.0 ** (centre - 0.5)) < target <= increasing(10.0 ** (centre + 0.5)):
+        if value(centre - 0.5) < target <= value(centre + 0.5):
             low, high = centre - 0.5, centre + 0.5
-    if high == math.log10(_MAX_TILT) and increasing(10.0**high) < target:
+    if high == math.log10(_MAX_TILT) and value(high) < target:
         return 10.0**high
+    exponent = 0.5 * (low + high)
     while high - low > _TILT_TOLERANCE:
-        middle = 0.5 * (low + high)
-        if increasing(10.0**middle) >= target:
-            high = middle
+        current, slope = evaluate(10.0**exponent)
+        if current >= target:
+            high = exponent
         else:
-            low = middle
+            low = exponent
+        # d value / d log10 lam = lam ln(10) d value / d lam
+        scale = slope * 10.0**exponent * math.log(10.0)
+        step = (target - current) / scale if scale > 0 else math.inf
+        if abs(step) < _TILT_TOLERANCE / 4:
+            return 10.0 ** min(max(exponent + step, low), high)
+        exponent = exponent + step if low < exponent + step < high else 0.5 * (low + high)
     return 10.0**high
 
 
 def tilt_centred_at(steps: Steps, grid: float, loss: float) -> float:
     """The tilt lam >= 0 whose tilted composed mean K'(lam) is ``loss`` (0 when the mean is above it)."""
-    return _bisect_tilt(lambda tilt: _tilted_moments(steps, tilt, grid)[0], loss)
+    return _solve_tilt(lambda tilt: _cumulants(steps, tilt, grid)[1:], loss)
 
 
 def tilt_for_delta(steps: Steps, grid: float, delta: float, near: Optional[float] = None) -> float:
     """The saddle point of the Chernoff bound on epsilon(delta): min over lam of (K(lam) - log delta) / lam
-    is attained where lam K'(lam) - K(lam) = -log delta (the left side increases with lam).  ``near``:
-    a tilt found before (a coarser grid's), where the search starts."""
-    def saddle_equation(tilt: float) -> float:
-        log_z, mean, _ = _cumulants(steps, tilt, grid)
-        return tilt * mean - log_z
+    is attained where lam K'(lam) - K(lam) = -log delta (the left side increases with lam: its derivative
+    is lam K''(lam)).  ``near``: a tilt found before (a coarser grid's), where the search starts."""
+    def saddle_equation(tilt: float) -> tuple[float, float]:
+        log_z, mean, variance = _cumulants(steps, tilt, grid)
+        return tilt * mean - log_z, tilt * variance
 
-    return _bisect_tilt(saddle_equation, -math.log(delta), near)
+    return _solve_tilt(saddle_equation, -math.log(delta), near)
 
 
 def log_chernoff_tail(steps: Steps, grid: float, loss: float, tilt: float) -> float:
