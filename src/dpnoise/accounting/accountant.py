@@ -6,7 +6,7 @@ depends on the accountant's kind (:mod:`dpnoise.accounting.kinds`; the kinds bel
 the release-count kind by :mod:`dpnoise.accounting.release_count`):
 
 * :class:`RdpAccountant` -- Renyi DP over a grid of orders, converted to (epsilon, delta);
-* :class:`PldAccountant` -- dp_accounting's privacy loss distributions, pessimistic rounding;
+* :class:`PldAccountant` -- privacy loss distributions, pessimistic rounding, round-off bounded;
 * :class:`MinimumAccountant` -- several sound routes for the same ledger; reports, for each delta,
   the smallest of their epsilons and names the route that gave it (a minimum of proven upper
   bounds is a proven upper bound).
@@ -294,7 +294,8 @@ def flat_ledger(history: list[tuple[DpEvent, int]]) -> Ledger:
 
 
 class PldAccountant(PrivacyAccountant):
-    """Privacy-loss-distribution accountant (dp_accounting's PLDs, pessimistic rounding).
+    """Privacy-loss-distribution accountant (pessimistic connect-the-dots PLDs, round-off bounded;
+    :mod:`dpnoise.accounting.pld`).
 
     Covers Poisson-sampled Gaussian, Laplace (L1) and, through Gaussian-DP domination, Lap2 steps,
     and two-class Dirichlet steps (replace-one adjacency, inclusion visible).

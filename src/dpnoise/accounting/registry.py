@@ -18,8 +18,9 @@ class AccountantSpec:
     """A named accountant: the mechanism it accounts for and how.
 
     ``kind``: the name of a registered :class:`~dpnoise.accounting.kinds.AccountantKind`
-    (:data:`~dpnoise.accounting.kinds.ACCOUNTANT_KINDS`): rdp (Renyi DP), pld (dp_accounting's privacy
-    loss distributions), minimum (per delta, the smallest epsilon of the sound ``routes``) or
+    (:data:`~dpnoise.accounting.kinds.ACCOUNTANT_KINDS`): rdp (Renyi DP), pld (privacy loss
+    distributions, :mod:`dpnoise.accounting.pld`), minimum (per delta, the smallest epsilon of the sound
+    ``routes``) or
     release-count (an output mechanism's profile as the Bin(T, q) mixture over the changed example's
     number of releases from its RDP, :mod:`dpnoise.accounting.release_count`).  ``rdp_route``: which
     RDP route of the mechanism's event type a kind that takes one uses (None: its default, the first

@@ -45,7 +45,13 @@ import numpy as np
 from dpnoise.accounting.events import DpEvent, PoissonSampledEvent
 from dpnoise.accounting.pld.bounded import ComposedPld
 from dpnoise.accounting.pld.single_step import gaussian_pair
-from dpnoise.accounting.pld.tilted import GridPmf, composed_window_length, tilt_centred_at, tilt_for_delta, tilted_composition
+from dpnoise.accounting.pld.tilted import (
+    GridPmf,
+    composed_window_length,
+    tilt_centred_at,
+    tilt_for_delta,
+    tilted_composition,
+)
 from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
 from dpnoise.accounting.validation import InvalidParameterError
 
@@ -296,7 +302,8 @@ def pld_epsilon(history: Ledger, delta: float, refine: bool = True) -> tuple[flo
     while a pass still lowers epsilon by more than CONVERGED and its PLD stays within the size limits;
     every pass is pessimistic and carries its round-off bound, so the smallest result is reported.
     (A small per-step loss, e.g. q = 1e-4, needs a grid finer than the loss itself.)  A PLD that cannot
-    be built (its numerics fail, or its masses break their checks) gives +inf with the reason: the default accountants then answer by RDP.
+    be built (its numerics fail, or its masses break their checks) gives +inf with the reason: the default
+    accountants then answer by RDP.
     """
     reason = history_infeasibility(history)
     if reason is not None:
