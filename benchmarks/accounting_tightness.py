@@ -221,7 +221,7 @@ def reliable(record: dict) -> bool:
     if record["source"].startswith("exact"):
         return True
     pessimistic, optimistic = record.get("candidates", {}).get("PLD"), record.get("lower_bound")
-    ceiling = min(value for value in (pessimistic, record.get("rdp_upper_bound")) if value is not None)
+    ceiling = min((value for value in (pessimistic, record.get("rdp_upper_bound")) if value is not None), default=math.inf)
     return record["delta"] >= RELIABLE_DELTA and (optimistic is None or optimistic <= ceiling)
 
 
@@ -273,9 +273,10 @@ def measure(index: int, timeout: float) -> dict:
     # lap2's references are those of its GDP route (an upper bound, not the truth): that route is compared
     compared = dpnoise_epsilon("lap2-gdp", mechanism, noise, q, steps, delta, params)[0] if mechanism == "lap2" else epsilon
     ratio = compared / row["reference"] if row.get("reference") else None
-    return {"mechanism": mechanism, "noise": noise, "sample_rate": q, "steps": steps, "delta": delta, "params": params,
-            "epsilon": epsilon, "route": bound.split(":")[0], "seconds": seconds, "compared": compared, "ratio": ratio,
-            **row}
+    record = {"mechanism": mechanism, "noise": noise, "sample_rate": q, "steps": steps, "delta": delta, "params": params,
+              "epsilon": epsilon, "route": bound.split(":")[0], "seconds": seconds, "compared": compared, "ratio": ratio,
+              **row}
+    return record | {"rdp_upper_bound": rdp_upper_bound(record)}
 
 
 def main() -> None:
