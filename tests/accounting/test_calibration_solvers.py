@@ -5,6 +5,7 @@ import math
 import pytest
 
 from dpnoise.accounting.calibration import solve_by_secant, solve_smallest
+from dpnoise.accounting.solvers import find_root
 
 
 def counting(function):
@@ -55,3 +56,22 @@ def test_secant_stops_after_its_evaluation_budget():
     epsilon_of, points = counting(lambda x: 2.0 if x < 1.0 else 0.5)
     assert solve_by_secant(epsilon_of, 1.0, initial=3.0, tolerance=1e-9, max_evaluations=6) is None
     assert len(points) <= 6
+
+
+@pytest.mark.parametrize("f,low,high,root", [
+    (lambda x: x**3 - 2.0, 0.0, 2.0, 2.0 ** (1 / 3)),
+    (lambda x: math.exp(x) - 5.0, -3.0, 10.0, math.log(5.0)),
+    (lambda x: math.tanh(50.0 * (x - 0.123)), -1.0, 1.0, 0.123),       # steep: regula falsi alone stalls
+    (lambda x: 1.0 if x > 0.77 else -1.0, 0.0, 1.0, 0.77),              # a jump (as on a PLD grid)
+    (lambda x: -((x - 0.3) ** 5), 0.0, 1.0, 0.3),                        # flat at the root, decreasing
+])
+def test_find_root_brackets_to_the_tolerance(f, low, high, root):
+    calls = []
+    found = find_root(lambda x: calls.append(x) or f(x), low, high, xtol=1e-14, rtol=1e-13)
+    assert abs(found - root) <= 1e-12
+    assert len(calls) <= 300
+
+
+def test_find_root_needs_a_sign_change():
+    with pytest.raises(ValueError, match="opposite signs"):
+        find_root(lambda x: x * x + 1.0, -1.0, 1.0, xtol=1e-12, rtol=1e-12)

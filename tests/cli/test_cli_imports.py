@@ -12,10 +12,11 @@ import sys
 import pytest
 
 #: Modules a fresh interpreter is asked about after running ``dpnoise`` with the arguments after ``-c``.
-WATCHED = ("numpy", "torch", "scipy.stats", "scipy.signal", "dp_accounting", "matplotlib", "opacus",
-           "dpnoise.cli.train", "dpnoise.training.config")
+WATCHED = ("numpy", "torch", "scipy.stats", "scipy.signal", "scipy.optimize", "dp_accounting", "matplotlib",
+           "opacus", "dpnoise.cli.train", "dpnoise.training.config")
 #: What a route that computes no PLD must not import.
-NOT_FOR_RDP_ROUTES = {"torch", "scipy.stats", "scipy.signal", "dp_accounting", "matplotlib", "opacus"}
+NOT_FOR_RDP_ROUTES = {"torch", "scipy.stats", "scipy.signal", "scipy.optimize", "dp_accounting", "matplotlib",
+                      "opacus"}
 PROBE = (
     "import atexit, json, runpy, sys\n"
     f"atexit.register(lambda: print(json.dumps([m for m in {WATCHED!r} if m in sys.modules])))\n"
@@ -55,7 +56,8 @@ def test_a_pld_route_builds_its_pld_without_dp_accounting_scipy_stats_or_torch(a
     scipy.stats (which it and scipy.signal load) cost more than the rest of the command."""
     imported = imported_by(PROBE, *arguments)
     assert "numpy" in imported
-    assert imported & {"dp_accounting", "scipy.stats", "scipy.signal", "torch", "matplotlib", "opacus"} == set()
+    assert imported & {"dp_accounting", "scipy.stats", "scipy.signal", "scipy.optimize", "torch", "matplotlib",
+                       "opacus"} == set()
 
 
 def test_a_command_builds_only_its_own_parser():

@@ -40,7 +40,7 @@ from dpnoise.accounting.events import DpEvent, MechanismEvent, PoissonSampledEve
 from dpnoise.accounting.kinds import AccountantKind, register_accountant_kind
 from dpnoise.accounting.rdp.orders import DEFAULT_ORDERS
 from dpnoise.accounting.rdp.registry import RdpRoute, event_rdp
-from dpnoise.accounting.solvers import solve_directly
+from dpnoise.accounting.solvers import find_root, solve_directly
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
 
 _ULP = float(np.finfo(float).eps)
@@ -287,10 +287,9 @@ def mixture_log_delta(counts: ReleaseCounts, log_profile: LogProfile, epsilon: f
 
 def smallest_epsilon(log_delta_of: Callable[[float], float], delta: float) -> float:
     """An epsilon with ``log_delta_of(epsilon) <= log delta``, as small as the search finds (+inf if
-    none up to :data:`MAX_EPSILON`): Brent's method on the log profile, the answer checked and
-    raised until it satisfies the inequality, so it is never below the computed profile's root."""
-    from scipy.optimize import brentq  # noqa: PLC0415 (slow import, needed past the endpoint checks only)
-
+    none up to :data:`MAX_EPSILON`): :func:`~dpnoise.accounting.solvers.find_root` on the log profile, the
+    answer checked and raised until it satisfies the inequality, so it is never below the computed profile's
+    root."""
     target = math.log(delta)
     if log_delta_of(0.0) <= target:
         return 0.0
@@ -299,9 +298,9 @@ def smallest_epsilon(log_delta_of: Callable[[float], float], delta: float) -> fl
     lo, hi = 0.0, 1.0
     while log_delta_of(hi) > target:
         lo, hi = hi, min(hi * 4.0, MAX_EPSILON)
-    epsilon = brentq(lambda e: log_delta_of(e) - target, lo, hi, xtol=1e-14, rtol=1e-13)
+    epsilon = find_root(lambda e: log_delta_of(e) - target, lo, hi, xtol=1e-14, rtol=1e-13)
     step = max(abs(epsilon) * 1e-13, 1e-15)
-    while log_delta_of(epsilon) > target:  # Brent's answer may sit a hair on the wrong side
+    while log_delta_of(epsilon) > target:  # the root may sit a hair on the wrong side
         epsilon = min(epsilon + step, hi)
         step *= 4.0
     return float(epsilon)
