@@ -199,14 +199,12 @@ def _composed_infinity_mass(steps: Steps) -> float:
 def _window(steps: Steps, tilt: float, grid: float) -> tuple[int, int]:
     """(first loss index, FFT length) of the window around the tilted composed mean."""
     mean, variance = _tilted_moments(steps, tilt, grid)
-    lowest = sum(count * pmf.lower for pmf, count in steps)
-    highest = sum(count * (pmf.lower + pmf.probs.size - 1) for pmf, count in steps)
     half_width = WINDOW_DEVIATIONS * math.sqrt(variance) / grid
+    widest_step = max(pmf.probs.size for pmf, _ in steps)
     # above the mean, room for one more step's whole support (skewed compositions of rare large losses)
-    first = max(lowest, math.floor(mean / grid - half_width))
-    last = min(highest, math.ceil(mean / grid + half_width) + max(pmf.probs.size for pmf, _ in steps))
-    length = fast_length(max(last - first + 1, max(pmf.probs.size for pmf, _ in steps)))
-    return first, length
+    first = max(_lowest(steps), math.floor(mean / grid - half_width))
+    last = min(_highest(steps), math.ceil(mean / grid + half_width) + widest_step)
+    return first, fast_length(max(last - first + 1, widest_step))
 
 
 def composed_window_length(steps: Steps, tilt: float, grid: float) -> int:
@@ -222,7 +220,7 @@ def tilted_composition(steps: Steps, grid: float, tilt: float) -> BoundedPmf:
     of the tilting and untilting exponentials and of the single-step PMFs go to ``relative_error``.
     """
     first, length = _window(steps, tilt, grid)
-    lowest = sum(count * pmf.lower for pmf, count in steps)
+    lowest = _lowest(steps)
     spectra, log_z_total, counts, forward_errors, exponent_size = [], 0.0, [], [], 0.0
     gamma = fft_error_factor(length)
     for pmf, count in steps:
@@ -250,11 +248,17 @@ def tilted_composition(steps: Steps, grid: float, tilt: float) -> BoundedPmf:
     top = grid * (indices[-1] + 1)
     above = log_chernoff_tail(steps, grid, top - grid / 2, tilt) if top <= grid * _highest(steps) else -math.inf
     untilt_error = 4.0 * UNIT_ROUNDOFF * (float(np.max(np.abs(log_untilt))) + 1.0)
-    relative_error = (composition_relative_error([(pmf.tail_relative_error, count) for pmf, count in steps]) + 4.0 * UNIT_ROUNDOFF * exponent_size
-                      + untilt_error)
+    single_step_error = composition_relative_error([(pmf.tail_relative_error, count) for pmf, count in steps])
+    relative_error = single_step_error + 4.0 * UNIT_ROUNDOFF * exponent_size + untilt_error
     floor = grid * first if first > lowest else -math.inf
     return BoundedPmf(grid * indices, probs, _composed_infinity_mass(steps) + math.exp(above), relative_error, floor)
 
 
+def _lowest(steps: Steps) -> int:
+    """The grid index of the smallest finite composed loss."""
+    return sum(count * pmf.lower for pmf, count in steps)
+
+
 def _highest(steps: Steps) -> int:
+    """The grid index of the largest finite composed loss."""
     return sum(count * (pmf.lower + pmf.probs.size - 1) for pmf, count in steps)
