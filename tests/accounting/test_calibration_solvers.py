@@ -75,3 +75,29 @@ def test_find_root_brackets_to_the_tolerance(f, low, high, root):
 def test_find_root_needs_a_sign_change():
     with pytest.raises(ValueError, match="opposite signs"):
         find_root(lambda x: x * x + 1.0, -1.0, 1.0, xtol=1e-12, rtol=1e-12)
+
+
+
+def test_minimum_calibration_checks_a_pld_route_on_its_coarse_grid_first():
+    """A minimum's calibration asks whether its PLD route is above target at the RDP route's answer:
+    where the coarse-grid epsilon (never below the route's own) is already within the target, that
+    question computes no finer pass, and the answer is still the PLD route's own smallest noise."""
+    from unittest import mock
+
+    from dpnoise.accounting import calibrate_noise
+    from dpnoise.accounting.events import GaussianEvent, PoissonSampledEvent
+    from dpnoise.accounting.pld.distribution import pld_epsilon
+
+    refines = []
+
+    def recorded(history, delta, refine=True):
+        refines.append(refine)
+        return pld_epsilon(history, delta, refine)
+
+    setting = dict(target_epsilon=3.0, delta=1e-5, sample_rate=0.01, steps=400, compare=False)
+    with mock.patch("dpnoise.accounting.solvers.pld_epsilon", recorded):
+        noise = calibrate_noise("gaussian", **setting).noise
+    assert refines[0] is False  # the skip question, on the coarse grid alone
+    assert noise == pytest.approx(calibrate_noise("gaussian-pld", **setting).noise, rel=2e-5)  # its tolerance
+    history = ((PoissonSampledEvent(0.01, GaussianEvent(noise)), 400),)
+    assert pld_epsilon(history, 1e-5, refine=False)[0] >= pld_epsilon(history, 1e-5)[0]

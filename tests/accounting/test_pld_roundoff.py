@@ -214,3 +214,27 @@ def test_bounded_losses_hold_no_infinity_mass_at_delta_1e_15(mechanism, keywords
     (event, _), = accountant.history
     pmfs = distribution.single_step_pmfs(event, distribution.COARSE_DISCRETIZATION)
     assert all(pmfs[direction].infinity_mass == 0.0 for direction in bounded)
+
+
+@pytest.mark.parametrize("length", [12, 13])
+def test_half_spectrum_power_composition_is_bounded_like_the_whole(length):
+    """Powers taken on the entries k <= L/2 of a real input's spectrum and mirrored: the composition
+    is within the bound computed from that half (entries counted with their multiplicity), which is
+    the bound of the whole spectrum."""
+    from dpnoise.accounting.pld.roundoff import mirror_multiplicity
+
+    probs = np.array([0.5, 0.3, 0.2])
+    steps = 4
+    reference = probs
+    for _ in range(steps - 1):
+        reference = np.convolve(reference, probs)
+    spectrum = np.fft.fft(probs, length)
+    half = length // 2 + 1
+    powers = spectrum[:half] ** steps
+    computed = np.fft.ifft(np.concatenate([powers, np.conj(powers[1:length - half + 1][::-1])])).real
+    forward = [fft_error_factor(length) * probs.sum()]
+    half_bound = power_product_entry_error([np.abs(spectrum[:half])], [steps], forward, powers, length)
+    whole_bound = power_product_entry_error([np.abs(spectrum)], [steps], forward, spectrum**steps)
+    assert mirror_multiplicity(half, length).sum() == length
+    assert half_bound == pytest.approx(whole_bound, rel=1e-6)
+    assert np.max(np.abs(computed[:reference.size] - reference)) <= half_bound

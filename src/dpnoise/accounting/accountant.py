@@ -36,7 +36,7 @@ from dpnoise.accounting.rdp.registry import event_rdp
 from dpnoise.accounting.kinds import AccountantKind, register_accountant_kind
 from dpnoise.accounting.mechanisms import get_mechanism_spec, noise_from_keywords
 from dpnoise.accounting.registry import AccountantSpec, get_spec
-from dpnoise.accounting.solvers import solve_by_pld_passes, solve_directly, solve_over_routes
+from dpnoise.accounting.solvers import coarse_pld_epsilon, solve_by_pld_passes, solve_directly, solve_over_routes
 from dpnoise.accounting.validation import (
     InvalidParameterError,
     check_count,
@@ -427,7 +427,7 @@ def accountant_holding(name: str, releases: Sequence[DpEvent]) -> PrivacyAccount
 
 register_accountant_kind(AccountantKind("rdp", RdpAccountant, solve_directly, cheap_epsilon=True,
                                         takes_rdp_route=True, takes_orders=True))
-register_accountant_kind(AccountantKind("pld", PldAccountant, solve_by_pld_passes))
+register_accountant_kind(AccountantKind("pld", PldAccountant, solve_by_pld_passes, upper_bound=coarse_pld_epsilon))
 register_accountant_kind(AccountantKind("minimum", MinimumAccountant, solve_over_routes, minimum_of_routes=True))
 
 

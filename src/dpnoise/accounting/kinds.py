@@ -13,7 +13,7 @@ register its kind here without importing another.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 from dpnoise.accounting.events import DpEvent
 from dpnoise.accounting.validation import InvalidParameterError
@@ -38,6 +38,8 @@ class NoiseRatioSearch(Protocol):
 #: (search, accountant name, initial ratio, a guess of d log epsilon / d log ratio there) -> the smallest
 #: ratio reaching the search's target under that accountant (UnreachableTargetError where none does)
 SolveStrategy = Callable[[NoiseRatioSearch, str, float, float], float]
+#: (search, accountant name, ratio) -> an epsilon never below the accountant's own at that ratio, cheaper to compute
+UpperBound = Callable[[NoiseRatioSearch, str, float], float]
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,9 @@ class AccountantKind:
     ``takes_rdp_route``: its accountants account through an RDP route of their mechanism's event, which
     they may name (a sound accountant over a sound route only).  ``takes_orders``: ``get_accountant``
     accepts a grid of Renyi orders for it.  ``minimum_of_routes``: its accountants report the smallest
-    epsilon of their sound ``routes``.
+    epsilon of their sound ``routes``.  ``upper_bound``: a cheaper epsilon never below the accountant's own
+    (a PLD on its coarse grid alone), with which a minimum's calibration decides cheaply that a route is
+    not to be skipped.
     """
 
     name: str
@@ -62,6 +66,7 @@ class AccountantKind:
     takes_rdp_route: bool = False
     takes_orders: bool = False
     minimum_of_routes: bool = False
+    upper_bound: Optional[UpperBound] = None
 
 
 ACCOUNTANT_KINDS: dict[str, AccountantKind] = {}
@@ -105,6 +110,7 @@ __all__ = [
     "AccountantKind",
     "NoiseRatioSearch",
     "SolveStrategy",
+    "UpperBound",
     "get_accountant_kind",
     "register_accountant_kind",
 ]

@@ -194,6 +194,12 @@ def solve_directly(search: NoiseRatioSearch, accountant: str, initial: float, sl
     return solve_smallest(lambda ratio: search.epsilon(accountant, ratio), search.target, initial=initial)
 
 
+def coarse_pld_epsilon(search: NoiseRatioSearch, accountant: str, ratio: float) -> float:
+    """A PLD accountant's epsilon on its coarse grid alone: never below its own (the finer passes only
+    lower it), and several times cheaper."""
+    return pld_epsilon(search.ledger(accountant, ratio), search.delta, refine=False)[0]
+
+
 def solve_by_pld_passes(search: NoiseRatioSearch, accountant: str, initial: float, slope: float) -> float:
     """For a PLD accountant: first on the coarse grid alone (a sound, slightly larger epsilon, cheap), then
     on the full two-pass value from that answer, each by the secant method (a composed PLD costs about a
@@ -217,6 +223,15 @@ def _log_slope(search: NoiseRatioSearch, accountant: str, ratio: float) -> float
     return slope if slope < 0 else -1.0
 
 
+def _above_target(search: NoiseRatioSearch, accountant: str, ratio: float) -> bool:
+    """Whether ``accountant``'s epsilon at ``ratio`` exceeds the target; decided by its kind's cheaper upper
+    bound where that is already within the target."""
+    upper_bound = get_spec(accountant).accountant_kind.upper_bound
+    if upper_bound is not None and upper_bound(search, accountant, ratio) <= search.target:
+        return False
+    return search.epsilon(accountant, ratio) > search.target
+
+
 def solve_over_routes(search: NoiseRatioSearch, accountant: str, initial: float, slope: float) -> float:
     """For a minimum of routes: the smallest of the routes' answers (the minimum of non-increasing epsilons
     is <= target exactly where one of them is).  The routes with a cheap epsilon go first, and the others
@@ -226,7 +241,7 @@ def solve_over_routes(search: NoiseRatioSearch, accountant: str, initial: float,
     answers: list[float] = []
     failure: Optional[UnreachableTargetError] = None
     for route in sorted(routes, key=lambda r: not get_spec(r).accountant_kind.cheap_epsilon):
-        if answers and search.epsilon(route, min(answers)) > search.target:
+        if answers and _above_target(search, route, min(answers)):
             continue
         try:
             answers.append(solve_ratio(search, route, min(answers) if answers else initial, slope))
@@ -243,6 +258,7 @@ def solve_over_routes(search: NoiseRatioSearch, accountant: str, initial: float,
 __all__ = [
     "NOISE_SEARCH_RANGE",
     "UnreachableTargetError",
+    "coarse_pld_epsilon",
     "solve_by_pld_passes",
     "solve_by_secant",
     "solve_costly",

@@ -56,7 +56,7 @@ def composition_relative_error(events: Sequence[tuple[float, int]]) -> float:
 
 
 def power_product_entry_error(abs_spectra: list[np.ndarray], counts: list[int], forward_errors: list[float],
-                              product: np.ndarray) -> float:
+                              product: np.ndarray, length: int = 0) -> float:
     """Bound on |computed - exact| of every entry of ``ifft(prod_e fft(x_e, L) ** T_e)``.
 
     For each factor, with |X~_k - X_k| <= e (the forward transform's bound ``forward_errors``) and
@@ -67,8 +67,12 @@ def power_product_entry_error(abs_spectra: list[np.ndarray], counts: list[int], 
     (normalised by 1/L) adds gamma(L) (1/L) sum_k |Y~_k|; every entry is a mean over k, so its
     error is the mean of the spectrum's bound plus that (docs/theory/pld_roundoff.md).
     Evaluated in log space (powers of T up to 10^8 under- and overflow).
+
+    ``length``: L where the spectra and ``product`` hold the entries k <= L/2 only of spectra of real
+    inputs, conjugate-symmetric (X_{L-k} = conj(X_k)): the other entries are the mirror images of
+    these, with the same bounds, so they count twice in the mean (:func:`mirror_multiplicity`).
     """
-    length = product.size
+    length = length or product.size
     gamma = fft_error_factor(length)
     errors, magnitudes = [], []
     for spectrum, count, forward_error in zip(abs_spectra, counts, forward_errors):
@@ -86,5 +90,22 @@ def power_product_entry_error(abs_spectra: list[np.ndarray], counts: list[int], 
         others = np.prod([m for other, m in enumerate(magnitudes) if other != index], axis=0) if len(counts) > 1 else 1.0
         spectrum_error = spectrum_error + error * others
     inverse_rounding = (gamma + UNIT_ROUNDOFF) * (np.abs(product) + spectrum_error)
+    entry_bounds = spectrum_error + inverse_rounding
+    mean = float(mirror_multiplicity(entry_bounds.size, length) @ entry_bounds) / length
     # Underflow of the powers to zero or subnormals: at most the smallest normal per term.
-    return float(np.mean(spectrum_error + inverse_rounding)) + np.finfo(float).tiny * length * len(counts)
+    return mean * (1.0 + summation_error_factor(entry_bounds.size)) + np.finfo(float).tiny * length * len(counts)
+
+
+def mirror_multiplicity(size: int, length: int) -> np.ndarray:
+    """How often each of the first ``size`` entries of a conjugate-symmetric length-``length`` spectrum
+    occurs in the whole (all once when ``size`` is the length; else entries 0 and, for an even length,
+    L/2 once, the others twice)."""
+    if size == length:
+        return np.ones(size)
+    if size != length // 2 + 1:
+        raise ValueError(f"{size} entries are neither the whole length-{length} spectrum nor its first half")
+    multiplicity = np.full(size, 2.0)
+    multiplicity[0] = 1.0
+    if length % 2 == 0:
+        multiplicity[-1] = 1.0
+    return multiplicity

@@ -223,20 +223,21 @@ def tilted_composition(steps: Steps, grid: float, tilt: float) -> BoundedPmf:
     lowest = _lowest(steps)
     spectra, log_z_total, counts, forward_errors, exponent_size = [], 0.0, [], [], 0.0
     gamma = fft_error_factor(length)
+    half = length // 2 + 1  # the spectra of real inputs are conjugate-symmetric: powers on half of them
     for pmf, count in steps:
         log_tilted, log_z = _tilted_log_weights(pmf, tilt, grid)
         tilted = np.exp(log_tilted)
-        spectra.append(numpy_fft.fft(tilted, length))
+        spectra.append(numpy_fft.fft(tilted, length)[:half])
         forward_errors.append(gamma * float(tilted.sum()) * (1.0 + tilted.size * UNIT_ROUNDOFF))
         counts.append(count)
         log_z_total += count * log_z
         # the exponent lam l - log Z is computed with an absolute error of a few ulps of its size
         exponent_size += count * (float(np.max(np.abs(tilt * grid * pmf.loss_indices))) + abs(log_z) + 1.0)
-    product = np.ones(length, dtype=complex)
+    product = np.ones(half, dtype=complex)
     for spectrum, count in zip(spectra, counts):
         product *= spectrum**count
-    composed = numpy_fft.ifft(product).real
-    entry_error = power_product_entry_error([np.abs(s) for s in spectra], counts, forward_errors, product)
+    composed = numpy_fft.ifft(np.concatenate([product, np.conj(product[1:length - half + 1][::-1])])).real
+    entry_error = power_product_entry_error([np.abs(s) for s in spectra], counts, forward_errors, product, length)
     # position j of the circular result holds loss index lowest + j (mod length)
     indices = first + np.arange(length)
     window = composed[(indices - lowest) % length]
