@@ -101,3 +101,22 @@ def test_minimum_calibration_checks_a_pld_route_on_its_coarse_grid_first():
     assert noise == pytest.approx(calibrate_noise("gaussian-pld", **setting).noise, rel=2e-5)  # its tolerance
     history = ((PoissonSampledEvent(0.01, GaussianEvent(noise)), 400),)
     assert pld_epsilon(history, 1e-5, refine=False)[0] >= pld_epsilon(history, 1e-5)[0]
+
+
+@pytest.mark.parametrize("delta", [1e-5, 1e-12])
+def test_pld_calibration_keeps_the_coarse_answer_only_where_refining_gains_less_than_converged(delta):
+    from dpnoise.accounting import calibrate_noise
+    from dpnoise.accounting.events import GaussianEvent, PoissonSampledEvent
+    from dpnoise.accounting.pld.distribution import CONVERGED, pld_epsilon
+    from dpnoise.accounting.solvers import solve_costly
+
+    target, rate, steps = 2.0, 0.02, 500
+
+    def refined(noise):
+        return pld_epsilon(((PoissonSampledEvent(rate, GaussianEvent(noise)), steps),), delta)[0]
+
+    noise = calibrate_noise("gaussian-pld", target_epsilon=target, delta=delta, sample_rate=rate, steps=steps,
+                            compare=False).noise
+    assert refined(noise) <= target
+    smallest, _ = solve_costly(refined, target, noise, 1.05, -1.0)  # the refined route's own answer
+    assert smallest * (1 - 2e-5) <= noise <= smallest * (1 + CONVERGED)

@@ -13,7 +13,7 @@ import math
 from typing import Callable, Optional
 
 from dpnoise.accounting.kinds import NoiseRatioSearch
-from dpnoise.accounting.pld.distribution import pld_epsilon
+from dpnoise.accounting.pld.distribution import CONVERGED, pld_epsilon
 from dpnoise.accounting.registry import get_spec
 from dpnoise.accounting.validation import InvalidParameterError, check_positive
 
@@ -203,7 +203,10 @@ def coarse_pld_epsilon(search: NoiseRatioSearch, accountant: str, ratio: float) 
 def solve_by_pld_passes(search: NoiseRatioSearch, accountant: str, initial: float, slope: float) -> float:
     """For a PLD accountant: first on the coarse grid alone (a sound, slightly larger epsilon, cheap), then
     on the full two-pass value from that answer, each by the secant method (a composed PLD costs about a
-    second; :func:`solve_by_secant`)."""
+    second; :func:`solve_by_secant`).  Where the finer passes lower epsilon at the coarse answer by less
+    than CONVERGED (relative), the coarse answer stands: its epsilon is within target under both, and
+    the refined search would move the noise by less than the refinement itself is trusted to matter
+    (:func:`pld_epsilon` stops refining at the same threshold)."""
     def epsilon(ratio: float, refine: bool) -> float:
         return pld_epsilon(search.ledger(accountant, ratio), search.delta, refine=refine)[0]
 
@@ -212,8 +215,8 @@ def solve_by_pld_passes(search: NoiseRatioSearch, accountant: str, initial: floa
     except UnreachableTargetError:
         # the coarse grid's own floor (tiny per-step losses spread to a grid step) is not the route's
         return solve_costly(lambda r: epsilon(r, True), search.target, initial, 1.25, slope)[0]
-    if epsilon(coarse, True) == epsilon(coarse, False):
-        return coarse  # no refinement at this epsilon: the same function, the same answer
+    if epsilon(coarse, True) >= epsilon(coarse, False) * (1.0 - CONVERGED):
+        return coarse
     return solve_costly(lambda r: epsilon(r, True), search.target, coarse, 1.05, slope)[0]
 
 
