@@ -33,6 +33,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -263,13 +264,14 @@ def table_row(record: dict) -> str:
             f"| {_fmt(record.get('lower_bound'))} |")
 
 
-def measure(index: int, timeout: float) -> dict:
-    """The record of SETTINGS[index]: dpnoise's default epsilon and the references."""
+def measure(index: int, timeout: float, references: Optional[dict] = None) -> dict:
+    """The record of SETTINGS[index]: dpnoise's default epsilon and the references (measured, or taken
+    from ``references``, an earlier record of the same setting: they do not depend on dpnoise)."""
     mechanism, noise, q, steps, delta, params = SETTINGS[index]
     started = time.perf_counter()
     epsilon, bound = dpnoise_epsilon(mechanism, mechanism, noise, q, steps, delta, params)
     seconds = time.perf_counter() - started
-    row = _row_in_child(index, timeout)
+    row = _references_of(references) if references is not None else _row_in_child(index, timeout)
     # lap2's references are those of its GDP route (an upper bound, not the truth): that route is compared
     compared = dpnoise_epsilon("lap2-gdp", mechanism, noise, q, steps, delta, params)[0] if mechanism == "lap2" else epsilon
     ratio = compared / row["reference"] if row.get("reference") else None
@@ -277,6 +279,14 @@ def measure(index: int, timeout: float) -> dict:
               "epsilon": epsilon, "route": bound.split(":")[0], "seconds": seconds, "compared": compared, "ratio": ratio,
               **row}
     return record | {"rdp_upper_bound": rdp_upper_bound(record)}
+
+
+REFERENCE_FIELDS = ("reference", "source", "lower_bound", "candidates")
+
+
+def _references_of(record: dict) -> dict:
+    """The reference fields of an earlier record."""
+    return {key: record[key] for key in REFERENCE_FIELDS if key in record}
 
 
 def main() -> None:
@@ -287,14 +297,18 @@ def main() -> None:
                         "replace their records in an existing --out .json")
     parser.add_argument("--row", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--render", action="store_true", help="only rewrite the .md from the existing .json")
+    parser.add_argument("--keep-references", action="store_true",
+                        help="measure dpnoise's epsilons again but take every reference and lower bound from the "
+                        "existing .json (they come from other libraries, which dpnoise's code does not change)")
     args = parser.parse_args()
     if args.row is not None:
         print(json.dumps(reference(*SETTINGS[args.row])))
         return
     out = Path(args.out)
-    records = json.loads(out.with_suffix(".json").read_text()) if args.rows or args.render else [None] * len(SETTINGS)
+    earlier = args.rows or args.render or args.keep_references
+    records = json.loads(out.with_suffix(".json").read_text()) if earlier else [None] * len(SETTINGS)
     for index in [] if args.render else args.rows or range(len(SETTINGS)):
-        records[index] = measure(index, args.timeout)
+        records[index] = measure(index, args.timeout, records[index] if args.keep_references else None)
         print(table_row(records[index]), flush=True)
     for record in records:
         record.setdefault("rdp_upper_bound", rdp_upper_bound(record))
