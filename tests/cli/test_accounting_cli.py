@@ -212,3 +212,17 @@ def test_module_entry_point_help_lists_subcommands():
     proc = subprocess.run([sys.executable, "-m", "dpnoise", "--help"], capture_output=True, text=True, check=True)
     for cmd in ("account", "calibrate", "walls"):
         assert cmd in proc.stdout
+
+
+def test_a_closed_pipe_ends_the_command_quietly():
+    """`dpnoise account ... | head -1`: the reader is gone before the command prints."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "dpnoise", "account", "--mechanism", "gaussian", "--noise", "1",
+               "--sample-rate", "1", "--steps", "10", "--delta", "1e-5"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # before the command can have printed anything (imports alone take 0.2 s)
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr

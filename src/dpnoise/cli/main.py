@@ -78,6 +78,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if isinstance(err, ProcessGroupLostError):
             end_process(2)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`dpnoise account ... | head -1`): stop quietly, as a Unix filter does;
+        # stdout goes to devnull so that the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a filter ended this way
 
 
 def end_process(status: int) -> None:
