@@ -164,22 +164,39 @@ class ScaledLinear(nn.Module):
         return x.flatten(1) * self.scale
 
 
-def test_layers_without_a_grad_sampler_fall_back_to_opacus_hooks(digits_train):
+def test_a_layer_without_a_rule_is_re_run_alone_and_the_model_stays_on_bookkeeping(digits_train):
     model = nn.Sequential(ScaledLinear(), nn.Linear(64, 10))
-    assert unsupported_bookkeeping_layers(model) == [
-        "0 (ScaledLinear): no book-keeping rule or recorded gradients for this layer type"]
-    with pytest.raises(ValueError, match="ScaledLinear"):
-        BookkeepingModule(model)
+    assert unsupported_bookkeeping_layers(model) == []
     options = dict(mechanism="lap2", laplace_scale=1.0, max_grad_norm=1.0, delta=1e-5, seed=0)
-    with pytest.warns(GradientSourceWarning, match=r"0 \(ScaledLinear\): no book-keeping rule"):
-        module, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                            digits_loader(digits_train), **options)
-    assert isinstance(module, GradSampleModule) and optimizer.privacy_engine.grad_sample_mode == "hooks"
-    assert optimizer.privacy_engine.gradient_sources == {"0 (ScaledLinear)": "hooks, functorch",
-                                                         "1 (Linear)": "hooks, grad sampler"}
-    model = mlp()
-    module, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train), **options)
+    module, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                        digits_loader(digits_train), **options)
     assert isinstance(module, BookkeepingModule) and optimizer.privacy_engine.grad_sample_mode == "bookkeeping"
+    assert optimizer.privacy_engine.gradient_sources == {"0 (ScaledLinear)": "book-keeping, per-layer torch.func",
+                                                         "1 (Linear)": "book-keeping rule"}
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_opacus_recurrent_layers_send_the_model_to_the_hooks_with_a_warning():
+    from opacus.layers import DPLSTM
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Recurrent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.head = DPLSTM(3, 4, batch_first=True), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0][:, -1])
+
+    model = Recurrent()
+    assert any(problem.startswith("rnn (DPLSTM)") for problem in unsupported_bookkeeping_layers(model))
+    with pytest.raises(ValueError, match="DPLSTM"):
+        BookkeepingModule(model)
+    data = DataLoader(TensorDataset(torch.randn(16, 5, 3), torch.randint(0, 2, (16,))), batch_size=4)
+    with pytest.warns(GradientSourceWarning, match=r"rnn \(DPLSTM\): Opacus's DP recurrent layers"):
+        module, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data,
+                                            mechanism="lap2", laplace_scale=1.0, max_grad_norm=1.0, delta=1e-5, seed=0)
+    assert isinstance(module, GradSampleModule) and optimizer.privacy_engine.grad_sample_mode == "hooks"
 
 
 def test_unknown_grad_sample_mode_is_refused(digits_train):

@@ -19,12 +19,18 @@ layers (:data:`RECORDED_LAYERS`) are recorded as they run:
   (:func:`~dpnoise.training.grad_samplers.embedding_bag_rows`);
 * ``Conv1d``, ``Conv3d`` (as ``Conv2d``), GroupNorm, RMSNorm, InstanceNorm1d/2d/3d: the grad samplers
   the hooks use (:data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`: Opacus's, with convolutions
-  sampled exactly in every padding mode).
+  sampled exactly in every padding mode);
+* any other trainable layer (Hugging Face's RMSNorm variants, learned scales and gates, ViT's CLS
+  token and position embeddings, PReLU, transposed convolutions, a layer of the user's own): that
+  layer alone, re-run per example by ``torch.func``
+  (:func:`~dpnoise.training.layer_functorch.layer_per_example_gradients`); it may take keyword
+  arguments that are not tensors.
 
-Any other trainable layer makes ``grad_sample_mode="auto"`` take the whole model's per-example
-gradients from the hooks, with a warning that names it (:func:`unsupported_bookkeeping_layers`);
-``nn.RNN``, ``nn.LSTM``, ``nn.GRU`` and embeddings with ``max_norm`` or ``scale_grad_by_freq`` are
-refused for both sources (:func:`~dpnoise.training.grad_samplers.per_example_gradient_problems`).
+Opacus's DP recurrent layers (hooks only) and ``nn.RNN``, ``nn.LSTM``, ``nn.GRU`` and embeddings with
+``max_norm`` or ``scale_grad_by_freq`` (refused for both sources:
+:func:`~dpnoise.training.grad_samplers.per_example_gradient_problems`) are what book-keeping does not
+cover (:func:`unsupported_bookkeeping_layers`); ``grad_sample_mode="auto"`` then takes the whole
+model's per-example gradients from the hooks, with a warning that names them.
 :func:`gradient_sources` says where each layer's per-example gradients come from.
 
 Exactness with models as they come (Hugging Face's among them), checked on every training call of a
@@ -77,6 +83,7 @@ from dpnoise.training.grad_samplers import (
     padded_conv_input,
     per_example_gradient_problems,
 )
+from dpnoise.training.layer_functorch import layer_per_example_gradients
 from dpnoise.training.per_example_gradients import (
     MAX_CHUNK_ELEMENTS,
     Contribution,
@@ -166,8 +173,9 @@ def unsupported_bookkeeping_layers(module: nn.Module) -> list[str]:
             reasons += rule.problems(layer)
             if "forward" in layer.__dict__:
                 reasons.append("its forward is replaced on the instance (e.g. by another library's hooks)")
-        elif type(layer) not in RECORDED_LAYERS:
-            reasons.append("no book-keeping rule or recorded gradients for this layer type")
+        elif isinstance(layer, OPACUS_RECURRENT_LAYERS):
+            reasons.append("Opacus's DP recurrent layers call their linear maps once per time step, on the examples "
+                           "still running; book-keeping needs one call on the whole batch")
         problems.extend(f"{path}: {reason}" for reason in reasons)
     return problems + _shared_parameter_problems(module)
 
@@ -177,7 +185,8 @@ def gradient_sources(module: nn.Module, grad_sample_mode: str) -> dict[str, str]
 
     ``grad_sample_mode="bookkeeping"``: "book-keeping rule" (a registered rule), "book-keeping,
     materialised" (a recorded call, its gradients built by a grad sampler or
-    :func:`conv2d_per_example_gradients`) or "book-keeping, token-id rows" (``nn.EmbeddingBag``).
+    :func:`conv2d_per_example_gradients`), "book-keeping, token-id rows" (``nn.EmbeddingBag``) or
+    "book-keeping, per-layer torch.func" (any other layer, re-run alone per example).
     ``"hooks"`` (:class:`~dpnoise.training.grad_samplers.ExactGradSampleModule`): "hooks, grad sampler"
     (Opacus's DP recurrent layers too: their ``RNNLinear`` layers') or "hooks, functorch" (no grad
     sampler: the layer, and the layers inside it, are differentiated per example by ``torch.func``).
@@ -188,6 +197,7 @@ def gradient_sources(module: nn.Module, grad_sample_mode: str) -> dict[str, str]
         if grad_sample_mode == "bookkeeping":
             source = ("book-keeping rule" if bookkeeping_rule(layer) is not None
                       else "book-keeping, token-id rows" if type(layer) is nn.EmbeddingBag
+                      else "book-keeping, per-layer torch.func" if _rerun_per_example(layer)
                       else "book-keeping, materialised")
         elif any(name.startswith(f"{outer}.") for outer in functorch_paths):
             source = "hooks, functorch"
@@ -198,6 +208,12 @@ def gradient_sources(module: nn.Module, grad_sample_mode: str) -> dict[str, str]
             functorch_paths.append(name)
         sources[layer_path(name, layer)] = source
     return sources
+
+
+def _rerun_per_example(layer: nn.Module) -> bool:
+    """Whether book-keeping gets ``layer``'s per-example gradients by re-running it alone per example
+    (no rule, no recorded source of its own)."""
+    return bookkeeping_rule(layer) is None and type(layer) not in RECORDED_LAYERS
 
 
 def _shared_parameter_problems(module: nn.Module) -> list[str]:
@@ -256,7 +272,8 @@ class LayerInputs:
     number of bags) and counts the calls; a forward pre-hook on each of ``layers`` then:
 
     * refuses a call with arguments that per-example gradients would not read
-      (:func:`~dpnoise.training.grad_samplers.extra_arguments`);
+      (:func:`~dpnoise.training.grad_samplers.extra_arguments`; ``rerun_layers``, which book-keeping
+      re-runs per example with the same keywords, may take keywords that hold no tensor);
     * passes an ``nn.EmbeddingBag`` its ids as 1-D ids with offsets, positionally
       (:func:`~dpnoise.training.grad_samplers.embedding_bag_call`: the same call);
     * expands an input of leading dimension 1 to B rows when B != 1 (no copy: ``expand``).  Such an
@@ -275,13 +292,14 @@ class LayerInputs:
     which handle their own batches); errors name the layer's path.
     """
 
-    def __init__(self, module: nn.Module, layers: list[tuple[str, nn.Module]]):
+    def __init__(self, module: nn.Module, layers: list[tuple[str, nn.Module]], rerun_layers: Sequence[nn.Module] = ()):
         #: batch size of the model's last training call (None before one)
         self.batch_size: Optional[int] = None
         #: training calls of the model so far
         self.forward_passes = 0
         #: while True, calls are neither counted nor checked
         self.paused = False
+        self._rerun_layers = set(rerun_layers)
         self._handles = [module.register_forward_pre_hook(self._read_batch_size, with_kwargs=True)]
         self._handles.extend(layer.register_forward_pre_hook(partial(self._check, layer_path(name, layer)),
                                                              with_kwargs=True) for name, layer in layers)
@@ -297,7 +315,7 @@ class LayerInputs:
     def _check(self, path: str, layer: nn.Module, args: tuple, kwargs: dict) -> Optional[tuple[tuple, dict]]:
         if not self._active(layer):
             return None
-        extra = extra_arguments(layer, args, kwargs)
+        extra = extra_arguments(layer, args, kwargs, constant_keywords=layer in self._rerun_layers)
         if extra is not None:
             raise UnsupportedLayerError(
                 f"{path} is called with {extra}, which its per-example gradients would not read (grad samplers and "
@@ -325,11 +343,12 @@ class LayerInputs:
         self._handles.clear()
 
 
-def check_layer_inputs(module: nn.Module) -> LayerInputs:
+def check_layer_inputs(module: nn.Module, rerun_layers: Sequence[nn.Module] = ()) -> LayerInputs:
     """:class:`LayerInputs` on the trainable layers of ``module`` (for Opacus's ``GradSampleModule``,
-    which records layer inputs in forward hooks, after these pre-hooks)."""
+    which records layer inputs in forward hooks, after these pre-hooks); ``rerun_layers``: those
+    book-keeping re-runs per example."""
     return LayerInputs(module, [(name, layer) for name, layer in trainable_modules(module)
-                                if not isinstance(layer, OPACUS_RECURRENT_LAYERS)])
+                                if not isinstance(layer, OPACUS_RECURRENT_LAYERS)], rerun_layers)
 
 
 @dataclass(eq=False)
@@ -345,6 +364,8 @@ class LayerUse:
     forward_pass: int
     #: its number of examples (None: its input has no leading dimension)
     batch_size: Optional[int]
+    #: the call's keyword arguments (constants; a layer re-run per example only)
+    keywords: Optional[dict] = None
     output_grad: Optional[torch.Tensor] = None
     backward_passes: int = 0
 
@@ -355,7 +376,7 @@ class LayerUse:
 
     def release(self) -> None:
         """Drop the tensors (the autograd graph, which may outlive the step, still refers to the use)."""
-        self.inputs = self.output_grad = None
+        self.inputs = self.output_grad = self.keywords = None
 
 
 class _BookkeptCall(torch.autograd.Function):
@@ -414,19 +435,20 @@ class BookkeepingModule(nn.Module):
         self.max_chunk_elements = max_chunk_elements
         layers = [layer for _, layer in trainable_modules(module)]
         self._parameter_names = _parameter_names(module)
+        self._layer_names = {layer: layer_path(name, layer) for name, layer in trainable_modules(module)}
         self._layer_parameters = {p for layer in layers for p in layer.parameters(recurse=False)}
         self._uses: list[LayerUse] = []
         #: book-kept parameters that received a gradient other than through their layer's recorded forward
         self._untracked: set[nn.Parameter] = set()
         self._gradients: Optional[tuple[int, dict[nn.Parameter, ParameterGradients]]] = None
         self._paused = False
-        self._layer_inputs = check_layer_inputs(module)
+        self._layer_inputs = check_layer_inputs(module, [layer for layer in layers if _rerun_per_example(layer)])
         self._hooks = []
         self._forwards: list[nn.Module] = []
         for layer in layers:
             rule = bookkeeping_rule(layer)
             if rule is None:
-                self._hooks.append(layer.register_forward_hook(self._watch_output))
+                self._hooks.append(layer.register_forward_hook(self._watch_output, with_kwargs=True))
                 continue
             layer.forward = _BookkeptForward(self, layer, rule)
             self._forwards.append(layer)
@@ -460,19 +482,26 @@ class BookkeepingModule(nn.Module):
         if grad is not None and not self._paused:
             self._untracked.add(p)
 
-    def record_use(self, layer: nn.Module, rule: Optional[BookkeepingRule], inputs: tuple) -> LayerUse:
-        """A new use of ``layer`` on the positional ``inputs``, in the current forward pass (its output
-        gradient comes later)."""
+    def record_use(self, layer: nn.Module, rule: Optional[BookkeepingRule], inputs: tuple,
+                   keywords: Optional[dict] = None) -> LayerUse:
+        """A new use of ``layer`` on the positional ``inputs`` (and constant ``keywords``), in the current
+        forward pass (its output gradient comes later)."""
         use = LayerUse(layer, rule, tuple(x.detach() for x in inputs), self._layer_inputs.forward_passes,
-                       _call_batch_size(layer, inputs, {}))
+                       _call_batch_size(layer, inputs, {}), keywords)
         self._uses.append(use)
         self._gradients = None
         return use
 
-    def _watch_output(self, layer: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+    def _watch_output(self, layer: nn.Module, inputs: tuple, keywords: dict, output: Any) -> None:
         """A recorded layer's call: record its inputs and, later, its output gradient."""
-        if self.records(layer) and output.requires_grad:
-            output.register_hook(self.record_use(layer, None, inputs).receive)
+        if not self.records(layer):
+            return
+        if not isinstance(output, torch.Tensor):
+            raise UnsupportedLayerError(
+                f"{self._layer_names[layer]} returns {type(output).__name__}, not one tensor: book-keeping cannot "
+                f"compute its per-example gradients (grad_sample_mode='hooks' can)")
+        if output.requires_grad:
+            output.register_hook(self.record_use(layer, None, inputs, keywords).receive)
 
     def _parameter_gradients(self) -> tuple[int, dict[nn.Parameter, ParameterGradients]]:
         """(batch size, per-example gradients of every reached trainable parameter) of this step."""
@@ -509,13 +538,16 @@ class BookkeepingModule(nn.Module):
                                   for p, parts in contributions.items()}
         return self._gradients
 
-    @staticmethod
-    def _use_gradients(use: LayerUse) -> dict[nn.Parameter, Contribution]:
+    def _use_gradients(self, use: LayerUse) -> dict[nn.Parameter, Contribution]:
         """Per-example gradients (of the mean loss) of ``use``'s trainable parameters."""
         layer, inputs, output_grad = use.layer, use.inputs, use.output_grad
         if use.rule is not None:
             return use.rule.gradients(layer, inputs[0], output_grad)
-        if type(layer) is nn.EmbeddingBag:
+        if _rerun_per_example(layer):
+            with self.paused():  # the re-run records nothing and checks no input
+                gradients = layer_per_example_gradients(layer, inputs[0], use.keywords or {}, output_grad)
+            samples = {p: MaterialisedGradients(g.to(compute_dtype(g.dtype))) for p, g in gradients.items()}
+        elif type(layer) is nn.EmbeddingBag:
             samples = {layer.weight: embedding_bag_rows(layer, list(inputs), output_grad)}
         else:
             dtype = compute_dtype(output_grad.dtype)

@@ -35,6 +35,7 @@ from typing import Optional
 
 import torch
 from opacus import GradSampleModule
+from torch.utils._pytree import tree_leaves
 from opacus.grad_sample.conv import compute_conv_grad_sample
 from opacus.layers.dp_rnn import DPRNNBase, RNNLinear
 from torch import nn
@@ -192,14 +193,19 @@ class ExactGradSampleModule(GradSampleModule):
         return super().rearrange_grad_samples(module=module, **options)
 
 
-def extra_arguments(layer: nn.Module, args: tuple, kwargs: dict) -> Optional[str]:
+def extra_arguments(layer: nn.Module, args: tuple, kwargs: dict, constant_keywords: bool = False) -> Optional[str]:
     """What a call of a trainable layer passes beyond what its per-example gradients read (None: nothing).
 
     Grad samplers and functorch read a layer's first positional input only (``nn.EmbeddingBag``:
-    also its offsets and per-sample weights); anything else would be left out of them.
+    also its offsets and per-sample weights); anything else would be left out of them.  A layer that
+    book-keeping re-runs per example (``constant_keywords``) gets its keywords again, as long as they
+    hold no tensor (a tensor could hold one row per example, which the re-run would not split).
     """
     if type(layer) is nn.EmbeddingBag:
         return None
+    if constant_keywords:
+        kwargs = {key: value for key, value in kwargs.items()
+                  if any(isinstance(leaf, torch.Tensor) for leaf in tree_leaves(value))}
     if kwargs:
         return f"keyword arguments ({', '.join(kwargs)})"
     return f"{len(args)} positional arguments" if len(args) > 1 else None
