@@ -6,11 +6,13 @@ import dataclasses
 import json
 import re
 import warnings
+from functools import partial
 
 import pytest
 import torch
 
-from dpnoise.accounting import epsilon_of_events, noise_keywords
+from dpnoise.accounting import UnsoundAccountantWarning, epsilon_of_events, noise_keywords
+from dpnoise.accounting.events import DiscreteGaussianStepEvent
 from dpnoise.accounting.secure_noise import discrete_gaussian_epsilon
 from dpnoise.cli.main import main
 from dpnoise.training import (
@@ -78,26 +80,36 @@ def test_secure_mode_trains_with_releases_on_the_grid(digits_train, mechanism):
     assert record["noise_in_use"] >= NOISE[mechanism] * record["inflation"] * (1 - 1e-12)
 
 
+def continuous_epsilon(accountant, event, steps, delta):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnsoundAccountantWarning)
+        return epsilon_of_events(accountant, event, steps=steps, delta=delta)
+
+
 @pytest.mark.filterwarnings("ignore::dpnoise.accounting.UnsoundAccountantWarning")
 def test_gaussian_epsilons_carry_the_correction_and_laplace_ones_do_not(digits_train):
     for mechanism in ("gaussian", "lap2"):
         module, optimizer, loader = build(digits_train, mechanism)
         engine = optimizer.privacy_engine
         train_steps(module, optimizer, endless_batches(loader), engine, 2)
-        plain = {name: acc.get_epsilon(1e-5) for name, acc in engine.accountants.items()}
         reported = engine.epsilon_by_accountant()
+        # every accountant read directly reports the run's epsilon: the ledger carries the release
+        assert reported == {name: acc.get_epsilon(1e-5) for name, acc in engine.accountants.items()}
+        assert engine.get_epsilon() == reported[engine.setup.accountant]
         if mechanism == "gaussian":
-            # each accountant's epsilon(delta e^-L) + 2 L (secure_noise.md §3.3), not compared with
-            # `plain` by size: here L ~ 1e-133, so delta e^-L is delta (1 - 2^-50), and two certified PLD
-            # bounds that close in delta may differ either way by the round-off of their solve (~1e-12)
+            assert isinstance(engine.step_event, DiscreteGaussianStepEvent)
+            # each accountant's continuous epsilon(delta e^-L) + 2 L (secure_noise.md §3.3), not compared with
+            # the continuous one by size: here L ~ 1e-133, so delta e^-L is delta (1 - 2^-50), and two certified
+            # PLD bounds that close in delta may differ either way by the round-off of their solve (~1e-12)
             coordinates = engine.secure_plan.rounding.coordinates
-            assert reported == {name: discrete_gaussian_epsilon(acc.get_epsilon, 1e-5, engine.steps, coordinates)
-                                for name, acc in engine.accountants.items()}
-            assert all(reported[name] != plain[name] for name in plain)
-            assert engine.get_epsilon() == reported[engine.setup.accountant]
+            continuous = {name: partial(continuous_epsilon, name, engine.step_event.event, engine.steps)
+                          for name in engine.accountants}
+            assert reported == {name: discrete_gaussian_epsilon(epsilon_at, 1e-5, engine.steps, coordinates)
+                                for name, epsilon_at in continuous.items()}
+            assert all(reported[name] != continuous[name](1e-5) for name in reported)
             assert engine.get_quick_epsilon() >= engine.get_epsilon()
         else:
-            assert reported == plain and engine.get_epsilon() == engine.accountant.get_epsilon(1e-5)
+            assert not isinstance(engine.step_event, DiscreteGaussianStepEvent)
 
 
 def test_budget_and_calibration_meet_the_corrected_epsilon(digits_train):
@@ -110,8 +122,10 @@ def test_budget_and_calibration_meet_the_corrected_epsilon(digits_train):
     n = engine.secure_plan.rounding.coordinates
 
     def corrected(steps):
-        return discrete_gaussian_epsilon(
-            lambda d: epsilon_of_events("gaussian-rdp", engine.step_event, steps=steps, delta=d), 1e-5, steps, n)
+        epsilon = epsilon_of_events("gaussian-rdp", engine.step_event, steps=steps, delta=1e-5)
+        assert epsilon == discrete_gaussian_epsilon(
+            partial(continuous_epsilon, "gaussian-rdp", engine.step_event.event, steps), 1e-5, steps, n)
+        return epsilon
 
     assert corrected(engine.max_steps) <= target < corrected(engine.max_steps + 1)
 
@@ -162,6 +176,29 @@ def test_checkpoints_hold_no_generator_and_bind_the_mode(digits_train, tmp_path)
     module, optimizer, _ = build(digits_train, "lap2")
     with pytest.raises(CheckpointMismatchError, match="secure_mode: False"):
         load_checkpoint(path, module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
+
+
+def test_a_secure_gaussian_state_written_with_continuous_steps_resumes_as_discrete_steps(digits_train):
+    """Engine states saved before secure steps were recorded as discrete-Gaussian events hold the continuous
+    step in every ledger; they resume with the ledgers rewritten, and a ledger edited otherwise is still refused."""
+    from dpnoise.accounting import accountant_holding
+
+    module, optimizer, loader = build(digits_train, "gaussian")
+    engine = optimizer.privacy_engine
+    train_steps(module, optimizer, endless_batches(loader), engine, 2)
+    state = engine.state_dict()
+    old = {name: accountant_holding(name, ()).compose(engine.step_event.event, 2).state_dict()
+           for name in engine.accountants}
+    assert all(old[name] != state["accountants"][name] for name in old)
+    _, resumed_optimizer, _ = build(digits_train, "gaussian")
+    resumed = resumed_optimizer.privacy_engine
+    resumed.load_state_dict({**state, "accountants": old})
+    assert resumed.steps == 2 and resumed.epsilon_by_accountant() == engine.epsilon_by_accountant()
+    assert all(acc.history == engine.accountants[name].history for name, acc in resumed.accountants.items())
+    edited = {**old, "gaussian-rdp": accountant_holding("gaussian-rdp", ()).compose(engine.step_event.event, 1)
+              .state_dict()}
+    with pytest.raises(CheckpointMismatchError, match="gaussian-rdp"):
+        build(digits_train, "gaussian")[1].privacy_engine.load_state_dict({**state, "accountants": edited})
 
 
 # ----------------------------------------------------------------------------- configuration and command line

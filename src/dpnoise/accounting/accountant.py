@@ -10,6 +10,12 @@ the release-count kind by :mod:`dpnoise.accounting.release_count`):
 * :class:`MinimumAccountant` -- several sound routes for the same ledger; reports, for each delta,
   the smallest of their epsilons and names the route that gave it (a minimum of proven upper
   bounds is a proven upper bound).
+
+Every kind accounts the ledger's continuous events: a secure-mode step
+(:class:`~dpnoise.accounting.events.DiscreteGaussianStepEvent`) as the continuous step it approximates;
+the public queries then correct the whole ledger's answer once
+(:func:`~dpnoise.accounting.secure_noise.released_epsilon`), so that whoever reads any accountant of a
+secure run gets that run's epsilon.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from dpnoise.accounting.rdp.registry import event_rdp
 from dpnoise.accounting.kinds import AccountantKind, register_accountant_kind
 from dpnoise.accounting.mechanisms import get_mechanism_spec, noise_from_keywords
 from dpnoise.accounting.registry import AccountantSpec, get_spec
+from dpnoise.accounting.secure_noise import continuous_event, discrete_log_ratio, released_delta, released_epsilon
 from dpnoise.accounting.solvers import coarse_pld_epsilon, solve_by_pld_passes, solve_directly, solve_over_routes
 from dpnoise.accounting.validation import (
     InvalidParameterError,
@@ -80,11 +87,15 @@ class PrivacyAccountant:
         q = 1 is a full-batch step).  Releases of the whole data set (e.g. noisy feature statistics
         composed before training) are in the ledger as their mechanism events, not steps: which is
         why ``make_private(data_releases=...)`` refuses a ``PoissonSampledEvent`` among them."""
-        return sum(count for event, count in self._history if isinstance(event, PoissonSampledEvent))
+        return sum(count for event, count in self._accounted() if isinstance(event, PoissonSampledEvent))
 
     @property
     def history(self) -> list[tuple[DpEvent, int]]:
         return list(self._history)
+
+    def _accounted(self) -> list[tuple[DpEvent, int]]:
+        """The ledger as the routes account it: each discrete step as its continuous step."""
+        return [(continuous_event(event), count) for event, count in self._history]
 
     def _check_supported(self, event: DpEvent) -> None:
         """Raise now (not at the first query) if this accountant cannot account ``event``."""
@@ -93,7 +104,7 @@ class PrivacyAccountant:
         """Record ``count`` repetitions of ``event``; consecutive equal events are merged."""
         count = check_count("count", count, 0)
         try:
-            self._check_supported(event)
+            self._check_supported(continuous_event(event))
         except NotImplementedError as err:
             raise InvalidParameterError(f"accountant {self.name!r} cannot account {event!r}: {err}") from None
         if self._history and self._history[-1][0] == event:
@@ -156,7 +167,17 @@ class PrivacyAccountant:
         self._warn()
         if not self._history:
             return 0.0, "no steps"
-        return self._epsilon_and_bound(delta)
+        log_ratio = discrete_log_ratio(self._history)
+        bounds: list[str] = []
+
+        def epsilon_at(at_delta: float) -> float:
+            epsilon, bound = self._epsilon_and_bound(at_delta)
+            bounds.append(bound)
+            return epsilon
+
+        epsilon = released_epsilon(epsilon_at, delta, log_ratio)
+        correction = f", plus the discrete Gaussian's correction {2 * log_ratio:.3g}" if log_ratio else ""
+        return epsilon, bounds[0] + correction
 
     def get_epsilon(self, delta: float) -> float:
         """Epsilon at ``delta``: a proven upper bound iff ``self.sound``."""
@@ -169,7 +190,14 @@ class PrivacyAccountant:
         routes whose kind has a cheap epsilon (:attr:`~dpnoise.accounting.kinds.AccountantKind.cheap_epsilon`,
         the RDP routes: a PLD recomputed after every step would cost more than the step itself).
         """
-        return self.get_epsilon(delta)
+        delta = check_delta("delta", delta)
+        if not self._history:
+            return self.get_epsilon(delta)
+        self._warn()
+        return released_epsilon(self._quick_epsilon, delta, discrete_log_ratio(self._history))
+
+    def _quick_epsilon(self, delta: float) -> float:
+        return self._epsilon_and_bound(delta)[0]
 
     def get_delta(self, epsilon: float) -> float:
         """delta(epsilon), capped at 1."""
@@ -177,7 +205,7 @@ class PrivacyAccountant:
         self._warn()
         if not self._history:
             return 0.0
-        return self._delta(epsilon)
+        return released_delta(self._delta, epsilon, discrete_log_ratio(self._history))
 
     # -- checkpoints -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -219,7 +247,7 @@ class PrivacyAccountant:
                 raise InvalidParameterError(f"state history[{i}] count must be an integer >= 0, got {count!r}")
             try:
                 event = event_from_dict(entry["event"])
-                self._check_supported(event)
+                self._check_supported(continuous_event(event))
             except (InvalidParameterError, NotImplementedError) as err:
                 raise InvalidParameterError(f"state history[{i}] event: {err}") from None
             ledger.append((event, int(count)))
@@ -249,17 +277,25 @@ class RdpAccountant(PrivacyAccountant):
     def get_rdp(self) -> np.ndarray:
         """Total RDP curve over ``self.orders`` (checked: no NaN, >= 0, non-decreasing)."""
         total = np.zeros_like(self.orders)
-        for event, count in self._history:
+        for event, count in self._accounted():
             total = total + event_rdp(SelfComposedEvent(event, count), self.orders, self.spec.rdp_route_key)
         return checked_rdp_curve(self.orders, total, f"accountant {self.name}")
 
     def get_epsilon_and_order(self, delta: float) -> tuple[float, float]:
-        """(epsilon, optimal Renyi order) at ``delta`` (Balle et al. 2020 conversion)."""
+        """(epsilon, optimal Renyi order) at ``delta`` (Balle et al. 2020 conversion; a secure run's
+        correction included, as in :meth:`get_epsilon`)."""
         delta = check_delta("delta", delta)
         self._warn()
         if not self._history:
             return 0.0, float("nan")
-        return epsilon_from_rdp(self.orders, self.get_rdp(), delta)
+        orders: list[float] = []
+
+        def epsilon_at(at_delta: float) -> float:
+            epsilon, order = epsilon_from_rdp(self.orders, self.get_rdp(), at_delta)
+            orders.append(order)
+            return epsilon
+
+        return released_epsilon(epsilon_at, delta, discrete_log_ratio(self._history)), orders[0]
 
     def _epsilon_and_bound(self, delta: float) -> tuple[float, str]:
         epsilon, order = epsilon_from_rdp(self.orders, self.get_rdp(), delta)
@@ -322,11 +358,11 @@ class PldAccountant(PrivacyAccountant):
                 raise InvalidParameterError(f"accountant {self.name!r}: {reason}")
 
     def _epsilon_and_bound(self, delta: float) -> tuple[float, str]:
-        epsilon, reason = pld_epsilon(flat_ledger(self._history), delta)
+        epsilon, reason = pld_epsilon(flat_ledger(self._accounted()), delta)
         return epsilon, "PLD (pessimistic connect-the-dots, round-off bounded)" if reason is None else f"PLD not computed: {reason}"
 
     def _delta(self, epsilon: float) -> float:
-        return pld_delta(flat_ledger(self._history), epsilon)[0]
+        return pld_delta(flat_ledger(self._accounted()), epsilon)[0]
 
 
 class MinimumAccountant(PrivacyAccountant):
@@ -346,11 +382,12 @@ class MinimumAccountant(PrivacyAccountant):
             raise InvalidParameterError(f"accountant {name!r}: a minimum is sound only over sound routes")
 
     def routes(self) -> list[PrivacyAccountant]:
-        """A fresh accountant per route, holding this ledger."""
+        """A fresh accountant per route, holding this ledger's continuous events (the minimum corrects
+        for discrete steps once, over the routes' minimum)."""
         out = []
         for route in self.spec.routes:
             acc = get_accountant(route)
-            acc._history = list(self._history)  # noqa: SLF001 (same ledger, other method)
+            acc._history = self._accounted()  # noqa: SLF001 (same ledger, other method)
             out.append(acc)
         return out
 
@@ -376,9 +413,9 @@ class MinimumAccountant(PrivacyAccountant):
     def _delta(self, epsilon: float) -> float:
         return min(acc.get_delta(epsilon) for acc in self.routes())
 
-    def get_quick_epsilon(self, delta: float) -> float:
+    def _quick_epsilon(self, delta: float) -> float:
         cheap = [acc for acc in self.routes() if acc.spec.accountant_kind.cheap_epsilon]
-        return min(acc.get_epsilon(delta) for acc in cheap) if cheap else self.get_epsilon(delta)
+        return min(acc.get_epsilon(delta) for acc in cheap) if cheap else self._epsilon_and_bound(delta)[0]
 
 
 def training_step_event(mechanism: str, *, sample_rate: float, clip: float = 1.0, params: Optional[int] = None,

@@ -102,12 +102,34 @@ class ComposedEvent:
     events: tuple["DpEvent", ...]
 
 
-MechanismEvent = Union[GaussianEvent, LaplaceEvent, Lap2Event, DirichletEvent]
-DpEvent = Union[MechanismEvent, PoissonSampledEvent, SelfComposedEvent, ComposedEvent]
+@dataclass(frozen=True)
+class DiscreteGaussianStepEvent:
+    """``event`` (a step of Gaussian noise on a sum) released as secure mode releases it: the sum rounded to
+    a grid by randomized rounding of width ``smoothing`` grid steps and exact discrete Gaussian noise on
+    each of its ``coordinates`` coordinates (:mod:`dpnoise.mechanisms.secure_noise`).
 
-#: every event class by name (what :func:`event_from_dict` can build): the compositions here, each
-#: mechanism's event added by its plugin (:func:`register_event_type`)
-EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in (PoissonSampledEvent, SelfComposedEvent, ComposedEvent)}
+    Like dp_accounting's ``DiscreteGaussianDpEvent``, which carries its dimension, the event carries what
+    its accounting needs: every accountant accounts ``event`` (the continuous step the release
+    approximates) and then corrects the whole ledger once (:mod:`dpnoise.accounting.secure_noise`,
+    :func:`~dpnoise.accounting.secure_noise.discrete_log_ratio`; Canonne, Kamath & Steinke,
+    arXiv 2004.00010; docs/theory/secure_noise.md §3.3)."""
+
+    event: "DpEvent"
+    coordinates: int
+    smoothing: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "coordinates", check_count("coordinates", self.coordinates, 1))
+        object.__setattr__(self, "smoothing", check_count("smoothing", self.smoothing, 1))
+
+
+MechanismEvent = Union[GaussianEvent, LaplaceEvent, Lap2Event, DirichletEvent]
+DpEvent = Union[MechanismEvent, PoissonSampledEvent, SelfComposedEvent, ComposedEvent, DiscreteGaussianStepEvent]
+
+#: every event class by name (what :func:`event_from_dict` can build): the compositions and the discrete step
+#: here, each mechanism's event added by its plugin (:func:`register_event_type`)
+EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in (PoissonSampledEvent, SelfComposedEvent, ComposedEvent,
+                                                              DiscreteGaussianStepEvent)}
 
 
 def register_event_type(event_type: type) -> type:
@@ -193,6 +215,7 @@ __all__ = [
     "PoissonSampledEvent",
     "SelfComposedEvent",
     "ComposedEvent",
+    "DiscreteGaussianStepEvent",
     "DpEvent",
     "EVENT_TYPES",
     "register_event_type",

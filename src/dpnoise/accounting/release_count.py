@@ -356,7 +356,7 @@ class ReleaseCountAccountant(PrivacyAccountant):
 
     def repeated_release(self) -> tuple[Optional[PoissonSampledEvent], int, Optional[str]]:
         """(the one repeated release, its count, None), or (None, 0, why the route does not apply)."""
-        ledger = flat_ledger(self._history)
+        ledger = flat_ledger(self._accounted())
         events = {event for event, _ in ledger}
         if len(events) != 1:
             return None, 0, (f"the ledger holds {len(events)} different events; this route accounts one "

@@ -15,8 +15,10 @@ the sensitivity grows from C to ``C' = C + grid * r`` with ``r = ceil(sqrt(n))``
 (§1).  The integer parameters are chosen so that the noise is at least the requested one at the
 INFLATED sensitivity: ``t * grid >= b C'/C`` (Laplace), ``t * w - SMOOTHING**2 >= (sigma C'/grid)^2``
 (Gaussian).  Hence the default accountants, given the requested noise and clip unchanged, bound the
-released values: exactly for Laplace; for the Gaussian after :func:`discrete_gaussian_epsilon`'s
-correction, below 1e-100 for any practical run.
+released values: exactly for Laplace; for the Gaussian after a correction (below 1e-100 for any
+practical run) that every accountant applies once over its ledger, whose secure steps are
+:class:`~dpnoise.accounting.events.DiscreteGaussianStepEvent` s (:func:`discrete_log_ratio`,
+:func:`released_epsilon`, :func:`released_delta`).
 
 Pure Python (exact rationals for the integer parameters): no torch here.
 """
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Optional
 
+from dpnoise.accounting.events import ComposedEvent, DiscreteGaussianStepEvent, DpEvent, SelfComposedEvent
 from dpnoise.accounting.validation import (
     InvalidParameterError,
     check_count,
@@ -46,6 +49,10 @@ __all__ = [
     "plan_discrete_laplace",
     "plan_discrete_gaussian",
     "smoothing_log_ratio",
+    "discrete_log_ratio",
+    "continuous_event",
+    "released_epsilon",
+    "released_delta",
     "discrete_gaussian_epsilon",
     "discrete_gaussian_budget",
 ]
@@ -277,6 +284,59 @@ def smoothing_log_ratio(steps: int, coordinates: int, smoothing: int = SMOOTHING
     return steps * coordinates * kappa * (1.0 + 1e-12)
 
 
+def discrete_log_ratio(history: list[tuple[DpEvent, int]]) -> float:
+    """L of a ledger: the sum over its :class:`~dpnoise.accounting.events.DiscreteGaussianStepEvent` s (with
+    their repetitions) of :func:`smoothing_log_ratio`; 0 for a ledger without one."""
+    def of(event: DpEvent, count: int) -> float:
+        if isinstance(event, DiscreteGaussianStepEvent):
+            return smoothing_log_ratio(count, event.coordinates, event.smoothing)
+        if isinstance(event, SelfComposedEvent):
+            return of(event.event, count * event.count)
+        if isinstance(event, ComposedEvent):
+            return sum(of(inner, count) for inner in event.events)
+        return 0.0
+
+    return sum(of(event, count) for event, count in history)
+
+
+def continuous_event(event: DpEvent) -> DpEvent:
+    """``event`` with every discrete step replaced by the continuous step it approximates (what the
+    accountants' routes account before :func:`released_epsilon` corrects them)."""
+    if isinstance(event, DiscreteGaussianStepEvent):
+        return continuous_event(event.event)
+    if isinstance(event, SelfComposedEvent):
+        return SelfComposedEvent(continuous_event(event.event), event.count)
+    if isinstance(event, ComposedEvent):
+        return ComposedEvent(tuple(continuous_event(inner) for inner in event.events))
+    return event
+
+
+def released_epsilon(epsilon_at: Callable[[float], float], delta: float, log_ratio: float) -> float:
+    """epsilon(delta) of a release whose pmf is within e^{+-L} (L = ``log_ratio``) of a post-processing of
+    a mechanism with epsilon(delta) ``epsilon_at``: epsilon_at(delta e^{-L}) + 2 L (docs/theory/secure_noise.md
+    §3.3).  Rounded toward privacy: delta given to ``epsilon_at`` rounded down, the sum rounded up; ``epsilon_at``
+    itself where L = 0."""
+    delta = check_delta("delta", delta)
+    return epsilon_at(delta) if log_ratio == 0.0 else _corrected_release(epsilon_at, delta, log_ratio)
+
+
+def _corrected_release(epsilon_at: Callable[[float], float], delta: float, log_ratio: float) -> float:
+    return _corrected(epsilon_at(_shrunk_delta(delta, log_ratio)), log_ratio)
+
+
+def released_delta(delta_at: Callable[[float], float], epsilon: float, log_ratio: float) -> float:
+    """delta(epsilon) of the same release: e^L delta_at(epsilon - 2 L), capped at 1 (1 where epsilon <= 2 L),
+    rounded up; ``delta_at`` itself where L = 0."""
+    if log_ratio == 0.0:
+        return delta_at(epsilon)
+    continuous = epsilon - 2.0 * log_ratio
+    if continuous <= 0.0:
+        return 1.0
+    # the continuous epsilon rounded down, the product rounded up
+    below = math.nextafter(continuous, -math.inf)
+    return min(1.0, delta_at(below) * math.exp(log_ratio) * (1.0 + 2.0 ** -50))
+
+
 def discrete_gaussian_epsilon(epsilon_at: Callable[[float], float], delta: float, steps: int,
                               coordinates: int) -> float:
     """epsilon(delta) of the secure Gaussian run, from ``epsilon_at`` (the default Gaussian
@@ -284,12 +344,11 @@ def discrete_gaussian_epsilon(epsilon_at: Callable[[float], float], delta: float
 
     With L = :func:`smoothing_log_ratio` (T, n): the discrete run's pmf is within e^{+-L} of a run of
     the continuous Gaussian mechanism put through post-processing, so it is
-    (epsilon_at(delta e^{-L}) + 2 L, delta)-DP (docs/theory/secure_noise.md §3.3).  Rounded toward
-    privacy: delta given to the accountant rounded down, the sum rounded up.
+    (epsilon_at(delta e^{-L}) + 2 L, delta)-DP (:func:`released_epsilon`; rounded toward privacy even
+    where T = 0, as :func:`discrete_gaussian_budget` assumes).
     """
     delta = check_delta("delta", delta)
-    log_ratio = smoothing_log_ratio(steps, coordinates)
-    return _corrected(epsilon_at(_shrunk_delta(delta, log_ratio)), log_ratio)
+    return _corrected_release(epsilon_at, delta, smoothing_log_ratio(steps, coordinates))
 
 
 def _shrunk_delta(delta: float, log_ratio: float) -> float:

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 from dpnoise.accounting import CalibrationResult, calibrate, epsilon_of_events
 from dpnoise.accounting.events import DpEvent
 
 #: Upper end of the step search in :func:`steps_within_budget` (a budget never reached).
 MAX_BUDGET_STEPS = 2**40
-
-#: The epsilon a run reports at (delta, T steps) from its accountant's epsilon(delta) for those steps
-#: (``PrivacyEngine._reported_epsilon``: secure mode's discrete Gaussian corrects it)
-EpsilonReport = Callable[[Callable[[float], float], float, int], float]
-
 
 def calibrate_training_noise(
     accountant: str,
@@ -40,20 +35,16 @@ def calibrate_training_noise(
 
 
 def steps_within_budget(accountant: str, step_event: DpEvent, target_epsilon: float, delta: float,
-                        releases: Sequence[DpEvent] = (), start: int = 1,
-                        report: Optional[EpsilonReport] = None) -> int:
-    """Largest T with epsilon(``releases``, then T x ``step_event``) <= target_epsilon (0 if one step
-    already exceeds it), epsilon as ``report`` states it (default: the accountant's).
+                        releases: Sequence[DpEvent] = (), start: int = 1) -> int:
+    """Largest T with epsilon(``releases``, then T x ``step_event``) <= target_epsilon under ``accountant``
+    (0 if one step already exceeds it).
 
     Epsilon is non-decreasing in T, so this gallops from ``start`` (a good guess: the planned steps
     the noise was calibrated for, where it usually takes two evaluations) by doubling strides up or
     down, and then bisects.
     """
     def fits(steps: int) -> bool:
-        def epsilon_at(at_delta: float) -> float:
-            return epsilon_of_events(accountant, step_event, steps=steps, delta=at_delta, releases=releases)
-
-        return (epsilon_at(delta) if report is None else report(epsilon_at, delta, steps)) <= target_epsilon
+        return epsilon_of_events(accountant, step_event, steps=steps, delta=delta, releases=releases) <= target_epsilon
 
     start = min(max(int(start), 1), MAX_BUDGET_STEPS)
     if fits(start):

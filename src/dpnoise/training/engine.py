@@ -37,7 +37,7 @@ from dpnoise.accounting import (
     get_accountant,
     noise_from_keywords,
 )
-from dpnoise.accounting.events import DpEvent, PoissonSampledEvent, event_to_dict
+from dpnoise.accounting.events import DiscreteGaussianStepEvent, DpEvent, PoissonSampledEvent, event_to_dict
 from dpnoise.accounting.secure_noise import DiscreteGaussianPlan, plan_discrete_gaussian, plan_discrete_laplace
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
@@ -623,8 +623,7 @@ class PrivacyEngine:
 
     def get_epsilon(self, delta: Optional[float] = None) -> float:
         """Epsilon so far under the primary accountant (at ``delta``, default the target delta)."""
-        return self.plan.reported_epsilon(self.accountant.get_epsilon, self.setup.delta if delta is None else delta,
-                                      self.steps)
+        return self.accountant.get_epsilon(self.setup.delta if delta is None else delta)
 
     def get_quick_epsilon(self, delta: Optional[float] = None) -> float:
         """A sound upper bound on :meth:`get_epsilon`, cheap enough for every step (progress, logs).
@@ -632,8 +631,7 @@ class PrivacyEngine:
         Equal to it for RDP accountants; for the default minimum accountants it uses their RDP
         routes only (see ``PrivacyAccountant.get_quick_epsilon``).
         """
-        return self.plan.reported_epsilon(self.accountant.get_quick_epsilon, self.setup.delta if delta is None else delta,
-                                      self.steps)
+        return self.accountant.get_quick_epsilon(self.setup.delta if delta is None else delta)
 
     def epsilon_by_accountant(self, delta: Optional[float] = None) -> dict[str, float]:
         """Epsilon so far under every applicable accountant, e.g. ``{"lap2": .., "lap2-paper": ..}``.
@@ -648,7 +646,7 @@ class PrivacyEngine:
             with warnings.catch_warnings():
                 if name != self.setup.accountant:
                     warnings.simplefilter("ignore", UnsoundAccountantWarning)
-                by_accountant[name] = self.plan.reported_epsilon(acc.get_epsilon, delta, self.steps)
+                by_accountant[name] = acc.get_epsilon(delta)
         return by_accountant
 
     @property
@@ -712,6 +710,7 @@ class PrivacyEngine:
         """
         if self.setup is None:
             raise EngineStateError("load_state_dict needs an engine set up by make_private (same setup as the checkpoint)")
+        state = self._with_discrete_steps(state)
         self.check_state_dict(state)
         self.run_id = state["run_id"]
         self.steps = int(state["steps"])
@@ -745,6 +744,23 @@ class PrivacyEngine:
         self.steps = steps_taken
         self._create_generators(resumed_at=steps_taken)
 
+    def _with_discrete_steps(self, state: Any) -> Any:
+        """``state`` with the ledgers of a secure Gaussian run written before its steps were recorded as
+        :class:`~dpnoise.accounting.events.DiscreteGaussianStepEvent` s (they hold the continuous step, whose
+        epsilon the engine then corrected) rewritten as this run's ledgers: an accountant's saved state is
+        replaced only where it equals, exactly, the old form of this run's ledger after the saved step count."""
+        step_event, steps = self.step_event, state.get("steps") if isinstance(state, dict) else None
+        if not isinstance(step_event, DiscreteGaussianStepEvent) or not isinstance(state.get("accountants"), dict) \
+                or not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            return state
+        upgraded = {}
+        for name, saved in state["accountants"].items():
+            if name in self.accountants and _same_state(saved, accountant_holding(name, self.data_releases).compose(
+                    step_event.event, steps).state_dict()):
+                saved = accountant_holding(name, self.data_releases).compose(step_event, steps).state_dict()
+            upgraded[name] = saved
+        return {**state, "accountants": upgraded}
+
     def check_state_dict(self, state: Any) -> None:
         """Raise :class:`CheckpointMismatchError` unless ``state`` is a consistent state of this run (the checks of
         :meth:`load_state_dict`, which changes nothing when they fail)."""
@@ -759,6 +775,7 @@ class PrivacyEngine:
 
         if not isinstance(state, dict):
             raise inconsistent("engine state", f"a {type(state).__name__}, not a dictionary")
+        state = self._with_discrete_steps(state)
         missing = [key for key in ("run_id", "setup", "seed", "private_randomness", "steps", "budget_exhausted",
                                    "accountants", "generators") if key not in state]
         if missing:
@@ -902,6 +919,8 @@ def _describe_event(event: DpEvent) -> str:
     """A DP event on one line, e.g. ``GaussianEvent noise_multiplier 1.1 sampled at 0.01``."""
     if isinstance(event, PoissonSampledEvent):
         return f"{_describe_event(event.event)} sampled at {event.sampling_probability:g}"
+    if isinstance(event, DiscreteGaussianStepEvent):
+        return f"{_describe_event(event.event)}, released as a discrete Gaussian on {event.coordinates} coordinates"
     described = event_to_dict(event)
     return " ".join([described.pop("type"), *(f"{key} {value}" for key, value in described.items())])
 

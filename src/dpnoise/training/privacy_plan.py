@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from dpnoise.accounting import (
     ACCOUNTANTS,
@@ -35,9 +35,16 @@ from dpnoise.accounting import (
     steps_from_epochs,
     training_step_event,
 )
-from dpnoise.accounting.events import (EVENT_TYPES, ComposedEvent, DpEvent, PoissonSampledEvent, SelfComposedEvent,
-                                      event_to_dict)
-from dpnoise.accounting.secure_noise import discrete_gaussian_budget, discrete_gaussian_epsilon
+from dpnoise.accounting.events import (
+    EVENT_TYPES,
+    ComposedEvent,
+    DiscreteGaussianStepEvent,
+    DpEvent,
+    PoissonSampledEvent,
+    SelfComposedEvent,
+    event_to_dict,
+)
+from dpnoise.accounting.secure_noise import SMOOTHING, discrete_gaussian_budget
 from dpnoise.accounting.validation import (
     InvalidParameterError,
     check_accounted,
@@ -226,8 +233,9 @@ class PrivacyPlan:
     """What :func:`resolve` decides: everything about a run's privacy that torch plays no part in."""
 
     setup: PrivacySetup
-    #: the DP event of one training step (every accountant composes it at every step)
-    step_event: PoissonSampledEvent
+    #: the DP event of one training step (every accountant composes it at every step): a Poisson-sampled
+    #: mechanism event, wrapped in a DiscreteGaussianStepEvent where secure mode releases it on a grid
+    step_event: DpEvent
     releases: tuple[DpEvent, ...]
     #: ceil(epochs / q), the steps the calibration assumed (None without epochs)
     planned_steps: Optional[int]
@@ -236,14 +244,6 @@ class PrivacyPlan:
     #: the most steps within the target budget (None: no target)
     max_steps: Optional[int]
     on_budget_exhausted: BudgetPolicy
-
-    def reported_epsilon(self, epsilon_at: Callable[[float], float], delta: float, steps: int) -> float:
-        """The epsilon reported at ``delta`` after ``steps`` steps, from an accountant's epsilon(delta)
-        ``epsilon_at``: its value, or in secure mode with the discrete Gaussian, its bound
-        (docs/theory/secure_noise.md Theorem 3.3), which every reported epsilon and the budget use."""
-        if not _discrete_gaussian(self.setup.mechanism, self.setup.secure_mode):
-            return float(epsilon_at(delta))
-        return discrete_gaussian_epsilon(epsilon_at, delta, steps, self.setup.params)
 
 
 def _discrete_gaussian(mechanism: str, secure_mode: bool) -> bool:
@@ -293,18 +293,19 @@ def resolve(options: PrivacyOptions, *, sample_rate: float, params: int) -> Priv
     step_event = training_step_event(options.mechanism, sample_rate=sample_rate, clip=options.max_grad_norm,
                                      params=params, alpha=options.alpha,
                                      **{get_mechanism_spec(options.mechanism).noise.keyword: noise})
+    if _discrete_gaussian(options.mechanism, options.secure_mode):  # released on a grid: its accountants correct
+        step_event = DiscreteGaussianStepEvent(step_event, params, SMOOTHING)
     plan = PrivacyPlan(setup, step_event, options.data_releases, planned_steps, calibration, None,
                        options.on_budget_exhausted)
     if options.target_epsilon is None:
         return plan
     max_steps = steps_within_budget(options.primary, step_event, options.target_epsilon, options.delta,
-                                    options.data_releases, start=planned_steps or 1, report=plan.reported_epsilon)
+                                    options.data_releases, start=planned_steps or 1)
     if max_steps == 0:
         spent = ""
         if options.data_releases:
-            alone = plan.reported_epsilon(lambda d: epsilon_of_events(options.primary, step_event, steps=0, delta=d,
-                                                                      releases=options.data_releases),
-                                          options.delta, 0)
+            alone = epsilon_of_events(options.primary, step_event, steps=0, delta=options.delta,
+                                      releases=options.data_releases)
             spent = f"; the data_releases alone cost {alone:.4g}"
         raise PrivacyBudgetExceededError(
             f"epsilon {options.target_epsilon} is below what even one step costs with noise {noise} "
