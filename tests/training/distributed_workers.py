@@ -68,7 +68,7 @@ def private(mechanism: str, grad_sample_mode: str = "auto", hand_fed: bool = Tru
 
 
 def clipped_sums(rank: int, world_size: int) -> dict:
-    """Noise switched off (the test hook: ``optimizer.noisy_sum.sample_noise``), one step on this rank's part of the
+    """Noise switched off (the test hook: ``optimizer.noisy_sum.release_sums.noise_of``), one step on this rank's part of the
     union batch; the gradient each rank applies, for every mechanism, gradient source and split."""
     x, y = TRAIN.tensors[0][:UNION], TRAIN.tensors[1][:UNION]
     grads = {}
@@ -76,7 +76,7 @@ def clipped_sums(rank: int, world_size: int) -> dict:
         for source in ("bookkeeping", "hooks"):
             for split in SPLITS:
                 module, optimizer, _ = private(mechanism, source)
-                optimizer.noisy_sum.sample_noise = torch.zeros_like
+                optimizer.noisy_sum.release_sums.noise_of = torch.zeros_like
                 batch = (local_part(x, split, rank, world_size), local_part(y, split, rank, world_size))
                 local_step(module, optimizer, batch, PIECES[rank] if split == "halves in pieces" else None)
                 grads[mechanism, source, split] = [p.grad.clone() for p in optimizer.params]
@@ -101,7 +101,7 @@ def noise_shares(rank: int) -> dict:
     shares = {}
     for mechanism in ("lap2", "gaussian"):
         _, optimizer, _ = private(mechanism)
-        shares[mechanism] = optimizer.noisy_sum.sample_noise(torch.zeros(SHARE_SAMPLES, dtype=torch.float64))
+        shares[mechanism] = optimizer.noisy_sum.release_sums.noise_of(torch.zeros(SHARE_SAMPLES, dtype=torch.float64))
     return shares
 
 
@@ -111,7 +111,7 @@ def refusals(rank: int) -> dict:
     x, y = TRAIN.tensors[0][:UNION], TRAIN.tensors[1][:UNION]
     messages = {}
     module, optimizer, _ = private("lap2")
-    optimizer.noisy_sum.adds_share = rank == 0  # rank 1 "forgets" its share
+    optimizer.noisy_sum.adds_share = optimizer.noisy_sum.release_sums.adds_share = rank == 0  # rank 1 "forgets" its share
     try:
         train_step(module, optimizer, (x[rank::2], y[rank::2]), F.cross_entropy)
     except DistributedError as err:

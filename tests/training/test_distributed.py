@@ -2,7 +2,7 @@
 
 The library scenarios run once in 2 worker processes (``distributed_workers.py``, one launch for the
 module) and are compared here with one process: the all-reduced clipped sum is the one-process
-clipped sum of the union batch (noise switched off through ``optimizer.noisy_sum.sample_noise``), the ranks'
+clipped sum of the union batch (noise switched off through ``optimizer.noisy_sum.release_sums.noise_of``), the ranks'
 noise shares sum to the mechanism's noise, a missing share / a skipped step / another setup stops
 every rank, and the budget stops every rank at the same step.  ``dpnoise train`` runs under
 ``torchrun`` and with a rank killed.  CUDA tests skip without a GPU.
@@ -146,7 +146,7 @@ def test_all_reduced_clipped_sum_is_the_one_process_clipped_sum_of_the_union_bat
     x, y = digits_train.tensors[0][:workers.UNION], digits_train.tensors[1][:workers.UNION]
     for source in ("bookkeeping", "hooks"):
         module, optimizer, _ = one_process(mechanism, source)
-        optimizer.noisy_sum.sample_noise = torch.zeros_like
+        optimizer.noisy_sum.release_sums.noise_of = torch.zeros_like
         train_step(module, optimizer, (x, y), F.cross_entropy)
         for split in workers.SPLITS:
             first, second = (rank["clipped_sums"][mechanism, source, split] for rank in ranks)

@@ -10,6 +10,7 @@ from torch.utils.data import TensorDataset
 
 from dpnoise.accounting import noise_keywords
 from dpnoise.mechanisms import get_mechanism, per_example_norms
+from dpnoise.mechanisms.release import FloatRelease
 from dpnoise.training import BookkeepingModule, NoisyGradientOptimizer, make_private
 
 from per_example_reference import single_example_gradients
@@ -48,8 +49,9 @@ def test_optimizer_sums_per_example_clipped_gradients(mechanism, grad_sample_mod
         wrapped = bookkeeping = BookkeepingModule(model)
     gate = AlwaysAdmit()
     optimizer = NoisyGradientOptimizer(
-        torch.optim.SGD(wrapped.parameters(), lr=0.0), mechanism=mech, noise=0.0, max_grad_norm=clip,
-        expected_batch_size=12, gate=gate, generator=None, bookkeeping=bookkeeping,
+        torch.optim.SGD(wrapped.parameters(), lr=0.0), mechanism=mech,
+        release=FloatRelease(mech.sample_noise, 0.0, clip, None), max_grad_norm=clip,
+        expected_batch_size=12, gate=gate, bookkeeping=bookkeeping,
     )
     F.cross_entropy(wrapped(x), y).backward()
     optimizer.step()

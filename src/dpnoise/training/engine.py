@@ -41,6 +41,7 @@ from dpnoise.accounting.events import DiscreteGaussianStepEvent, DpEvent, Poisso
 from dpnoise.accounting.secure_noise import DiscreteGaussianPlan, plan_discrete_gaussian, plan_discrete_laplace
 from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
+from dpnoise.mechanisms.release import FloatRelease, GridRelease, Release
 from dpnoise.mechanisms.secure_noise import Plan
 from dpnoise.training.batches import (
     LossFunction,
@@ -79,6 +80,7 @@ from dpnoise.training.optimizers import (
     DistributedOutputPrivateOptimizer,
     NoisyGradientOptimizer,
     OutputPrivateOptimizer,
+    noise_share,
 )
 from dpnoise.training.privacy_plan import (
     SECURE_MODE_MECHANISMS,
@@ -499,6 +501,15 @@ class PrivacyEngine:
                               provenance=self.batch_provenance, system_random=system_random,
                               **common)
 
+    def _release(self, noise_shares: str) -> Release:
+        """How each step's clipped sums are noised: secure mode's grid release, else the mechanism's float
+        noise from the engine's noise generator (this rank's share of it in a process group)."""
+        if self.secure_plan is not None:
+            return GridRelease(self.secure_plan)
+        shares, adds_share = noise_share(self.group, noise_shares)
+        return FloatRelease(self.mechanism.sample_noise, self.setup.noise, self.setup.clip, self.noise_generator,
+                            shares, adds_share)
+
     @staticmethod
     def _sample_rate(private_loader: DataLoader, data_loader: DataLoader) -> float:
         """The Poisson rate the loader really uses (batch_size / N for fixed batches)."""
@@ -517,14 +528,12 @@ class PrivacyEngine:
             private_module, _ = wrap_for_per_example_gradients(module, grad_sample_mode)
             options = dict(
                 mechanism=mech,
-                noise=setup.noise,
+                release=self._release(noise_shares),
                 max_grad_norm=setup.clip,
                 expected_batch_size=expected_batch_size,
                 gate=self.ledger,
                 logical_batches=self.step_batches,
-                generator=self.noise_generator,
                 bookkeeping=private_module if grad_sample_mode == "bookkeeping" else None,
-                secure_plan=self.secure_plan,
             )
             if group is None:
                 return private_module, NoisyGradientOptimizer(optimizer, **options)

@@ -9,9 +9,9 @@
 * :class:`OutputPrivateOptimizer` (output mechanisms) wraps a plain optimizer: the noise is in the
   model's forward pass, so the optimizer only gates and records the steps.
 
-Secure mode (``secure_plan``): the clipped sums are released by the exact integer samplers of
-:mod:`dpnoise.mechanisms.secure_noise` on the plan's grid, with bytes from the operating system's
-CSPRNG, instead of sum + float noise (one process only).
+How the clipped sums are noised is the ``release`` object the engine hands over
+(:mod:`dpnoise.mechanisms.release`): the mechanism's float noise, or in secure mode the exact integer
+samplers on a grid with bytes from the operating system's CSPRNG (one process only).
 
 Both ask the engine's step ledger before a step (:meth:`StepGate.admit_step`: refuse past the budget)
 and record the step after noising and before the parameter update (:meth:`StepGate.record_step`),
@@ -43,7 +43,7 @@ from torch.optim import Optimizer
 from dpnoise.errors import DpnoiseError
 from dpnoise.mechanisms.clipping import clip_factors, clipped_sum, per_example_norms
 from dpnoise.mechanisms.registry import Mechanism
-from dpnoise.mechanisms.secure_noise import Plan, SystemRandomBits, secure_noisy_sums
+from dpnoise.mechanisms.release import Release
 from dpnoise.training.bookkeeping import BookkeepingModule
 from dpnoise.training.distributed import DistributedError, RankGroup
 from dpnoise.training.errors import PerExampleCheckError
@@ -118,22 +118,18 @@ class NoisyGradientSum:
 
     :meth:`add_batch` clips each example's gradient of a physical batch to C in the mechanism's norm
     (L2 or exact L1) and adds the batch's sum to the step's clipped sum; :meth:`release` returns that
-    sum plus the mechanism's noise (secure mode: the plan's exact release of all the sums at once, a
-    multiple of its grid) and starts the next step's sum.  Per-example gradients come from Opacus's
+    sums as ``release`` releases them (:mod:`dpnoise.mechanisms.release`: the mechanism's float noise, or
+    secure mode's exact release of all the sums at once on a grid) and starts the next step's sum.  Per-example gradients come from Opacus's
     ``p.grad_sample`` (``GradSampleModule``) or from ``bookkeeping`` (a
     :class:`~dpnoise.training.bookkeeping.BookkeepingModule`).
     """
 
-    def __init__(self, *, mechanism: Mechanism, noise: float, clip: float, generator: Optional[torch.Generator],
-                 bookkeeping: Optional[BookkeepingModule] = None, secure_plan: Optional[Plan] = None):
+    def __init__(self, *, mechanism: Mechanism, clip: float, release: Release,
+                 bookkeeping: Optional[BookkeepingModule] = None):
         self.mechanism = mechanism
-        self.noise = noise
         self.clip = clip
-        self.generator = generator
+        self.release_sums = release
         self.bookkeeping = bookkeeping
-        self.secure_plan = secure_plan
-        #: secure mode's random bytes: the OS's CSPRNG (nothing to seed or checkpoint)
-        self.random_bits = SystemRandomBits() if secure_plan is not None else None
         #: the step's clipped sums so far (None: no physical batch added yet)
         self.sums: Optional[list[torch.Tensor]] = None
         #: the Poisson draw the step releases (its index in this process)
@@ -174,10 +170,6 @@ class NoisyGradientSum:
             _mark_as_processed(p.grad_sample)
         return sums
 
-    def sample_noise(self, reference: torch.Tensor) -> torch.Tensor:
-        """The mechanism's noise for one parameter's clipped sum ``reference`` (same shape, dtype, device)."""
-        return self.mechanism.sample_noise(reference, self.noise, self.clip, self.generator, 1)
-
     def admit(self, gate: StepGate, params: list[torch.Tensor]) -> bool:
         """Whether the step is taken (the engine's budget guard)."""
         return gate.admit_step()
@@ -186,10 +178,7 @@ class NoisyGradientSum:
         """The step's clipped sums plus the mechanism's noise, shaped as ``params`` (units: see the
         registry); the next :meth:`add_batch` starts a new sum."""
         sums, self.sums = self.sums, None
-        if self.secure_plan is not None:
-            return [value.view_as(p) for p, value in
-                    zip(params, secure_noisy_sums(sums, self.secure_plan, self.random_bits))]
-        return [(summed + self.sample_noise(summed)).view_as(p) for p, summed in zip(params, sums)]
+        return [value.view_as(p) for p, value in zip(params, self.release_sums(sums))]
 
     def discard(self) -> None:
         """Forget the step's sum (a refused step)."""
@@ -212,19 +201,12 @@ class DistributedNoisyGradientSum(NoisyGradientSum):
         super().__init__(**options)
         self.group = group
         self.noise_shares = noise_shares
-        #: shares the noise is split into, and whether this rank adds one
-        self.shares = group.world_size if noise_shares == "split" else 1
-        self.adds_share = noise_shares == "split" or group.rank == 0
+        #: whether this rank adds noise (a share of it, or all of it on rank 0)
+        self.adds_share = noise_share(group, noise_shares)[1]
 
     def admit(self, gate: StepGate, params: list[torch.Tensor]) -> bool:
         """The engine's decision, taken with the other ranks (:func:`admit_with_the_other_ranks`)."""
         return admit_with_the_other_ranks(gate, self.group, [*params, params[0].reshape(-1)[:1]], self.draw)
-
-    def sample_noise(self, reference: torch.Tensor) -> torch.Tensor:
-        """This rank's share of the noise (zero on ranks other than 0 with ``noise_shares="rank0"``)."""
-        if not self.adds_share:
-            return torch.zeros_like(reference)
-        return self.mechanism.sample_noise(reference, self.noise, self.clip, self.generator, self.shares)
 
     def release(self, params: list[torch.Tensor], gate: StepGate) -> list[torch.Tensor]:
         """The sum over the ranks of (local clipped sum + noise share); checks the share count."""
@@ -238,6 +220,16 @@ class DistributedNoisyGradientSum(NoisyGradientSum):
                                    f"(noise_shares={self.noise_shares!r} on {self.group.world_size} ranks): the "
                                    f"update is refused, it would carry another noise than the accountants assume")
         return released
+
+
+def noise_share(group: Optional[RankGroup], noise_shares: str) -> tuple[int, bool]:
+    """(the number K of shares the noise is split into, whether this rank adds one): every rank one of K with
+    ``noise_shares="split"``, rank 0 all of it with ``"rank0"``; one process adds it all."""
+    if group is None:
+        return 1, True
+    if noise_shares == "split":
+        return group.world_size, True
+    return 1, group.rank == 0
 
 
 def flat_grad_sample(p: torch.Tensor) -> torch.Tensor:
@@ -262,14 +254,12 @@ class NoisyGradientOptimizer(WrappedOptimizer):
         optimizer: Optimizer,
         *,
         mechanism: Mechanism,
-        noise: float,
+        release: Release,
         max_grad_norm: float,
         expected_batch_size: float,
         gate: StepGate,
-        generator: Optional[torch.Generator],
         bookkeeping: Optional[BookkeepingModule] = None,
         logical_batches: Union[BatchProvenance, LogicalBatchTracker, None] = None,
-        secure_plan: Optional[Plan] = None,
         noisy_sum: Optional[NoisyGradientSum] = None,
     ):
         """``bookkeeping``: the wrapped model when it is a ``BookkeepingModule``; None when it is
@@ -277,9 +267,8 @@ class NoisyGradientOptimizer(WrappedOptimizer):
         ``logical_batches``: what says which batch a step is about (``take()``): the engine's
         :class:`~dpnoise.training.provenance.BatchProvenance`, which refuses a batch that is not the
         private loader's, or a loader's tracker (None: every backward pass is one whole step).
-        ``secure_plan``: secure mode's grid and integer noise parameters for all the noised
-        coordinates (None: the mechanism's float sampler with ``generator``).  ``noisy_sum``: the step
-        object to use instead of the one these options build (the distributed form's)."""
+        ``release``: how the step's clipped sums are noised (:mod:`dpnoise.mechanisms.release`).
+        ``noisy_sum``: the step object to use instead of the one these options build (the distributed form's)."""
         super().__init__(optimizer)
         self.mechanism = mechanism
         self.max_grad_norm = max_grad_norm
@@ -289,9 +278,8 @@ class NoisyGradientOptimizer(WrappedOptimizer):
         #: run once on the first physical batch of at least 2 examples, before any noise (set by make_private:
         #: the engine's per-example check; None: none)
         self.per_example_check: Optional[Callable[[Any], None]] = None
-        self.noisy_sum = noisy_sum or NoisyGradientSum(mechanism=mechanism, noise=noise, clip=max_grad_norm,
-                                                       generator=generator, bookkeeping=bookkeeping,
-                                                       secure_plan=secure_plan)
+        self.noisy_sum = noisy_sum or NoisyGradientSum(mechanism=mechanism, clip=max_grad_norm, release=release,
+                                                       bookkeeping=bookkeeping)
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Accumulate a physical batch that does not end its logical batch; otherwise refuse the step if
@@ -347,9 +335,8 @@ class DistributedNoisyGradientOptimizer(NoisyGradientOptimizer):
 
     def __init__(self, optimizer: Optimizer, *, group: RankGroup, noise_shares: str, **options):
         noisy_sum = DistributedNoisyGradientSum(
-            group=group, noise_shares=noise_shares, mechanism=options["mechanism"], noise=options["noise"],
-            clip=options["max_grad_norm"], generator=options["generator"], bookkeeping=options.get("bookkeeping"),
-            secure_plan=options.get("secure_plan"))
+            group=group, noise_shares=noise_shares, mechanism=options["mechanism"], clip=options["max_grad_norm"],
+            release=options["release"], bookkeeping=options.get("bookkeeping"))
         super().__init__(optimizer, noisy_sum=noisy_sum, **options)
         self.group = group
 
