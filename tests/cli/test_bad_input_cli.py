@@ -141,7 +141,7 @@ def test_train_refuses_bad_dirichlet_alpha(capsys, no_training, value):
 
 @pytest.mark.parametrize("argv,flag,message", [
     ([*TRAIN, "--alpha", "2"], "--alpha", "does not apply to --mechanism gaussian"),
-    ([*TRAIN, "--alpha", "nan"], "--alpha", "does not apply to --mechanism gaussian"),
+    ([*TRAIN, "--alpha", "nan"], "--alpha", "must not be NaN"),  # the value is checked before whether it applies
     ([*TRAIN, "--momentum", "0.5"], "--momentum", "applies to --optimizer sgd only"),
     ([*TRAIN, "--optimizer", "adam", "--momentum", "0.9"], "--momentum", "applies to --optimizer sgd only"),
     ([*TRAIN, "--calibrate-with", "gaussian-rdp"], "--calibrate-with", "applies only when the noise is calibrated"),

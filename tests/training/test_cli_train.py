@@ -89,7 +89,7 @@ def test_missing_data_names_the_install_command(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,message", [
     (["--epsilon", "0.01", "--mechanism", "dirichlet"], "unreachable"),
-    (["--mechanism", "lap2"], "give --epsilon"),
+    (["--mechanism", "lap2"], "give --noise (fixed noise), or --epsilon and --epochs"),
     (["--mechanism", "lap2", "--noise", "1", "--effective-lr", "0.1"], "--effective-lr applies"),
 ])
 def test_bad_options_exit_with_a_clear_error(capsys, extra, message):

@@ -30,6 +30,7 @@ from dpnoise.audit.claims import audit_record, claimed_epsilons
 from dpnoise.audit.sampler import likelihood_ratio
 from dpnoise.audit.stats import one_run_epsilon, threshold_audit
 from dpnoise.mechanisms import DirichletOutput, get_mechanism
+from dpnoise.mechanisms.release import FloatRelease
 from dpnoise.training.optimizers import NoisyGradientOptimizer
 
 __all__ = ["audit_one_run", "audit_dirichlet_leakage"]
@@ -89,8 +90,9 @@ def audit_one_run(
     gate = _CountingGate()
     expected_batch = sample_rate * (examples + included.sum())
     opt = NoisyGradientOptimizer(
-        torch.optim.SGD(model.parameters(), lr=lr), mechanism=mech, noise=noise,
-        max_grad_norm=clip, expected_batch_size=expected_batch, gate=gate, generator=gen,
+        torch.optim.SGD(model.parameters(), lr=lr), mechanism=mech,
+        release=FloatRelease(mech.sample_noise, noise, clip, gen), max_grad_norm=clip,
+        expected_batch_size=expected_batch, gate=gate,
     )
     coords = (0, features + np.arange(canaries))
     scores = np.zeros(canaries)

@@ -15,7 +15,7 @@ from dataclasses import MISSING
 from dpnoise import checks
 from dpnoise.accounting import MECHANISMS
 from dpnoise.cli.common import accountant_names, json_text, mechanism_help, noise_help
-from dpnoise.training.config import OPTIONS, effective_lr_applies, effective_lr_mechanisms
+from dpnoise.training.config import OPTIONS
 from dpnoise.training.options import OPTION_GROUPS, Option
 from dpnoise.training.recipes import RECIPES, apply_recipe
 
@@ -94,31 +94,20 @@ def configuration_fields(args: argparse.Namespace) -> dict:
     return {field: value for field, value in values.items() if value is not None}  # the others keep their defaults
 
 
-def check_options(args: argparse.Namespace) -> None:
-    """Check every option before any work, without torch; errors name the flag."""
-    if args.epsilon is None and args.noise is None and args.recipe is None:
-        raise checks.InvalidParameterError("give --epsilon (calibrate the noise) or --noise (fixed noise), or both")
-    if args.effective_lr is not None and (not effective_lr_applies(args.mechanism) or args.lr is not None):
-        raise checks.InvalidParameterError(f"--effective-lr applies to --mechanism {' or '.join(effective_lr_mechanisms())} "
-                                           "without --lr")
-    if args.alpha is not None and not MECHANISMS[args.mechanism].uses_alpha:  # refused rather than ignored
-        users = ", ".join(name for name, spec in MECHANISMS.items() if spec.uses_alpha)
-        raise checks.InvalidParameterError(f"--alpha does not apply to --mechanism {args.mechanism} (only to {users})")
-    for declared in OPTIONS.values():
-        if declared.check:
-            checks.optional(getattr(checks, declared.check[0]), declared.flag, option(args, declared.flag),
-                            *declared.check[1:])
-
-
 def run(args: argparse.Namespace) -> int:
-    """Entry point (a :class:`~dpnoise.errors.DpnoiseError` becomes one line and exit status 2 in ``main``)."""
-    check_options(args)
+    """Entry point (a :class:`~dpnoise.errors.DpnoiseError` becomes one line and exit status 2 in ``main``).
+
+    The configuration checks every field and every rule across fields (:data:`~dpnoise.training.config.RULES`)
+    before torch is imported; its messages name the flags."""
     values = configuration_fields(args)
-    from dpnoise.training import InvalidConfigError, TrainingConfig, train_private
-    from dpnoise.training.summary import report_lines
+    from dpnoise.training.config import InvalidConfigError, TrainingConfig
 
     try:
-        result = train_private(TrainingConfig.from_fields(values))
+        config = TrainingConfig.from_fields(values)
+        from dpnoise.training import train_private
+        from dpnoise.training.summary import report_lines
+
+        result = train_private(config)
     except InvalidConfigError as err:  # the configuration's field names become the flags
         raise checks.InvalidParameterError(err.named(lambda path: OPTIONS[path].flag)) from err
     if result.rank == 0:  # under torchrun, one report

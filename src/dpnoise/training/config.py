@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional, Union, get_args, get_origin, get_type_hints
 
 from dpnoise import checks
-from dpnoise.accounting import MECHANISMS, accountants_for_mechanism
+from dpnoise.accounting import MECHANISMS
 from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.training.execution import ExecutionOptions
-from dpnoise.training.options import OPTIMISATION, RUN, WHAT, Option, option
-from dpnoise.training.privacy_plan import SECURE_MODE_MECHANISMS, PrivacyOptions
+from dpnoise.training.options import OPTIMISATION, RUN, WHAT, Option, Rule, broken_rule, option
+from dpnoise.training.privacy_plan import PRIVACY_RULES, SECURE_MODE_MECHANISMS, PrivacyOptions
 
 #: learning rate of each optimiser when none is given
 DEFAULT_LR = {"adam": 1e-3, "sgd": 0.1}
@@ -375,55 +375,48 @@ def check_config(config: TrainingConfig) -> None:
     check_fields(lambda path: field_value(config, path))
 
 
+#: the checks across a configuration's fields (the mechanism already known): the privacy options' own
+#: (:data:`~dpnoise.training.privacy_plan.PRIVACY_RULES`, on the ``privacy`` fields), then which fields apply to
+#: which others (each refused rather than silently ignored)
+RULES: tuple[Rule, ...] = (
+    *(rule.within("privacy") for rule in PRIVACY_RULES),
+    Rule(lambda v: v("optimizer.effective_lr") is not None
+         and (not effective_lr_applies(v("privacy.mechanism")) or v("optimizer.lr") is not None),
+         lambda n, v: f"{n('optimizer.effective_lr')} applies to {n('privacy.mechanism')} "
+                      f"{' or '.join(effective_lr_mechanisms())} without {n('optimizer.lr')}"),
+    Rule(lambda v: v("optimizer.momentum") != 0 and v("optimizer.name") != "sgd",
+         lambda n, v: f"{n('optimizer.momentum')} applies to {n('optimizer.name')} sgd only, got "
+                      f"{v('optimizer.momentum')!r} with {v('optimizer.name')!r}"),
+    Rule(lambda v: v("lora_rank") is not None and v("trainable") != "lora",
+         lambda n, v: f"{n('lora_rank')} applies to {n('trainable')} lora only"),
+    Rule(lambda v: bool(v("output.resume_older")) and v("output.resume") is None,
+         lambda n, v: f"{n('output.resume_older')} applies with {n('output.resume')} only"),
+)
+
+
 def check_fields(value_at: FieldValue) -> None:
     """Check the fields of a configuration, each given by its dotted path (``value_at``), naming them.
 
-    The per-field checks are those the fields declare (:func:`check_declared`); the checks across fields
-    follow, among them those that :class:`~dpnoise.training.privacy_plan.PrivacyOptions` makes when built
-    (so that :meth:`TrainingConfig.from_fields` refuses by field what the section would refuse by option).
+    The per-field checks the fields declare (:func:`check_declared`) come first, then the checks across fields
+    (:data:`RULES`, among them the privacy options' own, so that :meth:`TrainingConfig.from_fields` refuses by
+    field what the section would refuse by option).
     """
     missing = [path for path in OPTIONS if value_at(path) is MISSING]
     if missing:
         raise InvalidConfigError(lambda n: f"give {', '.join(n(path) for path in missing)}")
-    mechanism, noise, lr = value_at("privacy.mechanism"), value_at("privacy.noise"), value_at("optimizer.lr")
+    mechanism, noise = value_at("privacy.mechanism"), value_at("privacy.noise")
     if mechanism not in MECHANISMS:
         raise InvalidConfigError(lambda n: f"{n('privacy.mechanism')} must be one of {', '.join(sorted(MECHANISMS))}, "
                                            f"got {mechanism!r}")
-    if value_at("privacy.target_epsilon") is None and noise is None:
-        raise InvalidConfigError(lambda n: f"give {n('privacy.target_epsilon')} (calibrate the noise) or "
-                                           f"{n('privacy.noise')} (fixed noise), or both")
-    if value_at("optimizer.effective_lr") is not None and (not effective_lr_applies(mechanism) or lr is not None):
-        raise InvalidConfigError(lambda n: f"{n('optimizer.effective_lr')} applies to {n('privacy.mechanism')} "
-                                           f"{' or '.join(effective_lr_mechanisms())} without {n('optimizer.lr')}")
-    if value_at("privacy.alpha") is not None and not MECHANISMS[mechanism].uses_alpha:  # refused, not ignored
-        raise InvalidConfigError(lambda n: f"{n('privacy.alpha')} does not apply to {n('privacy.mechanism')} "
-                                           f"{mechanism} (only to "
-                                           f"{', '.join(name for name, spec in MECHANISMS.items() if spec.uses_alpha)})")
     check_declared(value_at)
+    broken = broken_rule(RULES, value_at)
+    if broken is not None:
+        raise InvalidConfigError(lambda n: broken.message(n, value_at))
     if noise is not None:  # what the accountants compute with: the noise, or its ratio to the clip (Laplace)
         checked_by_name(lambda n: MECHANISMS[mechanism].check_noise(
             noise, value_at("privacy.max_grad_norm"), noise_name=n("privacy.noise"),
             clip_name=n("privacy.max_grad_norm")))
-    momentum, optimizer = value_at("optimizer.momentum"), value_at("optimizer.name")
-    if momentum != 0 and optimizer != "sgd":  # refused rather than silently ignored
-        raise InvalidConfigError(lambda n: f"{n('optimizer.momentum')} applies to {n('optimizer.name')} sgd only, "
-                                           f"got {momentum!r} with {optimizer!r}")
-    if value_at("lora_rank") is not None and value_at("trainable") != "lora":
-        raise InvalidConfigError(lambda n: f"{n('lora_rank')} applies to {n('trainable')} lora only")
-    if value_at("output.resume_older") and value_at("output.resume") is None:
-        raise InvalidConfigError(lambda n: f"{n('output.resume_older')} applies with {n('output.resume')} only")
     check_secure_mode(value_at)
-    calibrate_with = value_at("privacy.calibrate_with")
-    if calibrate_with is not None and noise is not None:
-        raise InvalidConfigError(lambda n: f"{n('privacy.calibrate_with')} applies only when the noise is "
-                                           f"calibrated: give {n('privacy.target_epsilon')} without {n('privacy.noise')}")
-    applicable = accountants_for_mechanism(mechanism, include_options=True)
-    for path in ("privacy.accountant", "privacy.calibrate_with"):
-        name = value_at(path)
-        if name is not None and name not in applicable:
-            raise InvalidConfigError(lambda n, path=path, name=name:
-                                     f"{n(path)} {name!r} does not apply to {n('privacy.mechanism')} {mechanism}; "
-                                     f"choose from {', '.join(applicable)}")
 
 
 def check_secure_mode(value_at: FieldValue) -> None:

@@ -1,5 +1,6 @@
 """How an option of a private training run is declared once: :class:`Option`, the metadata of a dataclass
-field (:func:`option`) that gives its command-line flag, help, check and choices.
+field (:func:`option`) that gives its command-line flag, help, check and choices; and how a check across
+fields is declared once: :class:`Rule`, which every entry point runs, naming the fields its own way.
 
 The sections of a :class:`~dpnoise.training.config.TrainingConfig` declare their fields with it, among them
 the options of ``make_private`` themselves (:class:`~dpnoise.training.privacy_plan.PrivacyOptions`,
@@ -61,3 +62,34 @@ def option(default: Any = MISSING, **declared: Any) -> Any:
 WHAT, PRIVACY, OPTIMISATION, RUN = "what to train", "privacy", "optimisation", "run"
 #: the headings the command line lists the options under (:attr:`Option.group`), in this order
 OPTION_GROUPS = (WHAT, PRIVACY, OPTIMISATION, RUN)
+
+
+#: a field's value by its name; how an entry point names a field in a message
+FieldValue = Callable[[str], Any]
+Naming = Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A check across fields: ``refuses(value_at)`` is True where the fields' values break it, and
+    ``message(name, value_at)`` says why, calling each field ``name(field)``.  Declared once beside the
+    fields (:data:`~dpnoise.training.privacy_plan.PRIVACY_RULES`, :data:`~dpnoise.training.config.RULES`)
+    and run by every entry point: ``make_private``'s options (``noise_multiplier=``), a training
+    configuration (``privacy.noise``), the command line (``--noise``)."""
+
+    refuses: Callable[[FieldValue], bool]
+    message: Callable[[Naming, FieldValue], str]
+
+    def within(self, section: str) -> "Rule":
+        """The same rule on the fields of a configuration's ``section`` (``"privacy"``: ``privacy.noise``)."""
+        def inside(value_at: FieldValue) -> FieldValue:
+            return lambda name: value_at(f"{section}.{name}")
+
+        return Rule(lambda value_at: self.refuses(inside(value_at)),
+                    lambda name, value_at: self.message(lambda field: name(f"{section}.{field}"), inside(value_at)))
+
+
+def broken_rule(rules: "tuple[Rule, ...]", value_at: FieldValue) -> Optional[Rule]:
+    """The first of ``rules`` the values break (None: none)."""
+    return next((rule for rule in rules if rule.refuses(value_at)), None)
+

@@ -54,7 +54,7 @@ from dpnoise.accounting.validation import (
 )
 from dpnoise.training.calibration import calibrate_training_noise, steps_within_budget
 from dpnoise.training.errors import InvalidTrainingOptionError, PrivacyBudgetExceededError
-from dpnoise.training.options import OPTIMISATION, PRIVACY, RUN, option
+from dpnoise.training.options import OPTIMISATION, PRIVACY, RUN, FieldValue, Rule, broken_rule, option
 from dpnoise.training.step_ledger import BudgetPolicy
 
 #: the mechanisms secure mode serves (``secure_mode``: exact integer noise from the OS's CSPRNG,
@@ -157,39 +157,59 @@ class PrivacyOptions:
             checked["target_epsilon"] = check_positive("target_epsilon", self.target_epsilon)
         if self.epochs is not None:
             checked["epochs"] = check_positive("epochs", self.epochs)
-        if self.noise is None and (self.target_epsilon is None or self.epochs is None):
-            raise InvalidTrainingOptionError(
-                f"give either {noise_keyword}=, or target_epsilon= and epochs= to calibrate it")
-        if self.noise is not None and self.calibrate_with is not None:  # refused rather than silently ignored
-            raise InvalidTrainingOptionError(
-                f"calibrate_with applies only when the noise is calibrated: give target_epsilon= and epochs= "
-                f"without {noise_keyword}=, or drop calibrate_with={self.calibrate_with!r}")
+        broken = broken_rule(PRIVACY_RULES, lambda name: getattr(self, name))
+        if broken is not None:
+            keyword = {"noise": noise_keyword}
+            raise InvalidTrainingOptionError(broken.message(lambda name: keyword.get(name, name),
+                                                            lambda name: getattr(self, name)))
         if spec.uses_alpha:
             checked["alpha"] = 1.0 if self.alpha is None else check_accounted("alpha", self.alpha)
-        elif self.alpha is not None:
-            raise InvalidTrainingOptionError(f"alpha is a Dirichlet parameter; mechanism {self.mechanism!r} does not "
-                                             f"take it")
         if self.on_budget_exhausted not in ("raise", "stop"):
             raise InvalidTrainingOptionError(
                 f"on_budget_exhausted must be 'raise' or 'stop', got {self.on_budget_exhausted!r}")
         if not isinstance(self.secure_mode, bool):
             raise InvalidTrainingOptionError(f"secure_mode must be True or False, got {self.secure_mode!r}")
-        primary, accountants = chosen_accountants(self.mechanism, self.accountant, self.calibrate_with)
+        primary, accountants = chosen_accountants(self.mechanism, self.accountant)
         checked.update(primary=primary, accountants=accountants,
                        data_releases=checked_releases(self.data_releases, self.mechanism, accountants))
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
 
-def chosen_accountants(mechanism: str, accountant: Optional[str], calibrate_with: Optional[str]
-                       ) -> tuple[str, tuple[str, ...]]:
-    """(primary accountant, all recorded accountants, the primary first)."""
+def _alpha_users() -> str:
+    return ", ".join(name for name, spec in MECHANISMS.items() if spec.uses_alpha)
+
+
+def _inapplicable_accountant(field: str) -> Rule:
+    """``field`` (``accountant`` or ``calibrate_with``) names an accountant of the mechanism, or its options."""
+    def applicable(value_at: FieldValue) -> tuple[str, ...]:
+        return accountants_for_mechanism(value_at("mechanism"), include_options=True)
+
+    return Rule(lambda v: v(field) is not None and v(field) not in applicable(v),
+                lambda n, v: f"{n(field)} {v(field)!r} does not apply to {n('mechanism')} {v('mechanism')}; choose "
+                             f"from {', '.join(applicable(v))}")
+
+
+#: the checks across the privacy options (the mechanism already known), run by ``PrivacyOptions`` and, on a
+#: configuration's ``privacy`` fields, by :func:`~dpnoise.training.config.check_fields`
+PRIVACY_RULES: tuple[Rule, ...] = (
+    Rule(lambda v: v("noise") is None and (v("target_epsilon") is None or v("epochs") is None),
+         lambda n, v: f"give {n('noise')} (fixed noise), or {n('target_epsilon')} and {n('epochs')} (to calibrate "
+                      f"the noise)"),
+    Rule(lambda v: v("noise") is not None and v("calibrate_with") is not None,  # refused rather than ignored
+         lambda n, v: f"{n('calibrate_with')} applies only when the noise is calibrated: give {n('target_epsilon')} "
+                      f"without {n('noise')}"),
+    Rule(lambda v: v("alpha") is not None and not MECHANISMS[v("mechanism")].uses_alpha,  # refused, not ignored
+         lambda n, v: f"{n('alpha')} does not apply to {n('mechanism')} {v('mechanism')} (only to {_alpha_users()})"),
+    _inapplicable_accountant("accountant"),
+    _inapplicable_accountant("calibrate_with"),
+)
+
+
+def chosen_accountants(mechanism: str, accountant: Optional[str]) -> tuple[str, tuple[str, ...]]:
+    """(primary accountant, all recorded accountants, the primary first); ``accountant`` and ``calibrate_with``
+    already checked (:data:`PRIVACY_RULES`)."""
     recorded = accountants_for_mechanism(mechanism)
-    applicable = accountants_for_mechanism(mechanism, include_options=True)
-    for name in (accountant, calibrate_with):
-        if name is not None and name not in applicable:
-            raise InvalidTrainingOptionError(
-                f"accountant {name!r} does not apply to mechanism {mechanism!r}; choose from {', '.join(applicable)}")
     primary = accountant or recorded[0]
     return primary, tuple(dict.fromkeys([primary, *recorded]))
 
