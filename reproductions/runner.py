@@ -56,45 +56,11 @@ def number(value: float) -> str:
 
 
 def train_argv(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> list[str]:
-    """The ``dpnoise train`` arguments (after ``train``) that run ``spec`` (:func:`train_config`)."""
-    argv = [
-        "--dataset", spec.dataset, "--model", spec.model, "--mechanism", spec.mechanism,
-        "--epsilon", number(spec.target_epsilon), "--delta", number(spec.delta),
-        "--accountant", spec.calibrated_with, "--calibrate-with", spec.calibrated_with,
-        "--epochs", repr(epochs_for_steps(spec)), "--batch-size", str(spec.batch_size),
-        "--clip", number(spec.clip), "--optimizer", spec.optimizer,
-        "--weight-decay", number(spec.weight_decay), "--label-smoothing", number(spec.label_smoothing),
-        # the reproductions ask for reproducible private randomness (bit-identical re-runs), so their
-        # records say "private_randomness": "noise_seed"
-        "--seed", str(spec.seed), "--noise-seed", str(spec.seed), "--threads", str(threads), "--out", str(out_dir),
-        "--json", "--no-progress", "--log-private-batch-stats",
-    ]
-    argv += ["--effective-lr", number(spec.effective_lr)] if spec.effective_lr is not None else ["--lr", number(spec.lr)]
-    if spec.alpha is not None:
-        argv += ["--alpha", number(spec.alpha)]
-    if spec.train_limit is not None:
-        argv += ["--limit", str(spec.train_limit)]
-    if spec.test_limit is not None:
-        argv += ["--test-limit", str(spec.test_limit)]
-    if spec.momentum:
-        argv += ["--momentum", number(spec.momentum)]
-    if spec.lr_schedule != "constant":
-        argv += ["--lr-schedule", spec.lr_schedule]
-    if spec.ema_decay is not None:
-        argv += ["--ema-decay", number(spec.ema_decay)]
-    if spec.physical_batch_size is not None:
-        argv += ["--physical-batch-size", str(spec.physical_batch_size)]
-    if spec.feature_statistics_noise is not None:
-        argv += ["--feature-statistics-noise", number(spec.feature_statistics_noise)]
-    if spec.trainable is not None:
-        argv += ["--trainable", spec.trainable]
-    if spec.max_length is not None:
-        argv += ["--max-length", str(spec.max_length)]
-    if spec.eval_split is not None:
-        argv += ["--eval-split", spec.eval_split]
-    if spec.resolution is not None:
-        argv += ["--resolution", str(spec.resolution)]
-    return argv
+    """The ``dpnoise train`` arguments (after ``train``) that run ``spec``: :func:`train_config`'s configuration
+    written as flags (:func:`dpnoise.training.config.to_argv`), and ``--json``."""
+    from dpnoise.training.config import to_argv
+
+    return [*to_argv(train_config(spec, out_dir, threads)), "--json"]
 
 
 def train_config(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> TrainingConfig:

@@ -312,6 +312,34 @@ def _declared_options(kind: type, prefix: str = "") -> dict[str, Option]:
 OPTIONS: dict[str, Option] = _declared_options(TrainingConfig)
 
 
+def non_default_fields(config: TrainingConfig) -> dict[str, Any]:
+    """``{dotted path: value}`` of every field of ``config`` that differs from its default in a configuration,
+    and of every field without one: what gives ``config`` back through :meth:`TrainingConfig.from_fields`."""
+    values = {path: field_value(config, path) for path in OPTIONS}
+    return {path: value for path, value in values.items()
+            if OPTIONS[path].default is MISSING or value != OPTIONS[path].default}
+
+
+def to_argv(config: TrainingConfig) -> list[str]:
+    """The ``dpnoise train`` arguments (after ``train``) that build ``config``: the flag of each field of
+    :func:`non_default_fields` with its value (a switch alone for a bool; floats written exactly, by
+    ``repr``).  The privacy options without a flag (``data_releases``, ``on_budget_exhausted``) are refused
+    when they are not their defaults.  Tested by a round trip: the command line's configuration is ``config``."""
+    privacy = config.privacy
+    if privacy.data_releases or privacy.on_budget_exhausted != "raise":
+        raise InvalidParameterError("privacy.data_releases and privacy.on_budget_exhausted have no dpnoise train flag")
+    argv: list[str] = []
+    for path, value in non_default_fields(config).items():
+        declared = OPTIONS[path]
+        argv += [declared.flag] if declared.type is bool else [declared.flag, _argument(value)]
+    return argv
+
+
+def _argument(value: Any) -> str:
+    """A field's value as the command line parses it back (``repr`` of a float round-trips exactly)."""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
 def check_field(path: str, check: str, value: Any, *extra: Any) -> Any:
     """``dpnoise.checks.<check>(path, value, *extra)``; its error becomes an :class:`InvalidConfigError`
     (whose :meth:`~InvalidConfigError.named` runs the check again under the other name)."""
