@@ -58,7 +58,7 @@ from dpnoise.training.devices import (
     to_device,
 )
 from dpnoise.training.distributed import RankGroup, current_group, generator_seeds
-from dpnoise.training.engine_state import RunFacts, check_engine_state, with_discrete_steps
+from dpnoise.training.engine_state import ResumingRun, check_engine_state, with_discrete_steps
 from dpnoise.training.execution import ExecutionOptions, GradSampleMode
 from dpnoise.training.randomness import (
     ReproducibleNoiseWarning,
@@ -717,7 +717,7 @@ class PrivacyEngine:
         """
         if self.setup is None:
             raise EngineStateError("load_state_dict needs an engine set up by make_private (same setup as the checkpoint)")
-        state = with_discrete_steps(state, self.run_facts())
+        state = with_discrete_steps(state, self.resuming_run())
         self.check_state_dict(state)
         self.run_id = state["run_id"]
         self.steps = int(state["steps"])
@@ -751,15 +751,15 @@ class PrivacyEngine:
         self.steps = steps_taken
         self._create_generators(resumed_at=steps_taken)
 
-    def run_facts(self) -> RunFacts:
+    def resuming_run(self) -> ResumingRun:
         """What a checkpoint of this run must agree with (:func:`~dpnoise.training.engine_state.check_engine_state`)."""
-        return RunFacts(self.setup, self.seed, self.private_randomness, self.max_steps, tuple(self.accountants),
+        return ResumingRun(self.setup, self.seed, self.private_randomness, self.max_steps, tuple(self.accountants),
                         self.data_releases, self.step_event, self.world_size, self.noise_seed, self.device)
 
     def check_state_dict(self, state: Any) -> None:
         """Raise :class:`CheckpointMismatchError` unless ``state`` is a consistent state of this run (the checks of
         :meth:`load_state_dict`, which changes nothing when they fail)."""
-        check_engine_state(state, self.run_facts())
+        check_engine_state(state, self.resuming_run())
 
 
 def _warn_of_the_hooks_fallback(module: nn.Module) -> None:

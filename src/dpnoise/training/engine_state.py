@@ -1,7 +1,7 @@
 """An engine's checkpoint state checked as plain data: what a resumed run must agree with, and the
 forms older checkpoints wrote.
 
-:func:`check_engine_state` takes the saved state and the facts of the run resuming it (:class:`RunFacts`:
+:func:`check_engine_state` takes the saved state and the facts of the run resuming it (:class:`ResumingRun`:
 its setup, seed, private randomness, budget, accountants, data releases, step event, process count and
 device) and refuses, naming the field, anything that is not a consistent state of that run; it needs no
 model, optimizer or engine, so every rule is testable on dictionaries
@@ -24,7 +24,7 @@ from dpnoise.training.randomness import generator_state_tag
 
 
 @dataclass(frozen=True)
-class RunFacts:
+class ResumingRun:
     """What a saved engine state must agree with: the run that resumes it."""
 
     setup: PrivacySetup
@@ -41,7 +41,7 @@ class RunFacts:
     device: torch.device
 
 
-def check_engine_state(state: Any, run: RunFacts) -> None:
+def check_engine_state(state: Any, run: ResumingRun) -> None:
     """Raise :class:`CheckpointMismatchError` unless ``state`` is a consistent engine state of the run ``run``
     describes (the checks :meth:`~dpnoise.training.engine.PrivacyEngine.load_state_dict` lists)."""
 
@@ -128,7 +128,7 @@ def check_engine_state(state: Any, run: RunFacts) -> None:
                     f"noise_seed it was written with)")
 
 
-def with_discrete_steps(state: Any, run: RunFacts) -> Any:
+def with_discrete_steps(state: Any, run: ResumingRun) -> Any:
     """``state`` with the ledgers of a secure Gaussian run written before its steps were recorded as
     :class:`~dpnoise.accounting.events.DiscreteGaussianStepEvent` s (they hold the continuous step, whose
     epsilon the engine then corrected) rewritten as this run's ledgers: an accountant's saved state is
@@ -223,4 +223,4 @@ def _ledger_steps(name: str, state: Any) -> Optional[int]:
         return None
 
 
-__all__ = ["RunFacts", "check_engine_state", "with_discrete_steps"]
+__all__ = ["ResumingRun", "check_engine_state", "with_discrete_steps"]
