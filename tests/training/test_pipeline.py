@@ -142,8 +142,8 @@ def test_errors_can_name_the_fields_as_a_front_end_does(no_work):
         train_private(with_field(TINY, "privacy.calibrate_with", "dirichlet"))
     flags = caught.value.named(lambda path: config_module.OPTIONS[path].flag)
     assert flags.startswith("--calibrate-with 'dirichlet' does not apply to --mechanism lap2; choose from")
-    with pytest.raises(InvalidConfigError, match=r"give privacy.target_epsilon \(calibrate the noise\) or "
-                                                 r"privacy.noise"):
+    with pytest.raises(InvalidConfigError, match=r"give privacy.noise \(fixed noise\), or privacy.target_epsilon "
+                                                 r"and privacy.epochs"):
         with_field(TINY, "privacy.target_epsilon", None)  # privacy.noise is None too
 
 

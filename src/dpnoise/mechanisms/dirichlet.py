@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpnoise.accounting.validation import check_positive
+from dpnoise.mechanisms.errors import InvalidMechanismError
 from dpnoise.mechanisms.registry import implement_mechanism
 
 #: The Dirichlet-mechanism paper's reference value of the true-class probability for the effective learning rate.
@@ -86,7 +87,8 @@ class DirichletOutput(nn.Module):
     evaluation is not part of the private mechanism.
     """
 
-    def __init__(self, module: nn.Module, r: float, alpha: float, generator: Optional[torch.Generator] = None):
+    def __init__(self, module: nn.Module, r: float, alpha: float, generator: Optional[torch.Generator] = None,
+                 num_classes: Optional[int] = None):
         super().__init__()
         check_positive("Dirichlet scale r", r)
         check_positive("Dirichlet offset alpha", alpha)
@@ -94,18 +96,25 @@ class DirichletOutput(nn.Module):
         self.r = r
         self.alpha = alpha
         self.generator = generator
+        #: the number of classes the accountants were told (None: not told); a release of another size is refused
+        self.num_classes = num_classes
 
     def forward(self, *args, **kwargs) -> torch.Tensor:
         logits = self.module(*args, **kwargs)
         if not self.training:
             return torch.log_softmax(logits, dim=-1)
+        if self.num_classes is not None and logits.shape[-1] != self.num_classes:
+            raise InvalidMechanismError(f"the model's outputs have {logits.shape[-1]} classes, but the accountants "
+                                        f"account releases of {self.num_classes} (num_classes)")
         return dirichlet_log_sample(logits, self.r, self.alpha, self.generator)
 
 
-def wrap_dirichlet(module: nn.Module, *, noise: float, clip: float, alpha: float, generator) -> nn.Module:
-    """The Dirichlet mechanism's torch side: ``module``'s training-mode outputs released as samples."""
+def wrap_dirichlet(module: nn.Module, *, noise: float, clip: float, alpha: float, generator,
+                   num_classes: Optional[int] = None) -> nn.Module:
+    """The Dirichlet mechanism's torch side: ``module``'s training-mode outputs released as samples (of
+    ``num_classes`` classes, where the accountants were told)."""
     del clip  # softmax outputs are bounded by construction
-    return DirichletOutput(module, r=noise, alpha=alpha, generator=generator)
+    return DirichletOutput(module, r=noise, alpha=alpha, generator=generator, num_classes=num_classes)
 
 
 implement_mechanism("dirichlet", wrap_module=wrap_dirichlet)

@@ -20,6 +20,7 @@ def calibrate_training_noise(
     clip: float,
     params: int,
     alpha: Optional[float],
+    num_classes: Optional[int] = None,
     releases: Sequence[DpEvent] = (),
 ) -> CalibrationResult:
     """Smallest noise meeting (target_epsilon, delta) after ``steps`` steps, in the mechanism's units.
@@ -31,7 +32,7 @@ def calibrate_training_noise(
     (gradient mechanisms only), covered by the target too.
     """
     return calibrate(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params,
-                     alpha=alpha, releases=releases)
+                     alpha=alpha, num_classes=num_classes, releases=releases)
 
 
 def steps_within_budget(accountant: str, step_event: DpEvent, target_epsilon: float, delta: float,

@@ -173,6 +173,7 @@ class PrivacyEngine:
         epochs: Optional[float] = None,
         max_grad_norm: float = 1.0,
         alpha: Optional[float] = None,
+        num_classes: Optional[int] = None,
         accountant: Optional[str] = None,
         calibrate_with: Optional[str] = None,
         poisson_sampling: bool = True,
@@ -214,6 +215,9 @@ class PrivacyEngine:
             max_grad_norm: clipping norm C (L2; L1 for ``laplace-l1``; activations for
                 ``penultimate-gaussian``; unused by ``dirichlet``).
             alpha: Dirichlet offset (``dirichlet`` only; default 1.0).
+            num_classes: the number of classes of the model's outputs (``dirichlet`` only; None: not
+                recorded).  Recorded in every step's event: with 2 the default accountant has its exact
+                two-class route; a training output of another size is refused.
             accountant: the primary accountant (budget and ``get_epsilon``); default: the first
                 of ``accountants_for_mechanism``. All applicable accountants are recorded.
             calibrate_with: accountant used to calibrate the noise (default: the primary); refused with a
@@ -286,7 +290,7 @@ class PrivacyEngine:
         privacy = PrivacyOptions(
             mechanism=mechanism, delta=delta, target_epsilon=target_epsilon, epochs=epochs, max_grad_norm=max_grad_norm,
             alpha=alpha, accountant=accountant, calibrate_with=calibrate_with, data_releases=data_releases,
-            on_budget_exhausted=on_budget_exhausted, secure_mode=secure_mode,
+            on_budget_exhausted=on_budget_exhausted, secure_mode=secure_mode, num_classes=num_classes,
             noise=noise_from_keywords(mechanism, required=False, noise_multiplier=noise_multiplier,
                                       laplace_scale=laplace_scale, concentration=concentration),
         )
@@ -537,8 +541,9 @@ class PrivacyEngine:
                 return private_module, NoisyGradientOptimizer(optimizer, **options)
             return private_module, DistributedNoisyGradientOptimizer(optimizer, group=group,
                                                                      noise_shares=noise_shares, **options)
+        recorded = {} if setup.num_classes is None else {"num_classes": setup.num_classes}
         private_module = mech.wrap_module(
-            module, noise=setup.noise, clip=setup.clip, alpha=setup.alpha, generator=self.noise_generator
+            module, noise=setup.noise, clip=setup.clip, alpha=setup.alpha, generator=self.noise_generator, **recorded
         )
         options = dict(gate=self.ledger, logical_batches=self.step_batches, module=private_module)
         if group is None:

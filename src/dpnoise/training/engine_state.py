@@ -66,7 +66,7 @@ def check_engine_state(state: Any, run: ResumingRun) -> None:
     if not isinstance(saved_setup, dict):
         raise inconsistent("setup", f"a {type(saved_setup).__name__}, not a dictionary")
     # written before data releases or secure mode existed: none, off
-    saved_setup = {"data_releases": (), "secure_mode": False, **saved_setup}
+    saved_setup = {"data_releases": (), "secure_mode": False, "num_classes": None, **saved_setup}
     for field in [*current_setup, *(key for key in saved_setup if key not in current_setup)]:
         saved, current = saved_setup.get(field, _MISSING), current_setup.get(field, _MISSING)
         if _normalized(saved) != _normalized(current):

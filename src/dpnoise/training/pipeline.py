@@ -174,7 +174,12 @@ def make_private_from_config(
     """The engine's ``make_private`` with the configuration's own options (the one call): its privacy section
     with the training data's ``releases`` made before it and a stop at the budget, its execution section on
     ``device``."""
+    from dpnoise.accounting import MECHANISMS
+    from dpnoise.data import dataset_info
+
     privacy = dataclasses.replace(config.privacy, data_releases=releases, on_budget_exhausted="stop")
+    if MECHANISMS[privacy.mechanism].uses_num_classes:  # the release's size: exact routes where one applies
+        privacy = dataclasses.replace(privacy, num_classes=dataset_info(config.data.name).num_classes)
     return engine.make_private_with_options(model, optimizer, loader, privacy=privacy,
                                             execution=dataclasses.replace(config.execution, device=device),
                                             loss_fn=training_loss(config))

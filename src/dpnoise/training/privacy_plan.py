@@ -48,6 +48,7 @@ from dpnoise.accounting.secure_noise import SMOOTHING, discrete_gaussian_budget
 from dpnoise.accounting.validation import (
     InvalidParameterError,
     check_accounted,
+    check_count,
     check_delta,
     check_positive,
     check_sample_rate,
@@ -82,6 +83,8 @@ class PrivacySetup:
     data_releases: tuple[dict[str, Any], ...] = ()
     #: secure mode: exact integer noise on a grid (the Gaussian's epsilons carry its correction)
     secure_mode: bool = False
+    #: the number of classes of an output mechanism's released softmax (None: not recorded)
+    num_classes: Optional[int] = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +146,9 @@ class PrivacyOptions:
         "--feature-statistics-noise")
     data_releases: tuple[DpEvent, ...] = ()
     on_budget_exhausted: BudgetPolicy = "raise"
+    #: the number of classes of the Dirichlet mechanism's output (None: not recorded); with 2 the default
+    #: accountant has its exact two-class route, and the wrapped model's outputs must have 2 classes
+    num_classes: Optional[int] = None
     primary: str = field(init=False)
     accountants: tuple[str, ...] = field(init=False)
 
@@ -164,6 +170,11 @@ class PrivacyOptions:
                                                             lambda name: getattr(self, name)))
         if spec.uses_alpha:
             checked["alpha"] = 1.0 if self.alpha is None else check_accounted("alpha", self.alpha)
+        if self.num_classes is not None:
+            if not spec.uses_num_classes:  # refused rather than ignored
+                raise InvalidTrainingOptionError(f"num_classes applies to an output mechanism that records it, not "
+                                                 f"to mechanism {self.mechanism}")
+            checked["num_classes"] = check_count("num_classes", self.num_classes, 2)
         if self.on_budget_exhausted not in ("raise", "stop"):
             raise InvalidTrainingOptionError(
                 f"on_budget_exhausted must be 'raise' or 'stop', got {self.on_budget_exhausted!r}")
@@ -301,17 +312,17 @@ def resolve(options: PrivacyOptions, *, sample_rate: float, params: int) -> Priv
         calibration = calibrate_training_noise(
             options.calibrate_with or options.primary, target_epsilon=target[0], delta=target[1],
             sample_rate=sample_rate, steps=planned_steps, clip=options.max_grad_norm, params=params,
-            alpha=options.alpha, releases=options.data_releases)
+            alpha=options.alpha, num_classes=options.num_classes, releases=options.data_releases)
         noise = calibration.noise
     setup = PrivacySetup(
         mechanism=options.mechanism, noise=float(noise), clip=float(options.max_grad_norm),
         sample_rate=float(sample_rate), params=params, alpha=options.alpha, delta=float(options.delta),
         target_epsilon=options.target_epsilon, accountant=options.primary, accountants=options.accountants,
         data_releases=tuple(event_to_dict(release) for release in options.data_releases),
-        secure_mode=options.secure_mode,
+        secure_mode=options.secure_mode, num_classes=options.num_classes,
     )
     step_event = training_step_event(options.mechanism, sample_rate=sample_rate, clip=options.max_grad_norm,
-                                     params=params, alpha=options.alpha,
+                                     params=params, alpha=options.alpha, num_classes=options.num_classes,
                                      **{get_mechanism_spec(options.mechanism).noise.keyword: noise})
     if _discrete_gaussian(options.mechanism, options.secure_mode):  # released on a grid: its accountants correct
         step_event = DiscreteGaussianStepEvent(step_event, params, SMOOTHING)
