@@ -36,3 +36,26 @@ def test_a_step_past_the_budget_is_refused_or_skipped_by_the_policy():
     stopping = ledger(max_steps=0, policy="stop")
     assert not stopping.admit_step() and stopping.budget_exhausted
     assert all(not accountant.history for accountant in stopping.accountants.values())
+
+
+def test_the_engine_reads_its_plan_and_ledger_where_they_live(digits_train):
+    import torch
+
+    from dpnoise.training import PrivacyEngine, make_private
+    from dpnoise.training.errors import EngineStateError
+    from training_helpers import digits_loader, mlp
+
+    engine = PrivacyEngine(seed=0)
+    assert (engine.setup, engine.steps, engine.step_event, engine.budget_exhausted, engine.budget_policy) == \
+        (None, 0, None, False, "raise")
+    with pytest.raises(EngineStateError, match="before make_private"):
+        engine.steps = 3
+    model = mlp(hidden=8)
+    _, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), digits_loader(digits_train),
+                                   mechanism="gaussian", noise_multiplier=1.0, delta=1e-5, seed=0)
+    engine = optimizer.privacy_engine
+    assert engine.setup is engine.plan.setup and engine.step_event is engine.ledger.step_event
+    engine.steps = 2
+    assert engine.ledger.steps == 2
+    with pytest.raises(AttributeError, match="read-only"):
+        engine.max_steps = 5

@@ -108,6 +108,29 @@ def count_trainable_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
+class _Forwarded:
+    """An engine attribute kept for users that lives in the engine's ``owner`` (its plan or its step ledger):
+    ``getattr(engine.<owner>, name)``, or ``empty`` while the owner is None (before ``make_private``);
+    ``settable`` ones are set on the owner (refused before ``make_private``)."""
+
+    def __init__(self, owner: str, name: str, empty: Any, doc: str, settable: bool = False) -> None:
+        self.owner, self.name, self.empty, self.settable, self.__doc__ = owner, name, empty, settable, doc
+
+    def __get__(self, engine: Optional["PrivacyEngine"], kind: Optional[type] = None) -> Any:
+        if engine is None:
+            return self
+        holder = getattr(engine, self.owner)
+        return self.empty if holder is None else getattr(holder, self.name)
+
+    def __set__(self, engine: "PrivacyEngine", value: Any) -> None:
+        if not self.settable:
+            raise AttributeError(f"{self.name} is read-only: it belongs to the engine's {self.owner}")
+        holder = getattr(engine, self.owner)
+        if holder is None:
+            raise EngineStateError("the engine has no steps before make_private")
+        setattr(holder, self.name, value)
+
+
 class PrivacyEngine:
     """Makes a model, optimizer and data loader private and tracks the privacy spent.
 
@@ -565,59 +588,24 @@ class PrivacyEngine:
         return self.batch_provenance.derived(source, derived)
 
     # ----------------------------------------------------------------------------- accounting
-    @property
-    def setup(self) -> Optional[PrivacySetup]:
-        """The run's privacy setup (None before ``make_private``)."""
-        return None if self.plan is None else self.plan.setup
-
-    @property
-    def data_releases(self) -> tuple[DpEvent, ...]:
-        """Releases of the training data composed into every accountant before the first step."""
-        return () if self.plan is None else self.plan.releases
-
-    @property
-    def planned_steps(self) -> Optional[int]:
-        """ceil(epochs / q), the steps the calibration assumed (None without epochs)."""
-        return None if self.plan is None else self.plan.planned_steps
-
-    @property
-    def calibration(self) -> Optional[CalibrationResult]:
-        """The calibration that chose the noise (None: the noise was given)."""
-        return None if self.plan is None else self.plan.calibration
-
-    @property
-    def step_event(self) -> Optional[DpEvent]:
-        """The DP event of one training step, built once by ``make_private`` (None before): every
-        accountant composes it at every step; the budget and the checkpoint checks are computed from it."""
-        return None if self.ledger is None else self.ledger.step_event
-
-    @property
-    def steps(self) -> int:
-        """Steps recorded so far."""
-        return 0 if self.ledger is None else self.ledger.steps
-
-    @steps.setter
-    def steps(self, steps: int) -> None:
-        self._set_up_ledger().steps = steps
-
-    @property
-    def max_steps(self) -> Optional[int]:
-        """The most steps within the target budget (None: no budget)."""
-        return None if self.ledger is None else self.ledger.max_steps
-
-    @property
-    def budget_exhausted(self) -> bool:
-        """Whether a step was refused (or skipped) for the budget."""
-        return self.ledger is not None and self.ledger.budget_exhausted
-
-    @budget_exhausted.setter
-    def budget_exhausted(self, exhausted: bool) -> None:
-        self._set_up_ledger().budget_exhausted = exhausted
-
-    @property
-    def budget_policy(self) -> BudgetPolicy:
-        """What a step past the budget does: "raise" or "stop"."""
-        return "raise" if self.ledger is None else self.ledger.policy
+    # the plan's and the ledger's facts, read where they live (None or empty before make_private)
+    setup: Optional[PrivacySetup] = _Forwarded("plan", "setup", None, "The run's privacy setup.")
+    data_releases: tuple[DpEvent, ...] = _Forwarded(
+        "plan", "releases", (), "Releases of the training data composed into every accountant before the first step.")
+    planned_steps: Optional[int] = _Forwarded(
+        "plan", "planned_steps", None, "ceil(epochs / q), the steps the calibration assumed (None without epochs).")
+    calibration: Optional[CalibrationResult] = _Forwarded(
+        "plan", "calibration", None, "The calibration that chose the noise (None: the noise was given).")
+    step_event: Optional[DpEvent] = _Forwarded(
+        "ledger", "step_event", None, "The DP event of one training step, built once by ``make_private``: every "
+        "accountant composes it at every step; the budget and the checkpoint checks are computed from it.")
+    steps: int = _Forwarded("ledger", "steps", 0, "Steps recorded so far.", settable=True)
+    max_steps: Optional[int] = _Forwarded(
+        "ledger", "max_steps", None, "The most steps within the target budget (None: no budget).")
+    budget_exhausted: bool = _Forwarded(
+        "ledger", "budget_exhausted", False, "Whether a step was refused (or skipped) for the budget.", settable=True)
+    budget_policy: BudgetPolicy = _Forwarded(
+        "ledger", "policy", "raise", 'What a step past the budget does: "raise" or "stop".')
 
     def record_step(self) -> None:
         """Compose one step (:attr:`step_event`) into every accountant (what the optimizers do per step)."""
