@@ -36,8 +36,7 @@ from dpnoise.accounting import (
     noise_from_keywords,
 )
 from dpnoise.accounting.events import DpEvent
-from dpnoise.accounting.secure_noise import DiscreteGaussianPlan, plan_discrete_gaussian, plan_discrete_laplace
-from dpnoise.accounting.validation import InvalidParameterError, check_count, check_sample_rate
+from dpnoise.accounting.validation import check_count, check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.release import FloatRelease, GridRelease, Release
 from dpnoise.mechanisms.secure_noise import Plan
@@ -81,7 +80,6 @@ from dpnoise.training.optimizers import (
     noise_share,
 )
 from dpnoise.training.privacy_plan import (
-    SECURE_MODE_MECHANISMS,
     PrivacyOptions,
     PrivacyPlan,
     PrivacySetup,
@@ -94,6 +92,7 @@ from dpnoise.training.per_example_check import (
     verify_per_example_gradients,
 )
 from dpnoise.training.provenance import BatchProvenance
+from dpnoise.training.secure_mode import check_secure_mode, secure_noise_plan, secure_noise_record
 from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
 from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
 from dpnoise.training.validation import check_optimizer_trains, check_supported_layers, check_training_mode
@@ -364,7 +363,7 @@ class PrivacyEngine:
                               "own; a layer input without a batch dimension, a loss averaged over the batch's tokens "
                               "or batch statistics would break the epsilon without a word",
                               UncheckedPerExampleGradientsWarning, stacklevel=3)
-        self._check_secure_mode(privacy.secure_mode, mech, group, poisson_sampling, module)
+        check_secure_mode(privacy.secure_mode, mech, group, poisson_sampling, module, self.noise_seed)
 
         module.to(device)
         self.device, self.group = device, group
@@ -381,7 +380,7 @@ class PrivacyEngine:
         self.plan = resolve(privacy, sample_rate=sample_rate, params=count_trainable_parameters(module))
         self.mechanism = mech
         if privacy.secure_mode:
-            self.secure_plan = self._secure_noise_plan(module)
+            self.secure_plan = secure_noise_plan(self.setup, mech, module)
         if group is not None:
             group.check_same_setup({**asdict(self.setup), "noise_shares": execution.noise_shares, "seed": self.seed})
             group.broadcast_module(module)
@@ -403,70 +402,10 @@ class PrivacyEngine:
         self.per_example_report = verify_per_example_gradients(
             private_module, to_device(batch, self.device, module_float_dtype(private_module)), loss_fn=loss_fn)
 
-    def _check_secure_mode(self, secure_mode: bool, mech: Mechanism, group: Optional[RankGroup],
-                           poisson_sampling: bool, module: nn.Module) -> None:
-        """Refuse ``secure_mode`` where it does not hold (before any work)."""
-        if not secure_mode:
-            return
-        if mech.spec.secure_noise is None:
-            raise InvalidTrainingOptionError(
-                f"secure_mode serves the gradient mechanisms {', '.join(SECURE_MODE_MECHANISMS)}; {mech.name!r} is "
-                f"not covered (its noise is drawn in the model's forward pass, by torch's generator)")
-        if self.noise_seed is not None:
-            raise InvalidTrainingOptionError(
-                "secure_mode draws its noise from the operating system's cryptographically secure generator, which "
-                "nobody can reproduce; it cannot be combined with the engine's noise_seed")
-        if group is not None:
-            raise InvalidTrainingOptionError(
-                f"secure_mode is not supported in a process group of {group.world_size} ranks yet (the noise_shares "
-                f"modes add noise shares on every rank, not one grid release of the total); train in one process")
-        if not poisson_sampling:
-            raise InvalidTrainingOptionError("secure_mode needs poisson_sampling=True (the accountants' sampling)")
-        for name, parameter in module.named_parameters():
-            if parameter.requires_grad and not parameter.is_floating_point():
-                raise InvalidTrainingOptionError(
-                    f"secure_mode releases real floating-point gradients; parameter {name!r} is {parameter.dtype}")
-
-    def _secure_noise_plan(self, module: nn.Module) -> Plan:
-        """Secure mode's plan for the setup's noise, clip and n trainable coordinates (the rounding
-        bound covers all of them), after checking that every trainable dtype holds its grid."""
-        setup = self.setup
-        try:
-            if self.mechanism.spec.secure_noise == "discrete-gaussian":
-                plan = plan_discrete_gaussian(setup.noise, setup.clip, setup.params)
-            else:
-                plan = plan_discrete_laplace(setup.noise, setup.clip, setup.params, self.mechanism.clip_norm_ord)
-        except InvalidParameterError as err:
-            raise InvalidTrainingOptionError(f"secure_mode: {err}") from None
-        grid = plan.rounding.grid
-        for name, parameter in module.named_parameters():
-            if not parameter.requires_grad:
-                continue
-            info = torch.finfo(parameter.dtype)
-            if grid < info.smallest_normal * info.eps:
-                raise InvalidTrainingOptionError(
-                    f"secure_mode releases multiples of the grid {grid:.6g}, which parameter {name!r} "
-                    f"({parameter.dtype}, smallest positive value {info.smallest_normal * info.eps:.6g}) cannot "
-                    f"hold; train in float32, or raise max_grad_norm (the grid is about 2^-10 C / sqrt(n))")
-        return plan
-
     @property
     def secure_noise(self) -> Optional[dict[str, Any]]:
-        """Secure mode's release for the records (None outside secure mode): the sampler, the grid,
-        the rounding-inflated clip C' and the factor C'/C the noise was raised by, and the noise in
-        use (Laplace: the absolute scale t * grid; Gaussian: the standard deviation grid sqrt(t w))."""
-        plan = self.secure_plan
-        if plan is None:
-            return None
-        gaussian = isinstance(plan, DiscreteGaussianPlan)
-        return {
-            "sampler": "discrete gaussian" if gaussian else "floored laplace",
-            "random_bytes": "os.urandom",
-            "grid": plan.rounding.grid,
-            "inflated_clip": plan.rounding.inflated_clip,
-            "inflation": plan.rounding.inflation,
-            "noise_in_use": plan.noise_std if gaussian else plan.noise_scale,
-        }
+        """Secure mode's release for the records (None outside secure mode): :func:`secure_noise_record`."""
+        return None if self.secure_plan is None else secure_noise_record(self.secure_plan)
 
     @property
     def rank(self) -> int:
