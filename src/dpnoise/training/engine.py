@@ -59,13 +59,7 @@ from dpnoise.training.devices import (
 from dpnoise.training.distributed import RankGroup, current_group, generator_seeds
 from dpnoise.training.engine_state import ResumingRun, check_engine_state, with_discrete_steps
 from dpnoise.training.execution import ExecutionOptions, GradSampleMode
-from dpnoise.training.randomness import (
-    ReproducibleNoiseWarning,
-    generator_state_tag,
-    private_master_seed,
-    randomness_source,
-    reproducible_noise_warning,
-)
+from dpnoise.training.randomness import PrivateRandomness, ReproducibleNoiseWarning, reproducible_noise_warning
 from dpnoise.training.errors import (
     EngineStateError,
     GradientSourceWarning,
@@ -152,9 +146,8 @@ class PrivacyEngine:
             warnings.warn(reproducible_noise_warning(noise_seed), ReproducibleNoiseWarning, stacklevel=2)
         #: the explicit seed of the private randomness (None: secret, from the OS's entropy)
         self.noise_seed: Optional[int] = noise_seed
-        self._private_seed = private_master_seed(noise_seed)
-        self.noise_generator: Optional[torch.Generator] = None
-        self.sampling_generator: Optional[torch.Generator] = None
+        #: the noise and sampling generators of this rank (:class:`~dpnoise.training.randomness.PrivateRandomness`)
+        self.randomness = PrivateRandomness(noise_seed)
         #: the run's device and, in a process group of K > 1 ranks, this rank's place in it
         self.device: Optional[torch.device] = None
         self.group: Optional[RankGroup] = None
@@ -367,7 +360,7 @@ class PrivacyEngine:
 
         module.to(device)
         self.device, self.group = device, group
-        self._create_generators()
+        self.randomness.start(self.device, self.rank, self.world_size)
         self.logical_batches = LogicalBatchTracker()
         if poisson_sampling:
             self.batch_provenance = BatchProvenance()
@@ -417,24 +410,11 @@ class PrivacyEngine:
         """The number of ranks K training together (1 in one process)."""
         return 1 if self.group is None else self.group.world_size
 
-    @property
-    def private_randomness(self) -> str:
-        """"secret" (seeded from the OS's entropy, the default) or "noise_seed" (reproducible)."""
-        return randomness_source(self.noise_seed)
-
-    def _create_generators(self, resumed_at: Optional[int] = None) -> None:
-        """(Re)seed this rank's noise and sampling generators on the run's device (created on first use).
-
-        Secret randomness resumed from a checkpoint draws a fresh secret seed."""
-        if resumed_at is not None and self.noise_seed is None:
-            self._private_seed = private_master_seed(None)
-        noise_seed, sampling_seed, _ = generator_seeds(self._private_seed, self.rank, self.world_size, resumed_at)
-        if self.noise_generator is None:
-            self.noise_generator = seeded_generator(noise_seed, self.device)
-            self.sampling_generator = seeded_generator(sampling_seed, self.device)
-        else:  # in place: the sampler and the optimizer hold these generators
-            self.noise_generator.manual_seed(noise_seed)
-            self.sampling_generator.manual_seed(sampling_seed)
+    private_randomness: str = _Forwarded(
+        "randomness", "source", None, '"secret" (seeded from the OS\'s entropy, the default) or "noise_seed" (reproducible).')
+    noise_generator: Optional[torch.Generator] = _Forwarded("randomness", "noise", None, "The noise generator.")
+    sampling_generator: Optional[torch.Generator] = _Forwarded(
+        "randomness", "sampling", None, "The Poisson sampler's generator.")
 
     def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool, float_dtype: Optional[torch.dtype],
                         system_random: bool, max_physical_batch_size: Optional[int],
@@ -599,11 +579,7 @@ class PrivacyEngine:
         with a ``noise_seed``, every rank's generator states (byte tensors) with their tags (for checkpoints;
         secret randomness is not saved).  In a process group it gathers the ranks' generators: call it on
         every rank."""
-        own: dict[str, Any] = {}
-        if self.noise_seed is not None:
-            for name, generator in (("noise", self.noise_generator), ("sampling", self.sampling_generator)):
-                own[name] = generator.get_state()
-                own[f"{name}_tag"] = generator_state_tag(self.noise_seed, self.rank, name, own[name])
+        own = self.randomness.saved(self.rank)
         ranks = [own] if self.group is None else self.group.gather_objects(own, "gathering the ranks' generators")
         return {
             "run_id": self.run_id,
@@ -656,19 +632,9 @@ class PrivacyEngine:
         self.budget_exhausted = state["budget_exhausted"]
         for name, acc_state in state["accountants"].items():
             self.accountants[name].load_state_dict(acc_state)
-        generators = state["generators"]
-        if self.noise_seed is None:
-            self._create_generators(resumed_at=self.steps)
-            return
-        if generators["device"] == self.device.type:
-            own = generators["ranks"][self.rank]
-            self.noise_generator.set_state(own["noise"])
-            self.sampling_generator.set_state(own["sampling"])
-            return
-        self._create_generators(resumed_at=self.steps)
-        warnings.warn(f"the checkpoint was written on {generators['device']} and this run is on {self.device.type}: "
-                      f"the noise and sampling generators are re-seeded at step {self.steps} (fresh draws; the run "
-                      f"does not repeat the draws an uninterrupted run would have made)", stacklevel=2)
+        reseeded = self.randomness.restore(state["generators"], self.device, self.rank, self.world_size, self.steps)
+        if reseeded:
+            warnings.warn(reseeded, stacklevel=2)
 
     def account_later_steps(self, steps_taken: int) -> None:
         """Count the steps this run took after the checkpoint just restored, which an explicitly accepted older
@@ -681,7 +647,7 @@ class PrivacyEngine:
         for accountant in self.accountants.values():
             accountant.compose(self.step_event, steps_taken - self.steps)
         self.steps = steps_taken
-        self._create_generators(resumed_at=steps_taken)
+        self.randomness.start(self.device, self.rank, self.world_size, resumed_at=steps_taken)
 
     def resuming_run(self) -> ResumingRun:
         """What a checkpoint of this run must agree with (:func:`~dpnoise.training.engine_state.check_engine_state`)."""

@@ -23,6 +23,9 @@ from typing import Optional
 
 import torch
 
+from dpnoise.training.devices import seeded_generator
+from dpnoise.training.distributed import generator_seeds
+
 #: How a run's private randomness is seeded, as recorded in checkpoints and records.
 SECRET = "secret"
 FROM_NOISE_SEED = "noise_seed"
@@ -52,3 +55,61 @@ def generator_state_tag(noise_seed: int, rank: int, name: str, state: torch.Tens
     digest = hashlib.sha256(f"dpnoise generator|{int(noise_seed)}|{rank}|{name}|".encode())
     digest.update(state.cpu().numpy().tobytes())
     return digest.hexdigest()
+
+
+class PrivateRandomness:
+    """One rank's private generators, the Poisson sampler's and the noise's: seeded from a secret master
+    seed (the default) or from ``noise_seed``, re-seeded on resume, saved (with their tags) and restored."""
+
+    #: the names the generators are saved under
+    NAMES = ("noise", "sampling")
+
+    def __init__(self, noise_seed: Optional[int]) -> None:
+        #: the explicit seed (None: secret, from the OS's entropy)
+        self.noise_seed = noise_seed
+        self._master_seed = private_master_seed(noise_seed)
+        self.noise: Optional[torch.Generator] = None
+        self.sampling: Optional[torch.Generator] = None
+
+    @property
+    def source(self) -> str:
+        """"secret" (seeded from the OS's entropy, the default) or "noise_seed" (reproducible)."""
+        return randomness_source(self.noise_seed)
+
+    def start(self, device: torch.device, rank: int, world_size: int, resumed_at: Optional[int] = None) -> None:
+        """(Re)seed the generators on ``device`` for ``rank`` of ``world_size`` (created on first use; after a resume
+        at step ``resumed_at``, secret randomness draws a fresh secret master seed)."""
+        if resumed_at is not None and self.noise_seed is None:
+            self._master_seed = private_master_seed(None)
+        noise_seed, sampling_seed, _ = generator_seeds(self._master_seed, rank, world_size, resumed_at)
+        if self.noise is None:
+            self.noise, self.sampling = seeded_generator(noise_seed, device), seeded_generator(sampling_seed, device)
+        else:  # in place: the sampler and the optimizer hold these generators
+            self.noise.manual_seed(noise_seed)
+            self.sampling.manual_seed(sampling_seed)
+
+    def saved(self, rank: int) -> dict[str, torch.Tensor | str]:
+        """The generators' states with their tags (empty for secret randomness, which is never saved)."""
+        if self.noise_seed is None:
+            return {}
+        own: dict[str, torch.Tensor | str] = {}
+        for name in self.NAMES:
+            own[name] = getattr(self, name).get_state()
+            own[f"{name}_tag"] = generator_state_tag(self.noise_seed, rank, name, own[name])
+        return own
+
+    def restore(self, generators: dict, device: torch.device, rank: int, world_size: int, steps: int) -> Optional[str]:
+        """Continue from a checkpoint's ``generators`` (already checked) at step ``steps``: this rank's saved states
+        where they were saved on this kind of device, else re-seeded generators, with the warning to give."""
+        if self.noise_seed is not None and generators["device"] == device.type:
+            own = generators["ranks"][rank]
+            for name in self.NAMES:
+                getattr(self, name).set_state(own[name])
+            return None
+        self.start(device, rank, world_size, resumed_at=steps)
+        if self.noise_seed is None:
+            return None
+        return (f"the checkpoint was written on {generators['device']} and this run is on {device.type}: the noise "
+                f"and sampling generators are re-seeded at step {steps} (fresh draws; the run does not repeat the "
+                f"draws an uninterrupted run would have made)")
+
