@@ -47,7 +47,6 @@ from dpnoise.training.batches import (
     check_loss_fn,
     keyword_batch_rules,
 )
-from dpnoise.training.bookkeeping import gradient_sources, unsupported_bookkeeping_layers
 from dpnoise.training.devices import (
     DeviceLike,
     module_device,
@@ -62,7 +61,6 @@ from dpnoise.training.execution import ExecutionOptions, GradSampleMode
 from dpnoise.training.randomness import PrivateRandomness, ReproducibleNoiseWarning, reproducible_noise_warning
 from dpnoise.training.errors import (
     EngineStateError,
-    GradientSourceWarning,
     UncheckedPerExampleGradientsWarning,
     InvalidTrainingOptionError,
 )
@@ -90,7 +88,7 @@ from dpnoise.training.secure_mode import check_secure_mode, secure_noise_plan, s
 from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
 from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
 from dpnoise.training.validation import check_optimizer_trains, check_supported_layers, check_training_mode
-from dpnoise.training.wrapping import resolve_grad_sample_mode, wrap_for_per_example_gradients
+from dpnoise.training.wrapping import choose_gradient_source
 
 logger = logging.getLogger(__name__)
 
@@ -464,12 +462,9 @@ class PrivacyEngine:
         """The private module and optimizer (the distributed ones inside a process group)."""
         mech, setup, group = self.mechanism, self.setup, self.group
         if mech.needs_per_sample_gradients:
-            resolved = resolve_grad_sample_mode(module, grad_sample_mode)
-            if grad_sample_mode == "auto" and resolved == "hooks":
-                _warn_of_the_hooks_fallback(module)
-            grad_sample_mode = self.grad_sample_mode = resolved
-            self.gradient_sources = gradient_sources(module, grad_sample_mode)
-            private_module, _ = wrap_for_per_example_gradients(module, grad_sample_mode)
+            source = choose_gradient_source(module, grad_sample_mode)
+            private_module, grad_sample_mode = source.module, source.mode
+            self.grad_sample_mode, self.gradient_sources = source.mode, source.sources
             options = dict(
                 mechanism=mech,
                 release=self._release(noise_shares),
@@ -658,17 +653,6 @@ class PrivacyEngine:
         """Raise :class:`CheckpointMismatchError` unless ``state`` is a consistent state of this run (the checks of
         :meth:`load_state_dict`, which changes nothing when they fail)."""
         check_engine_state(state, self.resuming_run())
-
-
-def _warn_of_the_hooks_fallback(module: nn.Module) -> None:
-    """``grad_sample_mode="auto"`` chose the hooks: a :class:`GradientSourceWarning` naming each layer book-keeping
-    does not support, and why."""
-    warnings.warn(
-        "grad_sample_mode='auto': book-keeping does not support these layers, so the whole model's per-example "
-        "gradients come from Opacus's hooks (exact as well; slower, and every layer's gradients materialised; "
-        "engine.gradient_sources gives each layer's source, grad_sample_mode='hooks' chooses them without "
-        "this warning):\n  " + "\n  ".join(unsupported_bookkeeping_layers(module)), GradientSourceWarning,
-        stacklevel=5)
 
 
 def make_private(

@@ -8,13 +8,21 @@ e.g. for a reference gradient by plain autograd.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Union
 
 from torch import nn
 
-from dpnoise.training.bookkeeping import BookkeepingModule, check_layer_inputs, unsupported_bookkeeping_layers
+from dpnoise.training.bookkeeping import (
+    BookkeepingModule,
+    check_layer_inputs,
+    gradient_sources,
+    unsupported_bookkeeping_layers,
+)
+from dpnoise.training.errors import GradientSourceWarning
 from dpnoise.training.execution import GradSampleMode, check_grad_sample_mode
 from dpnoise.training.grad_samplers import ExactGradSampleModule
 
@@ -66,3 +74,31 @@ def wrap_for_per_example_gradients(module: nn.Module,
     if grad_sample_mode == "bookkeeping":
         return BookkeepingModule(module), grad_sample_mode
     return HooksModule(module), grad_sample_mode
+
+
+@dataclass(frozen=True)
+class GradientSource:
+    """Where a model's per-example gradients come from: the private module, its mode (``"bookkeeping"`` or
+    ``"hooks"``) and each trainable layer's source (:func:`~dpnoise.training.bookkeeping.gradient_sources`)."""
+
+    module: PrivateModule
+    mode: GradSampleMode
+    sources: dict[str, str]
+
+
+def choose_gradient_source(module: nn.Module, grad_sample_mode: GradSampleMode) -> GradientSource:
+    """``module`` wrapped for its per-example gradients in ``grad_sample_mode`` (``"auto"`` resolved by
+    :func:`resolve_grad_sample_mode`, with a :class:`GradientSourceWarning` naming each layer book-keeping
+    does not support where it falls back to the hooks)."""
+    resolved = resolve_grad_sample_mode(module, grad_sample_mode)
+    if grad_sample_mode == "auto" and resolved == "hooks":
+        warnings.warn(
+            "grad_sample_mode='auto': book-keeping does not support these layers, so the whole model's per-example "
+            "gradients come from Opacus's hooks (exact as well; slower, and every layer's gradients materialised; "
+            "engine.gradient_sources gives each layer's source, grad_sample_mode='hooks' chooses them without "
+            "this warning):\n  " + "\n  ".join(unsupported_bookkeeping_layers(module)), GradientSourceWarning,
+            stacklevel=5)
+    sources = gradient_sources(module, resolved)
+    private_module, _ = wrap_for_per_example_gradients(module, resolved)
+    return GradientSource(private_module, resolved, sources)
+
