@@ -31,7 +31,7 @@ VALID = TrainingConfig(DataConfig("digits"), PrivacyOptions(mechanism="dirichlet
 CHECKED = [path for path, declared in OPTIONS.items() if declared.check]
 OWN_CHOICES = [path for path, declared in OPTIONS.items() if declared.choices is not None and not declared.registry]
 #: the fields without a command-line flag: set by the training run, derived, or not offered by ``dpnoise train``
-WITHOUT_FLAG = {"privacy.data_releases", "privacy.on_budget_exhausted", "privacy.primary", "privacy.accountants",
+WITHOUT_FLAG = {"privacy.data_releases", "privacy.on_budget_exhausted", "privacy.num_classes", "privacy.primary", "privacy.accountants",
                 "execution.poisson_sampling"}
 
 

@@ -323,11 +323,13 @@ def non_default_fields(config: TrainingConfig) -> dict[str, Any]:
 def to_argv(config: TrainingConfig) -> list[str]:
     """The ``dpnoise train`` arguments (after ``train``) that build ``config``: the flag of each field of
     :func:`non_default_fields` with its value (a switch alone for a bool; floats written exactly, by
-    ``repr``).  The privacy options without a flag (``data_releases``, ``on_budget_exhausted``) are refused
-    when they are not their defaults.  Tested by a round trip: the command line's configuration is ``config``."""
+    ``repr``).  The privacy options without a flag (``data_releases``, ``on_budget_exhausted``, ``num_classes``:
+    a training run sets them) are refused when they are not their defaults.  Tested by a round trip: the
+    command line's configuration is ``config``."""
     privacy = config.privacy
-    if privacy.data_releases or privacy.on_budget_exhausted != "raise":
-        raise InvalidParameterError("privacy.data_releases and privacy.on_budget_exhausted have no dpnoise train flag")
+    if privacy.data_releases or privacy.on_budget_exhausted != "raise" or privacy.num_classes is not None:
+        raise InvalidParameterError("privacy.data_releases, privacy.on_budget_exhausted and privacy.num_classes have "
+                                    "no dpnoise train flag (a training run sets them)")
     argv: list[str] = []
     for path, value in non_default_fields(config).items():
         declared = OPTIONS[path]
