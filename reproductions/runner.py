@@ -49,12 +49,6 @@ def epochs_for_steps(spec: RunSpec) -> float:
     return spec.steps * spec.batch_size / train_size(spec)
 
 
-def number(value: float) -> str:
-    """``value`` as a command-line number: short (``%g``) where that reads back exactly, else in full."""
-    short = f"{value:g}"
-    return short if float(short) == value else repr(float(value))
-
-
 def train_argv(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> list[str]:
     """The ``dpnoise train`` arguments (after ``train``) that run ``spec``: :func:`train_config`'s configuration
     written as flags (:func:`dpnoise.training.config.to_argv`), and ``--json``."""

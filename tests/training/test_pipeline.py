@@ -67,8 +67,15 @@ def test_library_run_is_the_command_line_run(tiny_result, capsys):
     assert summary == from_cli
 
 
+def test_result_carries_the_configuration_it_ran(tiny_result):
+    ran = TrainingConfig.from_fields(tiny_result.config)
+    assert ran == with_field(TINY, "output.folder", ran.output.folder)
+    assert "optimizer.momentum" not in tiny_result.config and tiny_result.momentum == 0.0  # a default, not written
+    assert (tiny_result.dataset, tiny_result.batch_size, tiny_result.epochs) == ("digits", 64, 1)
+
+
 def test_result_has_the_fields_of_the_report(tiny_result):
-    assert set(SUMMARY_FIELDS) <= {f.name for f in dataclasses.fields(TrainingResult)}
+    assert all(hasattr(tiny_result, name) for name in SUMMARY_FIELDS)
     summary = tiny_result.summary()
     assert list(summary)[: len(SUMMARY_FIELDS)] == list(SUMMARY_FIELDS)
     assert tiny_result.steps == tiny_result.planned_steps == 8  # ceil(1 / q), q = 64 / 512

@@ -11,18 +11,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from dpnoise.training.config import OPTIONS, TrainingConfig, non_default_fields
 from dpnoise.training.report import RunHistory
 
 if TYPE_CHECKING:  # annotations only
     import torch
 
-    from dpnoise.training.config import TrainingConfig
     from dpnoise.training.engine import PrivacyEngine
+
+
+class ConfiguredField:
+    """A :class:`TrainingResult` attribute read from the run's configuration: the value of one dotted field
+    in :attr:`TrainingResult.config`, or that field's default when the run left it at its default."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __get__(self, result: Optional["TrainingResult"], owner: type) -> Any:
+        if result is None:
+            return self
+        return result.config[self.path] if self.path in result.config else OPTIONS[self.path].default
 
 
 @dataclass(frozen=True)
 class TrainingResult:
-    """What a private training run reached, under which privacy setting, and what it wrote."""
+    """What a private training run reached, under which privacy setting, and what it wrote.
+
+    The run's configuration is :attr:`config` (its fields that differ from their defaults); the settings a
+    summary reports from it (``dataset``, ``batch_size``, ``momentum``, ...) are read from there."""
+
+    #: the run's configuration: ``{dotted path: value}`` of its non-default fields
+    #: (:func:`~dpnoise.training.config.non_default_fields`; :meth:`TrainingConfig.from_fields` builds it back)
+    config: dict[str, Any]
 
     #: test accuracy at the last evaluation (None if no epoch was evaluated)
     test_accuracy: Optional[float]
@@ -41,8 +61,6 @@ class TrainingResult:
     #: whether the run stopped at the privacy budget
     budget_exhausted: bool
     mechanism: str
-    dataset: str
-    model: str
     train_size: int
     #: trainable parameters n
     params: int
@@ -51,12 +69,8 @@ class TrainingResult:
     noise_unit: str
     clip: float
     sample_rate: float
-    batch_size: int
-    epochs: float
-    optimizer: str
     #: learning rate in use (after the Dirichlet heuristic, if any)
     lr: float
-    seed: int
     #: what the epsilon covers when it is not the trained parameters (output mechanisms), else None
     scope: Optional[str]
     grad_sample_mode: Optional[str]
@@ -71,26 +85,11 @@ class TrainingResult:
     kappa_at_0_9: Optional[float] = None
     #: the accountant that calibrated the noise (None: the noise was given)
     calibrated_with: Optional[str] = None
-    #: the optimisation recipe beyond the lr, in the summary when not the default: SGD momentum,
-    #: lr schedule, EMA decay of the evaluated parameter average, physical batch size
-    momentum: float = 0.0
-    lr_schedule: str = "constant"
-    ema_decay: Optional[float] = None
-    physical_batch_size: Optional[int] = None
-    #: the noise multiplier of the features' per-channel statistics (released before training and
-    #: included in every epsilon), when the features are standardised with them
-    feature_statistics_noise: Optional[float] = None
     #: how the noise and the Poisson sampling were seeded: "secret" (OS entropy) or "noise_seed" (reproducible)
     private_randomness: str = "secret"
     #: secure mode's release (``PrivacyEngine.secure_noise``: sampler, grid, inflated clip, inflation,
     #: noise in use); None outside secure mode
     secure_noise: Optional[dict[str, Any]] = None
-    #: which of the model's parameters were trained (minilm), the LoRA rank, the image side (efficientnet
-    #: models) and the evaluated split
-    trainable: Optional[str] = None
-    lora_rank: Optional[int] = None
-    resolution: Optional[int] = None
-    eval_split: str = "test"
     #: the curves: per-step (quick epsilon; the private batch's loss, accuracy and size only with
     #: ``output.log_private_batch_stats``) and per-epoch (test accuracy, epsilon by accountant) records
     history: RunHistory = field(default_factory=RunHistory)
@@ -104,6 +103,29 @@ class TrainingResult:
     epsilon_not_covered: Optional[str] = None
     #: files written into the output folder
     files: tuple[Path, ...] = ()
+
+    #: the settings every summary reports
+    dataset = ConfiguredField("data.name")
+    model = ConfiguredField("model")
+    batch_size = ConfiguredField("schedule.batch_size")
+    epochs = ConfiguredField("privacy.epochs")
+    optimizer = ConfiguredField("optimizer.name")
+    seed = ConfiguredField("seed")
+    #: the optimisation recipe beyond the lr, in the summary when not the default: SGD momentum,
+    #: lr schedule, EMA decay of the evaluated parameter average, physical batch size
+    momentum = ConfiguredField("optimizer.momentum")
+    lr_schedule = ConfiguredField("optimizer.lr_schedule")
+    ema_decay = ConfiguredField("optimizer.ema_decay")
+    physical_batch_size = ConfiguredField("execution.max_physical_batch_size")
+    #: the noise multiplier of the features' per-channel statistics (released before training and
+    #: included in every epsilon), when the features are standardised with them
+    feature_statistics_noise = ConfiguredField("data.feature_statistics_noise")
+    #: which of the model's parameters were trained (minilm), the LoRA rank, the image side (efficientnet
+    #: models) and the evaluated split
+    trainable = ConfiguredField("trainable")
+    lora_rank = ConfiguredField("lora_rank")
+    resolution = ConfiguredField("resolution")
+    eval_split = ConfiguredField("data.eval_split")
 
     def summary(self) -> dict[str, Any]:
         """The run's result as one JSON-able dictionary (``dpnoise train --json``)."""
@@ -162,6 +184,7 @@ def summarize(
     setup = engine.setup
     by_accountant = engine.epsilon_by_accountant()
     return TrainingResult(
+        config=non_default_fields(config),
         test_accuracy=history.epochs[-1].test_accuracy if history.epochs else None,
         epsilon=by_accountant[setup.accountant],
         epsilon_by_accountant=by_accountant,
@@ -173,19 +196,13 @@ def summarize(
         planned_steps=engine.planned_steps,
         budget_exhausted=engine.budget_exhausted,
         mechanism=setup.mechanism,
-        dataset=config.data.name,
-        model=config.model,
         train_size=train_size,
         params=setup.params,
         noise=setup.noise,
         noise_unit=RUNNABLE_MECHANISMS[setup.mechanism].spec.noise.unit,
         clip=setup.clip,
         sample_rate=setup.sample_rate,
-        batch_size=config.schedule.batch_size,
-        epochs=config.privacy.epochs,
-        optimizer=config.optimizer.name,
         lr=optimizer.param_groups[0].get("initial_lr", optimizer.param_groups[0]["lr"]),  # before any schedule
-        seed=config.seed,
         scope=engine.scope_statement,
         grad_sample_mode=engine.grad_sample_mode,
         gradient_sources=engine.gradient_sources,
@@ -201,17 +218,8 @@ def summarize(
         kappa_at_0_9=(kappa(KAPPA_REFERENCE_PROBABILITY, setup.noise, setup.alpha)
                       if setup.alpha is not None else None),
         calibrated_with=engine.calibration.accountant if engine.calibration is not None else None,
-        momentum=config.optimizer.momentum,
-        lr_schedule=config.optimizer.lr_schedule,
-        ema_decay=config.optimizer.ema_decay,
-        physical_batch_size=config.execution.max_physical_batch_size,
-        feature_statistics_noise=config.data.feature_statistics_noise,
         private_randomness=engine.private_randomness,
         secure_noise=engine.secure_noise,
-        trainable=config.trainable,
-        lora_rank=config.lora_rank,
-        resolution=config.resolution,
-        eval_split=config.data.eval_split,
         history=history,
     )
 
