@@ -84,7 +84,7 @@ def no_work(monkeypatch):
         raise AssertionError("make_private did work before checking its arguments")
 
     monkeypatch.setattr(engine_module, "resolve", forbidden)
-    monkeypatch.setattr(engine_module, "wrap_for_per_example_gradients", forbidden)
+    monkeypatch.setattr(engine_module, "choose_gradient_source", forbidden)
     monkeypatch.setattr(engine_module, "poisson_loader", forbidden)
 
 
