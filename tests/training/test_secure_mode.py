@@ -150,7 +150,7 @@ def test_process_groups_are_refused(digits_train, monkeypatch):
     class TwoRanks:
         world_size, rank = 2, 0
 
-    monkeypatch.setattr("dpnoise.training.engine.current_group", lambda device: TwoRanks())
+    monkeypatch.setattr("dpnoise.training.validation.current_group", lambda device: TwoRanks())
     with pytest.raises(InvalidTrainingOptionError, match="secure_mode is not supported in a process group of 2 ranks"):
         build(digits_train)
 

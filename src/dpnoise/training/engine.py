@@ -36,34 +36,17 @@ from dpnoise.accounting import (
     noise_from_keywords,
 )
 from dpnoise.accounting.events import DpEvent
-from dpnoise.accounting.validation import check_count, check_sample_rate
+from dpnoise.accounting.validation import check_count
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.release import FloatRelease, GridRelease, Release
 from dpnoise.mechanisms.secure_noise import Plan
-from dpnoise.training.batches import (
-    LossFunction,
-    check_batch_format,
-    check_keyword_batch,
-    check_loss_fn,
-    keyword_batch_rules,
-)
-from dpnoise.training.devices import (
-    DeviceLike,
-    module_device,
-    module_float_dtype,
-    resolve_device,
-    seeded_generator,
-    to_device,
-)
-from dpnoise.training.distributed import RankGroup, current_group, generator_seeds
+from dpnoise.training.batches import LossFunction, check_keyword_batch
+from dpnoise.training.devices import DeviceLike, module_float_dtype, seeded_generator, to_device
+from dpnoise.training.distributed import RankGroup, generator_seeds
 from dpnoise.training.engine_state import ResumingRun, check_engine_state, with_discrete_steps
 from dpnoise.training.execution import ExecutionOptions, GradSampleMode
 from dpnoise.training.randomness import PrivateRandomness, ReproducibleNoiseWarning, reproducible_noise_warning
-from dpnoise.training.errors import (
-    EngineStateError,
-    UncheckedPerExampleGradientsWarning,
-    InvalidTrainingOptionError,
-)
+from dpnoise.training.errors import EngineStateError
 from dpnoise.training.optimizers import (
     DistributedNoisyGradientOptimizer,
     DistributedOutputPrivateOptimizer,
@@ -75,19 +58,14 @@ from dpnoise.training.privacy_plan import (
     PrivacyOptions,
     PrivacyPlan,
     PrivacySetup,
-    check_step_count,
     resolve,
 )
-from dpnoise.training.per_example_check import (
-    PerExampleCheckReport,
-    refuse_token_mean_lm_loss,
-    verify_per_example_gradients,
-)
+from dpnoise.training.per_example_check import PerExampleCheckReport, verify_per_example_gradients
 from dpnoise.training.provenance import BatchProvenance
-from dpnoise.training.secure_mode import check_secure_mode, secure_noise_plan, secure_noise_record
+from dpnoise.training.secure_mode import secure_noise_plan, secure_noise_record
 from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
 from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
-from dpnoise.training.validation import check_optimizer_trains, check_supported_layers, check_training_mode
+from dpnoise.training.validation import check_private_run
 from dpnoise.training.wrapping import choose_gradient_source
 
 logger = logging.getLogger(__name__)
@@ -324,38 +302,9 @@ class PrivacyEngine:
         configuration; ``loss_fn`` as in :meth:`make_private`."""
         if self.setup is not None:
             raise EngineStateError("this PrivacyEngine already made a model private; create a new one")
-        if not isinstance(privacy, PrivacyOptions):
-            raise InvalidTrainingOptionError(f"privacy must be a PrivacyOptions, got a {type(privacy).__name__}")
-        if not isinstance(execution, ExecutionOptions):
-            raise InvalidTrainingOptionError(f"execution must be an ExecutionOptions, got a {type(execution).__name__}")
-        check_loss_fn(loss_fn)
-        check_optimizer_trains(module, optimizer)
-        device = module_device(module) if execution.device is None else resolve_device(execution.device)
-        group = current_group(device)
-        poisson_sampling = execution.poisson_sampling
-        if not poisson_sampling and (group is not None or device.type != "cpu"):
-            raise InvalidTrainingOptionError("poisson_sampling=False (shuffled batches, not covered by the "
-                                             "accountants) is only available in one process on the CPU")
-        mech = get_mechanism(privacy.mechanism)
-        if data_loader.batch_size is None:
-            raise InvalidTrainingOptionError("the data loader needs a batch_size (the expected batch size)")
-        if len(data_loader.dataset) == 0:
-            raise InvalidTrainingOptionError("the data loader's dataset is empty")
-        check_step_count(privacy.epochs, check_sample_rate("data_loader.batch_size / len(dataset)",
-                                                           data_loader.batch_size / len(data_loader.dataset)))
-        batch_rules = keyword_batch_rules(module)
-        check_batch_format(data_loader, perturbs_gradients=mech.needs_per_sample_gradients, rules=batch_rules)
-        check_training_mode(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
-        check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
-        if mech.needs_per_sample_gradients:
-            refuse_token_mean_lm_loss(module, loss_fn)
-            if not execution.per_example_check:
-                warnings.warn("per_example_check=False: nothing checks that each example's clipped gradient is its "
-                              "own; a layer input without a batch dimension, a loss averaged over the batch's tokens "
-                              "or batch statistics would break the epsilon without a word",
-                              UncheckedPerExampleGradientsWarning, stacklevel=3)
-        check_secure_mode(privacy.secure_mode, mech, group, poisson_sampling, module, self.noise_seed)
-
+        run = check_private_run(module, optimizer, data_loader, privacy=privacy, execution=execution,
+                                loss_fn=loss_fn, noise_seed=self.noise_seed)
+        device, group, mech, poisson_sampling = run.device, run.group, run.mechanism, execution.poisson_sampling
         module.to(device)
         self.device, self.group = device, group
         self.randomness.start(self.device, self.rank, self.world_size)
@@ -366,7 +315,7 @@ class PrivacyEngine:
         private_loader = self._private_loader(data_loader, poisson_sampling, float_dtype=module_float_dtype(module),
                                               system_random=privacy.secure_mode,
                                               max_physical_batch_size=execution.max_physical_batch_size,
-                                              check=partial(check_keyword_batch, rules=batch_rules))
+                                              check=partial(check_keyword_batch, rules=run.batch_rules))
         sample_rate = self._sample_rate(private_loader, data_loader)
         self.plan = resolve(privacy, sample_rate=sample_rate, params=count_trainable_parameters(module))
         self.mechanism = mech

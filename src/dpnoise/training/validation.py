@@ -1,15 +1,34 @@
-"""Model checks before private training: every layer must keep examples separate, and the optimizer
-trains the model's own trainable parameters."""
+"""Checks before private training: every layer must keep examples separate, the optimizer trains the
+model's own trainable parameters, and every argument of a private run (:func:`check_private_run`)."""
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
 from opacus.utils.module_utils import trainable_modules
 from opacus.validators import ModuleValidator
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
+from torch.utils.data import DataLoader
 
-from dpnoise.training.errors import InvalidTrainingOptionError, UnsupportedLayerError
+from dpnoise.accounting.validation import check_sample_rate
+from dpnoise.mechanisms.registry import Mechanism, get_mechanism
+from dpnoise.training.batches import LossFunction, check_batch_format, check_loss_fn, keyword_batch_rules
+from dpnoise.training.devices import module_device, resolve_device
+from dpnoise.training.distributed import RankGroup, current_group
+from dpnoise.training.errors import (
+    InvalidTrainingOptionError,
+    UncheckedPerExampleGradientsWarning,
+    UnsupportedLayerError,
+)
+from dpnoise.training.execution import ExecutionOptions
+from dpnoise.training.per_example_check import refuse_token_mean_lm_loss
+from dpnoise.training.privacy_plan import PrivacyOptions, check_step_count
+from dpnoise.training.secure_mode import check_secure_mode
 from dpnoise.training.grad_samplers import per_example_gradient_problems
 
 
@@ -91,3 +110,53 @@ def check_training_mode(module: nn.Module, *, needs_per_sample_gradients: bool) 
         raise InvalidTrainingOptionError(
             f"the model is in eval mode ({listed}): call model.train() before make_private (from_pretrained "
             f"returns models in eval mode, in which no per-example gradient is recorded)")
+
+
+@dataclass(frozen=True)
+class CheckedRun:
+    """What the checks of a private run found out: where it runs, with whom, under which mechanism, and how
+    its keyword batches are checked."""
+
+    device: torch.device
+    group: Optional[RankGroup]
+    mechanism: Mechanism
+    batch_rules: Any
+
+
+def check_private_run(module: nn.Module, optimizer: Optimizer, data_loader: DataLoader, *, privacy: PrivacyOptions,
+                      execution: ExecutionOptions, loss_fn: Optional[LossFunction],
+                      noise_seed: Optional[int]) -> CheckedRun:
+    """Every argument of :meth:`~dpnoise.training.PrivacyEngine.make_private_with_options` checked, before any
+    work (errors name the parameter); ``noise_seed`` is the engine's (secure mode refuses one)."""
+    if not isinstance(privacy, PrivacyOptions):
+        raise InvalidTrainingOptionError(f"privacy must be a PrivacyOptions, got a {type(privacy).__name__}")
+    if not isinstance(execution, ExecutionOptions):
+        raise InvalidTrainingOptionError(f"execution must be an ExecutionOptions, got a {type(execution).__name__}")
+    check_loss_fn(loss_fn)
+    check_optimizer_trains(module, optimizer)
+    device = module_device(module) if execution.device is None else resolve_device(execution.device)
+    group = current_group(device)
+    poisson_sampling = execution.poisson_sampling
+    if not poisson_sampling and (group is not None or device.type != "cpu"):
+        raise InvalidTrainingOptionError("poisson_sampling=False (shuffled batches, not covered by the "
+                                         "accountants) is only available in one process on the CPU")
+    mech = get_mechanism(privacy.mechanism)
+    if data_loader.batch_size is None:
+        raise InvalidTrainingOptionError("the data loader needs a batch_size (the expected batch size)")
+    if len(data_loader.dataset) == 0:
+        raise InvalidTrainingOptionError("the data loader's dataset is empty")
+    check_step_count(privacy.epochs, check_sample_rate("data_loader.batch_size / len(dataset)",
+                                                       data_loader.batch_size / len(data_loader.dataset)))
+    batch_rules = keyword_batch_rules(module)
+    check_batch_format(data_loader, perturbs_gradients=mech.needs_per_sample_gradients, rules=batch_rules)
+    check_training_mode(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
+    check_supported_layers(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
+    if mech.needs_per_sample_gradients:
+        refuse_token_mean_lm_loss(module, loss_fn)
+        if not execution.per_example_check:
+            warnings.warn("per_example_check=False: nothing checks that each example's clipped gradient is its "
+                          "own; a layer input without a batch dimension, a loss averaged over the batch's tokens "
+                          "or batch statistics would break the epsilon without a word",
+                          UncheckedPerExampleGradientsWarning, stacklevel=4)
+    check_secure_mode(privacy.secure_mode, mech, group, poisson_sampling, module, noise_seed)
+    return CheckedRun(device=device, group=group, mechanism=mech, batch_rules=batch_rules)
