@@ -161,6 +161,13 @@ class MechanismSpec:
             return float(noise)
         return check_accounted(name, noise, limits)
 
+    def checked_alpha(self, alpha: Optional[float], name: str = "alpha") -> float:
+        """The Dirichlet offset of a run of this mechanism: ``alpha`` checked finite and > 0, or the
+        default 1.0 where not given; ``name`` is the keyword or flag named in an error."""
+        if not self.uses_alpha:
+            raise InvalidParameterError(f"{name} is a Dirichlet parameter; mechanism {self.name!r} does not take it")
+        return check_accounted(name, 1.0 if alpha is None else alpha)
+
     def build_event(self, noise: float, clip: float = 1.0, params: Optional[int] = None,
                     alpha: Optional[float] = None, num_classes: Optional[int] = None) -> MechanismEvent:
         """The per-step event of this mechanism at ``noise`` (in :attr:`noise`'s unit).
