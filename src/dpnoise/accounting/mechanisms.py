@@ -181,10 +181,8 @@ class MechanismSpec:
         """
         clip = check_positive("clip", clip)
         params = None if params is None else check_count("params", params, 1)
-        if alpha is not None and not self.uses_alpha:
-            raise InvalidParameterError(f"alpha is a Dirichlet parameter; mechanism {self.name!r} does not take it")
+        alpha = None if alpha is None else self.checked_alpha(alpha)
         self.check_noise(noise, clip)
-        alpha = None if alpha is None else check_accounted("alpha", alpha)
         if num_classes is not None and not self.uses_num_classes:
             raise InvalidParameterError(f"num_classes is recorded by the Dirichlet mechanism only; mechanism "
                                         f"{self.name!r} does not take it")
