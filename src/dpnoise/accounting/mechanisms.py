@@ -161,6 +161,13 @@ class MechanismSpec:
             return float(noise)
         return check_accounted(name, noise, limits)
 
+    def checked_alpha(self, alpha: Optional[float], name: str = "alpha") -> float:
+        """The Dirichlet offset of a run of this mechanism: ``alpha`` checked finite and > 0, or the
+        default 1.0 where not given; ``name`` is the keyword or flag named in an error."""
+        if not self.uses_alpha:
+            raise InvalidParameterError(f"{name} is a Dirichlet parameter; mechanism {self.name!r} does not take it")
+        return check_accounted(name, 1.0 if alpha is None else alpha)
+
     def build_event(self, noise: float, clip: float = 1.0, params: Optional[int] = None,
                     alpha: Optional[float] = None, num_classes: Optional[int] = None) -> MechanismEvent:
         """The per-step event of this mechanism at ``noise`` (in :attr:`noise`'s unit).
@@ -174,10 +181,8 @@ class MechanismSpec:
         """
         clip = check_positive("clip", clip)
         params = None if params is None else check_count("params", params, 1)
-        if alpha is not None and not self.uses_alpha:
-            raise InvalidParameterError(f"alpha is a Dirichlet parameter; mechanism {self.name!r} does not take it")
+        alpha = None if alpha is None else self.checked_alpha(alpha)
         self.check_noise(noise, clip)
-        alpha = None if alpha is None else check_accounted("alpha", alpha)
         if num_classes is not None and not self.uses_num_classes:
             raise InvalidParameterError(f"num_classes is recorded by the Dirichlet mechanism only; mechanism "
                                         f"{self.name!r} does not take it")

@@ -114,7 +114,7 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
         params = checks.params("--params", args.params)
     kwargs: dict[str, Any] = {"clip": check_accounted("--clip", args.clip), "params": params}
     if spec.uses_alpha:
-        kwargs["alpha"] = check_accounted("--alpha", 1.0 if args.alpha is None else args.alpha)
+        kwargs["alpha"] = spec.checked_alpha(args.alpha, "--alpha")
     if spec.uses_num_classes:
         kwargs["num_classes"] = None if args.classes is None else check_count("--classes", args.classes, 2)
     return mechanism, accountant, q, steps, kwargs

@@ -169,7 +169,7 @@ class PrivacyOptions:
             raise InvalidTrainingOptionError(broken.message(lambda name: keyword.get(name, name),
                                                             lambda name: getattr(self, name)))
         if spec.uses_alpha:
-            checked["alpha"] = 1.0 if self.alpha is None else check_accounted("alpha", self.alpha)
+            checked["alpha"] = spec.checked_alpha(self.alpha)
         if self.num_classes is not None:
             if not spec.uses_num_classes:  # refused rather than ignored
                 raise InvalidTrainingOptionError(f"num_classes applies to an output mechanism that records it, not "
