@@ -64,6 +64,9 @@ class KeywordCall(nn.Module):
         return self.embed(x, scale=2.0)
 
 
+BOOKKEEPING_SOURCES = {"book-keeping rule", "book-keeping, materialised", "book-keeping, per-layer torch.func"}
+
+
 def sequences(batch=5):
     return torch.randn(batch, LENGTH, WIDTH) * 2, torch.randint(0, CLASSES, (batch,))
 
@@ -93,7 +96,7 @@ def test_norms_and_clipped_sums_equal_one_example_autograd(name, norm_ord):
     if name.startswith("gemma"):
         nn.init.normal_(model.body[0].weight)  # not the initial zeros, which hide a missing "1 +"
     assert unsupported_bookkeeping_layers(model) == []
-    assert "book-keeping, per-layer torch.func" in gradient_sources(model, "bookkeeping").values()
+    assert set(gradient_sources(model, "bookkeeping").values()) <= BOOKKEEPING_SOURCES
     reference = single_example_gradients(model, x, y)
     wrapped = BookkeepingModule(model)
     model.zero_grad()
@@ -147,3 +150,23 @@ def test_a_tensor_keyword_is_refused():
     wrapped = BookkeepingModule(TensorKeyword())
     with pytest.raises(UnsupportedLayerError, match=r"keyword arguments \(scale\)"):
         wrapped(torch.randn(3, LENGTH, 5))
+
+
+def test_hugging_face_rms_norms_take_the_rule_where_their_forward_is_the_formula():
+    """Llama's and T5's RMSNorm by the rule; Gemma's (1 + weight), which has no rule, and a class under Llama's
+    registered name whose forward computes another formula, by the per-layer source."""
+    sources = {name: gradient_sources(MODELS[name][0](), "bookkeeping")["body.1 (LlamaRMSNorm)" if name.startswith(
+        "llama") else "body.1 (T5LayerNorm)"] for name in ("llama-rmsnorm", "t5-layernorm")}
+    assert set(sources.values()) == {"book-keeping rule"}
+    gemma = gradient_sources(MODELS["gemma-rmsnorm (1 + weight)"][0](), "bookkeeping")["body.0 (GemmaRMSNorm)"]
+    assert gemma == "book-keeping, per-layer torch.func"
+
+    class ShiftedRMSNorm(LlamaRMSNorm):
+        def forward(self, hidden_states):
+            return super().forward(hidden_states) + 1.0
+
+    norm = ShiftedRMSNorm(WIDTH)
+    ShiftedRMSNorm.__module__, ShiftedRMSNorm.__qualname__ = LlamaRMSNorm.__module__, LlamaRMSNorm.__qualname__
+    assert gradient_sources(nn.Sequential(norm), "bookkeeping")["0 (ShiftedRMSNorm)"] == \
+        "book-keeping, per-layer torch.func"
+

@@ -20,7 +20,7 @@ layers (:data:`RECORDED_LAYERS`) are recorded as they run:
 * ``Conv1d``, ``Conv3d`` (as ``Conv2d``), GroupNorm, RMSNorm, InstanceNorm1d/2d/3d: the grad samplers
   the hooks use (:data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`: Opacus's, with convolutions
   sampled exactly in every padding mode);
-* any other trainable layer (Hugging Face's RMSNorm variants, learned scales and gates, ViT's CLS
+* any other trainable layer (RMSNorm variants without a rule, learned scales and gates, ViT's CLS
   token and position embeddings, PReLU, transposed convolutions, a layer of the user's own): that
   layer alone, re-run per example by ``torch.func``
   (:func:`~dpnoise.training.layer_functorch.layer_per_example_gradients`); it may take keyword

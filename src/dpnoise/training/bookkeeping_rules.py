@@ -44,6 +44,11 @@ class BookkeepingRule:
         """Why this layer cannot be book-kept exactly (empty: it can)."""
         return []
 
+    def applies(self, layer: nn.Module) -> bool:
+        """Whether this rule computes ``layer`` (a rule registered by class name checks the layer's structure:
+        where it does not apply, the layer takes another source)."""
+        return True
+
     def forward(self, layer: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         """The layer's output (called with autograd off)."""
         raise NotImplementedError
@@ -78,8 +83,8 @@ def register_bookkeeping_rule(*layer_types: Union[type, str]) -> Callable[[type]
 def bookkeeping_rule(layer: nn.Module) -> Optional[BookkeepingRule]:
     """The rule registered for ``type(layer)`` (None: no rule)."""
     layer_type = type(layer)
-    rule = BOOKKEEPING_RULES.get(layer_type)
-    return rule if rule is not None else BOOKKEEPING_RULES.get(f"{layer_type.__module__}.{layer_type.__qualname__}")
+    rule = BOOKKEEPING_RULES.get(layer_type) or BOOKKEEPING_RULES.get(f"{layer_type.__module__}.{layer_type.__qualname__}")
+    return rule if rule is not None and rule.applies(layer) else None
 
 
 @register_bookkeeping_rule(nn.Linear)
@@ -166,6 +171,50 @@ class LayerNormRule(BookkeepingRule):
         backprops = output_grad.to(dtype).reshape(len(inputs), -1, *shape)
         return _trainable({layer.weight: MaterialisedGradients((backprops * normalized).sum(1)),
                            layer.bias: MaterialisedGradients(backprops.sum(1))})
+
+
+@register_bookkeeping_rule("transformers.models.llama.modeling_llama.LlamaRMSNorm",
+                           "transformers.models.t5.modeling_t5.T5LayerNorm",
+                           "transformers.models.mistral.modeling_mistral.MistralRMSNorm",
+                           "transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm")
+class ScaledRmsNormRule(BookkeepingRule):
+    """Hugging Face's RMSNorm variants, ``y = w * x_hat`` with ``x_hat = x / sqrt(mean(x^2) + eps)`` over the last
+    dimension (``eps``: ``variance_epsilon``): per-example ``sum_t g_t * x_hat_t``.  The output and the input
+    gradient are the layer's own forward (its float32 statistics and casts included); the rule applies only
+    where that forward computes this formula, checked on a random input (by structure, not by class name:
+    a variant such as Gemma's ``(1 + w) * x_hat`` takes the per-layer source)."""
+
+    def applies(self, layer: nn.Module) -> bool:
+        weight, eps = getattr(layer, "weight", None), getattr(layer, "variance_epsilon", None)
+        if not isinstance(weight, nn.Parameter) or weight.dim() != 1 or not isinstance(eps, float) \
+                or [name for name, _ in layer.named_parameters()] != ["weight"]:
+            return False
+        probe = torch.randn(2, 3, weight.numel(), generator=torch.Generator().manual_seed(0)).to(weight)
+        with torch.no_grad():
+            expected = weight * _rms_normalized(probe, eps)
+            return bool(torch.allclose(type(layer).forward(layer, probe), expected, rtol=1e-4, atol=1e-5))
+
+    def forward(self, layer: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        return type(layer).forward(layer, inputs)
+
+    def input_gradient(self, layer: nn.Module, inputs: torch.Tensor, output_grad: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            detached = inputs.detach().requires_grad_(True)
+            return torch.autograd.grad(type(layer).forward(layer, detached), detached, output_grad)[0]
+
+    def gradients(self, layer: nn.Module, inputs: torch.Tensor,
+                  output_grad: torch.Tensor) -> dict[nn.Parameter, Contribution]:
+        dtype = compute_dtype(output_grad.dtype)
+        width = layer.weight.numel()
+        normalized = _rms_normalized(inputs.to(dtype), layer.variance_epsilon).reshape(len(inputs), -1, width)
+        backprops = output_grad.to(dtype).reshape(len(inputs), -1, width)
+        return _trainable({layer.weight: MaterialisedGradients((backprops * normalized).sum(1))})
+
+
+def _rms_normalized(values: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps)`` over the last dimension, the statistics in at least float32."""
+    wide = values.to(torch.promote_types(values.dtype, torch.float32))
+    return (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)).to(values.dtype)
 
 
 def _rows(values: torch.Tensor, width: int) -> torch.Tensor:
