@@ -169,6 +169,15 @@ def per_example_check(rank: int) -> dict:
                 moved=not all(torch.equal(a, b) for a, b in zip(before, model.parameters())))
 
 
+def public_seeds() -> dict:
+    """The public seed each rank's engine runs with when no rank gave one (rank 0's), and whether make_private
+    went through (it used to be refused: "ranks disagree on the privacy setup: seed")."""
+    model = mlp(hidden=16, seed=0)
+    _, optimizer, _ = make_private(model, torch.optim.Adam(model.parameters(), lr=1e-2), digits_loader(TRAIN, 64),
+                                   mechanism="gaussian", noise_multiplier=1.0, delta=1e-5)
+    return dict(seed=optimizer.privacy_engine.seed)
+
+
 def budget_runs() -> dict:
     """Train with the loader until the budget stops the run: steps, budget, epsilon and a parameter checksum."""
     runs = {}
@@ -193,7 +202,7 @@ if __name__ == "__main__":
     results = {}
     for name, scenario in (("clipped_sums", lambda: clipped_sums(RANK, WORLD_SIZE)), ("shares", lambda: noise_shares(RANK)),
                            ("refusals", lambda: refusals(RANK)), ("check", lambda: per_example_check(RANK)),
-                           ("budget", budget_runs)):
+                           ("budget", budget_runs), ("public_seed", public_seeds)):
         results[name] = scenario()
         print(f"rank {RANK}: {name} done at {time.perf_counter() - started:.1f} s", file=sys.stderr)
     torch.save(results, Path(sys.argv[1]) / f"rank{RANK}.pt")

@@ -210,6 +210,11 @@ def test_the_budget_stops_every_rank_at_the_same_step_with_the_one_process_epsil
         assert torch.equal(p0, p1), "the ranks' models drifted apart"
 
 
+def test_ranks_that_give_no_seed_take_rank_0s_public_seed(ranks):
+    first, second = (rank["public_seed"]["seed"] for rank in ranks)
+    assert first == second
+
+
 # ------------------------------------------------------------------------------------------ 2 ranks, dpnoise train
 def test_a_killed_rank_makes_the_other_exit_with_a_clear_error_and_the_checkpoint_stays_intact(launched):
     code, err, seconds = launched["survivor"]

@@ -108,12 +108,14 @@ class PrivacyEngine:
     run's device.  By default they are seeded from the operating system's entropy, differently on
     every rank, and their seeds are never stored: no one can regenerate the batches or the noise.
     ``noise_seed`` makes them reproducible (:class:`ReproducibleNoiseWarning`: whoever knows it can
-    remove the noise).  The public ``seed`` drives the data-loader workers' seeds only.  The
+    remove the noise).  The public ``seed`` drives the data-loader workers' seeds only; in a process
+    group where no rank gave one, every rank takes rank 0's (the private randomness stays each rank's own).  The
     generators are ordinary torch generators (Mersenne Twister), not cryptographically secure.
     """
 
     def __init__(self, seed: Optional[int] = None, *, noise_seed: Optional[int] = None):
         self.seed = torch.seed() if seed is None else checks.seed("seed", seed)
+        self._seed_given = seed is not None
         #: the run's identity, which its checkpoints carry and a resume adopts (the run record's key:
         #: :mod:`dpnoise.training.run_record`)
         self.run_id: str = secrets.token_hex(16)
@@ -307,6 +309,10 @@ class PrivacyEngine:
         device, group, mech, poisson_sampling = run.device, run.group, run.mechanism, execution.poisson_sampling
         module.to(device)
         self.device, self.group = device, group
+        if group is not None:  # one public seed for the run: rank 0's where no rank gave one
+            seeds = group.gather_objects((self.seed, self._seed_given), "agreeing on the public seed")
+            if not any(given for _, given in seeds):
+                self.seed = seeds[0][0]
         self.randomness.start(self.device, self.rank, self.world_size)
         self.logical_batches = LogicalBatchTracker()
         if poisson_sampling:
