@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from numbers import Integral
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -167,17 +167,22 @@ class PrivacyAccountant:
         self._warn()
         if not self._history:
             return 0.0, "no steps"
+        epsilon, bound = self._released(self._epsilon_and_bound, delta)
         log_ratio = discrete_log_ratio(self._history)
-        bounds: list[str] = []
+        return epsilon, bound + (f", plus the discrete Gaussian's correction {2 * log_ratio:.3g}" if log_ratio else "")
+
+    def _released(self, answer_at: Callable[[float], tuple[float, Any]], delta: float) -> tuple[float, Any]:
+        """(epsilon at ``delta`` of the ledger as released, the detail ``answer_at`` gave with it), from
+        ``answer_at(delta') = (epsilon, detail)`` of the continuous ledger: the discrete steps' correction
+        applied once (:func:`~dpnoise.accounting.secure_noise.released_epsilon`)."""
+        details: list[Any] = []
 
         def epsilon_at(at_delta: float) -> float:
-            epsilon, bound = self._epsilon_and_bound(at_delta)
-            bounds.append(bound)
+            epsilon, detail = answer_at(at_delta)
+            details.append(detail)
             return epsilon
 
-        epsilon = released_epsilon(epsilon_at, delta, log_ratio)
-        correction = f", plus the discrete Gaussian's correction {2 * log_ratio:.3g}" if log_ratio else ""
-        return epsilon, bounds[0] + correction
+        return released_epsilon(epsilon_at, delta, discrete_log_ratio(self._history)), details[0]
 
     def get_epsilon(self, delta: float) -> float:
         """Epsilon at ``delta``: a proven upper bound iff ``self.sound``."""
@@ -288,14 +293,7 @@ class RdpAccountant(PrivacyAccountant):
         self._warn()
         if not self._history:
             return 0.0, float("nan")
-        orders: list[float] = []
-
-        def epsilon_at(at_delta: float) -> float:
-            epsilon, order = epsilon_from_rdp(self.orders, self.get_rdp(), at_delta)
-            orders.append(order)
-            return epsilon
-
-        return released_epsilon(epsilon_at, delta, discrete_log_ratio(self._history)), orders[0]
+        return self._released(lambda at_delta: epsilon_from_rdp(self.orders, self.get_rdp(), at_delta), delta)
 
     def _epsilon_and_bound(self, delta: float) -> tuple[float, str]:
         epsilon, order = epsilon_from_rdp(self.orders, self.get_rdp(), delta)
