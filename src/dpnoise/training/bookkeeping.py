@@ -442,7 +442,9 @@ class BookkeepingModule(nn.Module):
         self._untracked: set[nn.Parameter] = set()
         self._gradients: Optional[tuple[int, dict[nn.Parameter, ParameterGradients]]] = None
         self._paused = False
-        self._layer_inputs = check_layer_inputs(module, [layer for layer in layers if _rerun_per_example(layer)])
+        #: the layers whose per-example gradients come from re-running them alone (decided once, here)
+        self._rerun = {layer for layer in layers if _rerun_per_example(layer)}
+        self._layer_inputs = check_layer_inputs(module, list(self._rerun))
         self._hooks = []
         self._forwards: list[nn.Module] = []
         for layer in layers:
@@ -543,7 +545,7 @@ class BookkeepingModule(nn.Module):
         layer, inputs, output_grad = use.layer, use.inputs, use.output_grad
         if use.rule is not None:
             return use.rule.gradients(layer, inputs[0], output_grad)
-        if _rerun_per_example(layer):
+        if layer in self._rerun:
             with self.paused():  # the re-run records nothing and checks no input
                 gradients = layer_per_example_gradients(layer, inputs[0], use.keywords or {}, output_grad)
             samples = {p: MaterialisedGradients(g.to(compute_dtype(g.dtype))) for p, g in gradients.items()}
