@@ -19,6 +19,7 @@ from dpnoise.accounting import (
     ACCOUNTANTS,
     MECHANISMS,
     InvalidParameterError,
+    RunFacts,
     UnsoundAccountantWarning,
     get_accountant,
     get_mechanism_spec,
@@ -31,7 +32,7 @@ import toy_mechanism as toy
 
 SAMPLE_RATE, STEPS, DELTA = 0.02, 300, 1e-5
 #: a noise of moderate epsilon (about 1 to 25 here) in each unit
-NOISE = {"noise_multiplier": 1.0, "laplace_scale": 1.0, "concentration": 0.5}
+NOISE = {"noise_multiplier": 1.0, "laplace_scale": 1.0, "concentration": 0.5, "toy_std": 1.0}
 #: Lap2's number of trained parameters; two classes, so that the Dirichlet PLD route applies
 PARAMS, NUM_CLASSES = 1000, 2
 
@@ -41,14 +42,15 @@ def step_arguments(name: str) -> dict:
     spec = get_mechanism_spec(ACCOUNTANTS[name].mechanism)
     return {"sample_rate": SAMPLE_RATE, **noise_keywords(spec.name, NOISE[spec.noise.keyword]),
             "params": PARAMS if spec.needs_params else None,
-            "num_classes": NUM_CLASSES if spec.uses_num_classes else None}
+            "num_classes": NUM_CLASSES if "num_classes" in spec.option_names() else None}
 
 
 def step_event(name: str) -> PoissonSampledEvent:
     """The same step as a DP event, built by the mechanism's registry entry."""
     spec = get_mechanism_spec(ACCOUNTANTS[name].mechanism)
-    event = spec.build_event(NOISE[spec.noise.keyword], params=PARAMS if spec.needs_params else None,
-                             num_classes=NUM_CLASSES if spec.uses_num_classes else None)
+    options = spec.make_options(num_classes=NUM_CLASSES if "num_classes" in spec.option_names() else None)
+    event = spec.build_event(NOISE[spec.noise.keyword], options,
+                             RunFacts(params=PARAMS if spec.needs_params else None))
     return PoissonSampledEvent(SAMPLE_RATE, event)
 
 
@@ -210,8 +212,8 @@ def test_a_newly_registered_mechanism_runs_the_contract(toy_mechanism, check):
 
 def test_the_toy_accountants_are_the_gaussian_ones_under_other_names(toy_mechanism):
     with quiet():
-        epsilons = {name: get_accountant(name).step(noise_multiplier=1.3, sample_rate=0.05, steps=200).get_epsilon(DELTA)
-                    for name in toy_mechanism}
+        epsilons = {name: get_accountant(name).step(toy_std=2.6, group_size=2, sample_rate=0.05, steps=200)
+                    .get_epsilon(DELTA) for name in toy_mechanism}
     gaussian = {name: get_accountant(name).step(noise_multiplier=1.3, sample_rate=0.05, steps=200).get_epsilon(DELTA)
                 for name in ("gaussian", "gaussian-pld", "gaussian-rdp")}
     assert [epsilons["toy"], epsilons["toy-pld"], epsilons["toy-rdp"]] == list(gaussian.values())

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
+from dpnoise.accounting.events import GaussianEvent, LaplaceEvent
 from dpnoise.audit import pld
 
 GRID = 1 << 16
@@ -20,7 +21,7 @@ def test_shift_laws_are_sub_probabilities_with_unit_tilt():
 
 
 def test_laplace_single_step_is_pure_dp():
-    laws = pld.shift_laws("laplace-shift", 0.5, clip=1.0, grid=GRID)
+    laws = pld.shift_laws("laplace-shift", LaplaceEvent(0.5), grid=GRID)
     eps = pld.epsilon_lower_bound(laws, 1.0, 1, 1e-6)
     assert max(eps.values()) == pytest.approx(2.0, abs=1e-3) and max(eps.values()) <= 2.0
 
@@ -68,4 +69,4 @@ def test_k_grid_and_invalid_input():
     with pytest.raises(ValueError):
         pld.lower_bound("lap2", 1.0, 0.1, 10, 1e-5, params=10, ks=[20])
     with pytest.raises(ValueError):
-        pld.shift_laws("dirichlet-vertex", 0.5)
+        pld.shift_laws("dirichlet-vertex", GaussianEvent(0.5))

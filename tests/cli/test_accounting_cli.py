@@ -72,8 +72,8 @@ def test_calibrate_lap2_and_dirichlet(capsys):
         ponnoprat = run_json(capsys, ["calibrate", "--mechanism", "dirichlet", "--accountant", "dirichlet-ponnoprat",
                                       "--epsilon", "4", "--batch-size", "256", "--dataset-size", "50000", "--epochs",
                                       "30", "--delta", "1e-5"])
-    assert ponnoprat["r"] == pytest.approx(0.248, abs=6e-4)  # the paper's accountant
-    assert dirichlet["r"] < ponnoprat["r"] / 3  # what its add/remove reading under-counts
+    assert ponnoprat["noise"] == pytest.approx(0.248, abs=6e-4)  # the paper's accountant
+    assert dirichlet["noise"] < ponnoprat["noise"] / 3  # what its add/remove reading under-counts
 
 
 def test_two_classes_give_the_dirichlet_pld_route(capsys):
@@ -91,7 +91,7 @@ def test_two_classes_give_the_dirichlet_pld_route(capsys):
                 "--epsilon", "4"]
     calibrated = run_json(capsys, [*one_step, "--classes", "2"])
     assert calibrated["num_classes"] == 2 and calibrated["epsilon"] <= 4
-    assert calibrated["r"] > run_json(capsys, one_step)["r"]
+    assert calibrated["noise"] > run_json(capsys, one_step)["noise"]
 
 
 #: (calibrate options, target epsilon): small settings (the RDP accountant where the default is slow), and
@@ -122,9 +122,9 @@ def test_printed_calibration_fed_back_stays_within_the_target(capsys, setting, t
     printed = capsys.readouterr().out
     assert_printed_upper_bounds(printed, out)
     text = printed.splitlines()[0]
-    noise = re.search(r"(?:r\*|noise_multiplier|laplace_scale) = (\S+?),? ", text).group(1)
+    noise = re.search(r"(?:concentration|noise_multiplier|laplace_scale) = (\S+?),? ", text).group(1)
     clip = re.search(r"clip C = (\S+),", text)
-    larger_is_more_private = "r* =" not in text
+    larger_is_more_private = "concentration =" not in text
     assert (float(noise) >= exact) if larger_is_more_private else (float(noise) <= exact), (text, exact)
     clip_option = with_option(setting, "--clip", clip.group(1)) if clip else setting
     fed_back = run_json(capsys, ["account", *clip_option, "--noise", noise, "--delta", "1e-5"])

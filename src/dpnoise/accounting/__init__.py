@@ -27,6 +27,7 @@ from dpnoise.accounting.accountant import (
     epsilon_after,
     epsilon_of_events,
     get_accountant,
+    step_event_from_keywords,
     training_step_event,
 )
 from dpnoise.accounting.calibration import (
@@ -42,7 +43,10 @@ from dpnoise.accounting.kinds import ACCOUNTANT_KINDS, AccountantKind, register_
 from dpnoise.accounting.mechanisms import (
     MECHANISMS,
     OUTPUT_PRIVACY_SCOPE,
+    MechanismOptions,
     MechanismSpec,
+    NoOptions,
+    RunFacts,
     get_mechanism_spec,
     noise_from_keywords,
     noise_keywords,
@@ -55,7 +59,7 @@ from dpnoise.accounting.validation import InvalidParameterError
 
 # the built-in mechanisms register themselves (last: they use everything above)
 from dpnoise.accounting import plugins  # noqa: E402,F401,I001
-from dpnoise.accounting.plugins.dirichlet import calibrate_dirichlet_r  # noqa: E402
+from dpnoise.accounting.plugins.dirichlet import DirichletOptions, calibrate_dirichlet_r  # noqa: E402
 from dpnoise.accounting.plugins.gaussian import calibrate_gaussian_sigma  # noqa: E402
 from dpnoise.accounting.plugins.lap2 import calibrate_lap2  # noqa: E402
 
@@ -67,14 +71,18 @@ __all__ = [
     "AccountantKind",
     "AccountantSpec",
     "CalibrationResult",
+    "DirichletOptions",
     "InvalidParameterError",
+    "MechanismOptions",
     "MechanismPlugin",
     "MechanismSpec",
+    "NoOptions",
     "MinimumAccountant",
     "PldAccountant",
     "PrivacyAccountant",
     "RdpAccountant",
     "ReleaseCountAccountant",
+    "RunFacts",
     "UnreachableTargetError",
     "UnsoundAccountantWarning",
     "accountants_for_mechanism",
@@ -88,6 +96,7 @@ __all__ = [
     "epsilon_after",
     "epsilon_of_events",
     "get_accountant",
+    "step_event_from_keywords",
     "training_step_event",
     "get_mechanism_spec",
     "noise_from_keywords",

@@ -40,7 +40,13 @@ from dpnoise.accounting.rdp.curve import checked_rdp_curve
 from dpnoise.accounting.rdp.orders import DEFAULT_ORDERS
 from dpnoise.accounting.rdp.registry import event_rdp
 from dpnoise.accounting.kinds import AccountantKind, register_accountant_kind
-from dpnoise.accounting.mechanisms import get_mechanism_spec, noise_from_keywords
+from dpnoise.accounting.mechanisms import (
+    MechanismOptions,
+    RunFacts,
+    get_mechanism_spec,
+    noise_from_keywords,
+    noise_parameters,
+)
 from dpnoise.accounting.registry import AccountantSpec, get_spec
 from dpnoise.accounting.secure_noise import continuous_event, discrete_log_ratio, released_delta, released_epsilon
 from dpnoise.accounting.solvers import coarse_pld_epsilon, solve_by_pld_passes, solve_directly, solve_over_routes
@@ -117,26 +123,31 @@ class PrivacyAccountant:
         self,
         *,
         sample_rate: float,
+        noise: Optional[float] = None,
         noise_multiplier: Optional[float] = None,
         laplace_scale: Optional[float] = None,
         concentration: Optional[float] = None,
         clip: float = 1.0,
         params: Optional[int] = None,
+        options: Optional[MechanismOptions] = None,
         alpha: Optional[float] = None,
         num_classes: Optional[int] = None,
         mechanism: Optional[str] = None,
         steps: int = 1,
+        **keywords: Any,
     ) -> "PrivacyAccountant":
         """Account ``steps`` Poisson-sampled steps of ``mechanism`` (default: this accountant's).
 
-        The noise is given under the keyword of the mechanism's unit
+        The noise is given as ``noise`` or under the keyword of the mechanism's unit
         (:data:`dpnoise.accounting.mechanisms.MECHANISMS`), and only that one:
         ``noise_multiplier`` sigma (noise std sigma * C) for ``gaussian`` and
         ``penultimate-gaussian``, ``laplace_scale`` b (absolute; accounted through b / ``clip``)
         for ``laplace-l1`` and ``lap2``, ``concentration`` r for ``dirichlet``.
-        ``num_classes`` (``dirichlet`` only): the number of classes of the perturbed softmax output,
-        where known; with 2 the default ``dirichlet`` accountant also has its exact two-class PLD
-        route (docs/theory/dirichlet.md Sec. 1.3). Give it only if every release has that many classes.
+        ``options``: the mechanism's side parameters (:attr:`MechanismSpec.options`), or their fields as
+        keywords: ``alpha`` and ``num_classes`` for ``dirichlet`` (the number of classes of the perturbed
+        softmax output, where known; with 2 the default ``dirichlet`` accountant also has its exact two-class
+        PLD route, docs/theory/dirichlet.md Sec. 1.3. Give it only if every release has that many classes).
+        ``keywords``: a registered mechanism's own noise keyword or option fields.
         """
         own, given = self.spec.mechanism, mechanism or self.spec.mechanism
         if given != own and "outputs" in (get_mechanism_spec(given).perturbs, get_mechanism_spec(own).perturbs):
@@ -144,10 +155,10 @@ class PrivacyAccountant:
             # add/remove: their events (both Gaussian for penultimate-gaussian) cannot share one ledger
             raise InvalidParameterError(f"accountant {self.name!r} accounts the {own} mechanism, not {given}: an "
                                         f"output mechanism's steps are accounted by its own accountants only")
-        event = training_step_event(given, sample_rate=sample_rate,
-                                    noise_multiplier=noise_multiplier, laplace_scale=laplace_scale,
-                                    concentration=concentration, clip=clip, params=params, alpha=alpha,
-                                    num_classes=num_classes)
+        event = step_event_from_keywords(
+            given, sample_rate=sample_rate, noise=noise, noise_multiplier=noise_multiplier, laplace_scale=laplace_scale,
+            concentration=concentration, clip=clip, params=params, options=options, alpha=alpha, num_classes=num_classes,
+            **keywords)
         return self.compose(event, steps)
 
     # -- how it is accounted ---------------------------------------------------------------
@@ -416,16 +427,26 @@ class MinimumAccountant(PrivacyAccountant):
         return min(acc.get_epsilon(delta) for acc in cheap) if cheap else self._epsilon_and_bound(delta)[0]
 
 
-def training_step_event(mechanism: str, *, sample_rate: float, clip: float = 1.0, params: Optional[int] = None,
-                        alpha: Optional[float] = None, num_classes: Optional[int] = None,
-                        **noise: Optional[float]) -> PoissonSampledEvent:
-    """The DP event of one training step of ``mechanism``: its mechanism event (noise under the keyword
-    of its unit, :func:`~dpnoise.accounting.mechanisms.noise_from_keywords`) on a Poisson subsample at
-    rate ``sample_rate``.  What :meth:`PrivacyAccountant.step` composes, and what a training run
-    builds once and composes at every step."""
-    spec = get_mechanism_spec(mechanism)
-    event = spec.build_event(noise_from_keywords(spec.name, **noise), clip, params, alpha, num_classes)
+def training_step_event(mechanism: str, *, sample_rate: float, noise: float, facts: RunFacts = RunFacts(),
+                        options: Optional[MechanismOptions] = None) -> PoissonSampledEvent:
+    """The DP event of one training step of ``mechanism``: its mechanism event at ``noise`` (in its unit),
+    with its ``options`` and the run's ``facts``, on a Poisson subsample at rate ``sample_rate``.  What
+    :meth:`PrivacyAccountant.step` composes, and what a training run builds once and composes at every
+    step."""
+    event = get_mechanism_spec(mechanism).build_event(noise, options, facts)
     return PoissonSampledEvent(check_sample_rate("sample_rate", sample_rate), event)
+
+
+def step_event_from_keywords(mechanism: str, *, sample_rate: float, clip: float = 1.0, params: Optional[int] = None,
+                             options: Optional[MechanismOptions] = None, **keywords: Any) -> PoissonSampledEvent:
+    """:func:`training_step_event` from :meth:`PrivacyAccountant.step`'s keywords: the noise as ``noise`` or
+    under its unit's keyword, the options as ``options`` or their fields (``alpha=``, ``num_classes=``)."""
+    spec = get_mechanism_spec(mechanism)
+    units = {"noise", *noise_parameters()}
+    noise = noise_from_keywords(mechanism, **{k: v for k, v in keywords.items() if k in units})
+    options = spec.make_options(options, **{k: v for k, v in keywords.items() if k not in units})
+    return training_step_event(mechanism, sample_rate=sample_rate, noise=noise,
+                               facts=RunFacts(clip=clip, params=params), options=options)
 
 
 def epsilon_after(accountant: str, *, steps: int, delta: float, releases: Sequence[DpEvent] = (),
@@ -438,7 +459,7 @@ def epsilon_after(accountant: str, *, steps: int, delta: float, releases: Sequen
     callers that report each accountant's soundness themselves (tables, audits, calibration).
     """
     mechanism = step_arguments.pop("mechanism", None) or get_spec(accountant).mechanism
-    return epsilon_of_events(accountant, training_step_event(mechanism, **step_arguments), steps=steps,
+    return epsilon_of_events(accountant, step_event_from_keywords(mechanism, **step_arguments), steps=steps,
                              delta=delta, releases=releases)
 
 
@@ -488,5 +509,6 @@ __all__ = [
     "epsilon_of_events",
     "flat_ledger",
     "get_accountant",
+    "step_event_from_keywords",
     "training_step_event",
 ]

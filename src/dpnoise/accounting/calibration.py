@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from dpnoise.accounting.accountant import (
     flat_ledger,
 )
 from dpnoise.accounting.events import DpEvent, PoissonSampledEvent
-from dpnoise.accounting.mechanisms import get_mechanism_spec
+from dpnoise.accounting.mechanisms import MechanismOptions, NoOptions, RunFacts, get_mechanism_spec
 from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
 from dpnoise.accounting.registry import accountants_for_mechanism, get_spec
 from dpnoise.accounting.solvers import (
@@ -77,11 +77,11 @@ class CalibrationResult:
     steps: int
     clip: float = 1.0
     params: Optional[int] = None
-    alpha: Optional[float] = None
+    #: the mechanism's side parameters the epsilon was computed with (e.g. the Dirichlet alpha and number of
+    #: classes)
+    options: MechanismOptions = NoOptions()
     epsilon_by_accountant: dict[str, float] = field(default_factory=dict)
     initial_guess: Optional[float] = None
-    #: the number of classes the Dirichlet epsilon was computed for (None: any)
-    num_classes: Optional[int] = None
 
     @property
     def noise_keyword(self) -> str:
@@ -95,16 +95,18 @@ class CalibrationResult:
 StepEventFactory = Callable[[float], DpEvent]
 
 
-def step_event_factory(mechanism: str, sample_rate: float, *, clip: float = 1.0, params: Optional[int] = None,
-                       alpha: Optional[float] = None, num_classes: Optional[int] = None) -> StepEventFactory:
+def step_event_factory(mechanism: str, sample_rate: float, *, facts: RunFacts = RunFacts(),
+                       options: Optional[MechanismOptions] = None) -> StepEventFactory:
     """``noise -> PoissonSampledEvent(sample_rate, the mechanism's event at that noise)`` for a run with
-    these settings (:meth:`~dpnoise.accounting.mechanisms.MechanismSpec.build_event`, checked once here)."""
+    these facts and options (:meth:`~dpnoise.accounting.mechanisms.MechanismSpec.build_event`, checked once
+    here)."""
     spec = get_mechanism_spec(mechanism)
     q = check_sample_rate("sample_rate", sample_rate)
-    spec.build_event(1.0, clip, params, alpha, num_classes)  # refuses settings the mechanism does not take
+    options = spec.make_options(options)
+    spec.build_event(1.0, options, facts)  # refuses facts the mechanism cannot use (lap2 without params)
 
     def step_event(noise: float) -> DpEvent:
-        return PoissonSampledEvent(q, spec.build_event(noise, clip, params, alpha, num_classes))
+        return PoissonSampledEvent(q, spec.build_event(noise, options, facts))
 
     return step_event
 
@@ -147,9 +149,11 @@ def calibrate_noise(
     params: Optional[int] = None,
     compare: bool = True,
     releases: Sequence[DpEvent] = (),
+    options: Optional[MechanismOptions] = None,
 ) -> CalibrationResult:
     """Smallest noise reaching the target, in the mechanism's unit (:attr:`CalibrationResult.noise_keyword`).
 
+    ``options``: the mechanism's side parameters (default: theirs).
     ``compare``: also give the epsilon of that noise under the mechanism's other reported
     accountants (``epsilon_by_accountant``; PLD routes can cost more than the calibration itself).
     ``releases``: DP events composed before the steps (e.g. noisy statistics of the training data,
@@ -165,7 +169,8 @@ def calibrate_noise(
     if not spec.sound:
         warnings.warn(spec.warning or "", UnsoundAccountantWarning, stacklevel=2)
     clip = check_positive("clip", clip)
-    step_event = step_event_factory(spec.mechanism, q, clip=clip, params=params)
+    options = get_mechanism_spec(spec.mechanism).make_options(options)
+    step_event = step_event_factory(spec.mechanism, q, facts=RunFacts(clip=clip, params=params), options=options)
     if releases:
         spent = epsilon_at_noise(accountant, step_event, 1.0, 0, delta, releases)  # no step
         if spent >= eps_t:
@@ -182,7 +187,7 @@ def calibrate_noise(
     if by_acc[accountant] > eps_t:  # every route checks its answer; this guards the combination
         raise InvalidPrivacyCurveError(f"calibration of {accountant} gave epsilon {by_acc[accountant]} > {eps_t}")
     return CalibrationResult(
-        spec.mechanism, accountant, noise, by_acc[accountant], delta, q, steps, clip, params,
+        spec.mechanism, accountant, noise, by_acc[accountant], delta, q, steps, clip, params, options,
         epsilon_by_accountant=by_acc, initial_guess=guess * scale,
     )
 
@@ -234,23 +239,25 @@ def calibrate(
     *,
     clip: float = 1.0,
     params: Optional[int] = None,
-    alpha: Optional[float] = None,
-    num_classes: Optional[int] = None,
+    options: Optional[MechanismOptions] = None,
     releases: Sequence[DpEvent] = (),
+    **option_fields: Any,
 ) -> CalibrationResult:
     """The noise of ``accountant``'s mechanism reaching (target_epsilon, delta) after ``steps`` steps,
     by the mechanism's own calibrator where its spec has one (the Dirichlet r), else
-    :func:`calibrate_noise`.  ``alpha`` and ``num_classes`` are refused by a mechanism that does not
-    take them; ``releases`` (events before the steps) by one with its own calibrator."""
+    :func:`calibrate_noise`.  The mechanism's side parameters are ``options`` or its fields as keywords
+    (``alpha=``, ``num_classes=``), refused by a mechanism that does not take them; ``releases`` (events
+    before the steps) by one with its own calibrator."""
     mechanism = get_mechanism_spec(get_spec(accountant).mechanism)
-    mechanism.build_event(1.0, clip, params, alpha, num_classes)  # refuses what the mechanism does not take
+    options = mechanism.make_options(options, **option_fields)
+    facts = RunFacts(clip=clip, params=params)
+    mechanism.build_event(1.0, options, facts)  # refuses facts the mechanism cannot use (lap2 without params)
     if mechanism.calibrate is None:
         return calibrate_noise(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params,
-                               releases=releases)
+                               releases=releases, options=options)
     if releases:
         raise InvalidParameterError(f"releases before training are not accounted for mechanism {mechanism.name!r}")
-    return mechanism.calibrate(accountant, target_epsilon, delta, sample_rate, steps, alpha=alpha,
-                               num_classes=num_classes)
+    return mechanism.calibrate(accountant, target_epsilon, delta, sample_rate, steps, options)
 
 
 # the root finders and their error live in solvers; calibrators import them from here too

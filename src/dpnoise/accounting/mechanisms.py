@@ -12,8 +12,8 @@ audits and the training engine all read this registry.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from dpnoise.accounting.events import MechanismEvent
 from dpnoise.accounting.validation import (
@@ -68,22 +68,48 @@ LAPLACE_SCALE = NoiseParameter(
 CONCENTRATION = NoiseParameter(
     "concentration", "Dirichlet concentration r of Dir(r softmax + alpha): smaller r is more private",
     per_clip=False, larger_is_more_private=False)
-NOISE_PARAMETERS = {p.keyword: p for p in (NOISE_MULTIPLIER, LAPLACE_SCALE, CONCENTRATION)}
 
-@dataclass(frozen=True)
-class EventContext:
-    """What a training run knows besides the noise, already checked by :meth:`MechanismSpec.build_event`:
-    the clipping norm C, the number of trained parameters n (None: not given), the Dirichlet offset
-    alpha and the number of classes (None: not given or not recorded)."""
+
+def side_option(default: Any, *, help: str, flag: Optional[str] = None) -> Any:
+    """A field of a :class:`MechanismOptions` dataclass: its default, its help and its command-line flag
+    (default: ``--`` and the field's name with dashes), from which the commands generate the flag."""
+    return field(default=default, metadata={"help": help, "flag": flag})
+
+
+@dataclass(frozen=True, kw_only=True)
+class MechanismOptions:
+    """A mechanism's side parameters besides its noise (e.g. the Dirichlet offset alpha), declared by its
+    plugin as a frozen keyword-only subclass whose fields are :func:`side_option` s and whose
+    ``__post_init__`` checks them (errors name the field).  Built by :meth:`MechanismSpec.make_options`
+    from keywords, flags or a configuration; serialised by :meth:`to_dict`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name (what a checkpoint, a result or a record stores)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoOptions(MechanismOptions):
+    """The options of a mechanism without side parameters."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFacts:
+    """What a run knows besides the noise and the mechanism's options, checked when built: the clipping
+    norm C (finite, > 0) and the number of trained parameters n (an integer >= 1; None: not given).
+    Both describe every run, also where an event does not depend on them (only Lap2 uses n)."""
 
     clip: float = 1.0
     params: Optional[int] = None
-    alpha: Optional[float] = None
-    num_classes: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "clip", check_positive("clip", self.clip))
+        if self.params is not None:
+            object.__setattr__(self, "params", check_count("params", self.params, 1))
 
 
-#: (noise in the mechanism's unit, the run's context) -> the per-step event
-EventFactory = Callable[[float, EventContext], MechanismEvent]
+#: (noise in the mechanism's unit, its options, the run's facts) -> the per-step event
+EventFactory = Callable[[float, Any, RunFacts], MechanismEvent]
 
 
 @dataclass(frozen=True)
@@ -93,12 +119,12 @@ class AuditPair:
     ``family``: a pair family of :data:`dpnoise.audit.pld.PAIR_FAMILIES`, e.g. "gaussian-shift",
     "laplace-shift" (a one-coordinate shift of C), "laplace-spread" (the shifts
     (C / sqrt(k))(1,..,1,0,..) over k, for L2 clipping with i.i.d. Laplace noise) or
-    "dirichlet-vertex"; ``noise_factor`` converts the mechanism's noise to the pair's (the
-    penultimate-layer Gaussian moves a clipped activation by up to 2C: sigma / 2).
+    "dirichlet-vertex"; the pair is read off the mechanism's per-step event, whose noise is relative to
+    the sensitivity (the penultimate-layer Gaussian's event is already at sigma / 2: a clipped activation
+    moves by up to 2C).
     """
 
     family: str
-    noise_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -123,19 +149,17 @@ class MechanismSpec:
     clip_norm_ord: Optional[int] = None
     #: the event needs the number of trained parameters n (Lap2)
     needs_params: bool = False
-    #: the event takes the Dirichlet offset alpha; calibration then searches r in (0, alpha)
-    uses_alpha: bool = False
-    #: the event records the number of classes of the perturbed output, where known (Dirichlet:
-    #: with two classes its PLD route applies)
-    uses_num_classes: bool = False
+    #: the class of its side parameters (:class:`MechanismOptions`; e.g. the Dirichlet offset alpha and the
+    #: number of classes)
+    options: type = NoOptions
     #: what the epsilon covers when it is not the trained model (output mechanisms)
     scope: Optional[str] = None
     #: secure mode's exact integer noise for this mechanism (docs/theory/secure_noise.md); None: no
     #: secure mode (the output mechanisms draw their noise in the model's forward pass)
     secure_noise: Optional[Literal["discrete-gaussian", "discrete-laplace"]] = None
     #: the calibrator of a mechanism whose noise is not searched as sigma or b / C
-    #: (``calibrate(accountant, target_epsilon, delta, sample_rate, steps, alpha=, num_classes=)``,
-    #: the Dirichlet r in (0, alpha)); None: :func:`dpnoise.accounting.calibrate_noise`
+    #: (``calibrate(accountant, target_epsilon, delta, sample_rate, steps, options)``, the Dirichlet r in
+    #: (0, alpha)); None: :func:`dpnoise.accounting.calibrate_noise`
     calibrate: Optional[Callable[..., Any]] = None
     #: the learning rate may be given as an effective one, lr x kappa(r, alpha) (the Dirichlet
     #: mechanism's gradient scale, docs/theory/dirichlet.md Sec. 4)
@@ -161,32 +185,87 @@ class MechanismSpec:
             return float(noise)
         return check_accounted(name, noise, limits)
 
-    def checked_alpha(self, alpha: Optional[float], name: str = "alpha") -> float:
-        """The Dirichlet offset of a run of this mechanism: ``alpha`` checked finite and > 0, or the
-        default 1.0 where not given; ``name`` is the keyword or flag named in an error."""
-        if not self.uses_alpha:
-            raise InvalidParameterError(f"{name} is a Dirichlet parameter; mechanism {self.name!r} does not take it")
-        return check_accounted(name, 1.0 if alpha is None else alpha)
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self.options))
 
-    def build_event(self, noise: float, clip: float = 1.0, params: Optional[int] = None,
-                    alpha: Optional[float] = None, num_classes: Optional[int] = None) -> MechanismEvent:
-        """The per-step event of this mechanism at ``noise`` (in :attr:`noise`'s unit).
+    def make_options(self, options: Optional[MechanismOptions] = None, *,
+                     naming: Callable[[str], str] = str, **given: Any) -> MechanismOptions:
+        """This mechanism's options: ``options`` itself (an instance of :attr:`options`), or built from the
+        ``given`` fields that are not None (the others keep their defaults).  A field this mechanism does not
+        take is refused, not ignored, as is ``options`` together with fields; ``naming`` says how the
+        caller's user calls a field (a keyword, a flag) in an error."""
+        given = {name: value for name, value in given.items() if value is not None}
+        if options is not None:
+            if not isinstance(options, self.options):
+                raise InvalidParameterError(f"mechanism {self.name!r} takes options of type {self.options.__name__}, "
+                                            f"got {type(options).__name__}")
+            if given:
+                raise InvalidParameterError(f"give the options of mechanism {self.name!r} either as an "
+                                            f"{self.options.__name__} or as {', '.join(map(naming, given))}, not both")
+            return options
+        foreign = [name for name in given if name not in self.option_names()]
+        if foreign:
+            raise InvalidParameterError(inapplicable_option(foreign[0], self.name, naming))
+        try:
+            return self.options(**given)
+        except InvalidParameterError as err:  # the option's own check, renamed the caller's way
+            name = next((name for name in given if str(err).startswith(name)), None)
+            raise InvalidParameterError(str(err) if name is None else naming(name) + str(err)[len(name):]) from None
 
-        As in ``make_private``: the clipping norm ``clip`` (finite, > 0) and the number of trained
-        parameters ``params`` (an integer >= 1, or None) are checked for every mechanism, also where
-        the event does not depend on them (the Gaussian's sigma is already relative to C; only Lap2
-        uses n), since they describe the training run; the Dirichlet offset ``alpha`` and the number
-        of classes ``num_classes`` (an integer >= 2, or None: not recorded) are refused by a
-        mechanism that does not take them.
-        """
-        clip = check_positive("clip", clip)
-        params = None if params is None else check_count("params", params, 1)
-        alpha = None if alpha is None else self.checked_alpha(alpha)
-        self.check_noise(noise, clip)
-        if num_classes is not None and not self.uses_num_classes:
-            raise InvalidParameterError(f"num_classes is recorded by the Dirichlet mechanism only; mechanism "
-                                        f"{self.name!r} does not take it")
-        return self.event(noise, EventContext(clip, params, alpha, num_classes))
+    def build_event(self, noise: float, options: Optional[MechanismOptions] = None,
+                    facts: RunFacts = RunFacts()) -> MechanismEvent:
+        """The per-step event of this mechanism at ``noise`` (in :attr:`noise`'s unit), with its ``options``
+        (default: every option's default) and the run's ``facts``; the noise is checked as the accountants
+        take it (:meth:`check_noise`)."""
+        options = self.make_options(options)
+        self.check_noise(noise, facts.clip)
+        return self.event(noise, options, facts)
+
+
+def mechanisms_taking(option: str) -> tuple[str, ...]:
+    """The registered mechanisms whose options have a field ``option``."""
+    return tuple(name for name, spec in MECHANISMS.items() if option in spec.option_names())
+
+
+def inapplicable_option(option: str, mechanism: str, naming: Callable[[str], str] = str) -> str:
+    """Why ``option`` is refused for ``mechanism``, naming the mechanisms that take it."""
+    takers = mechanisms_taking(option)
+    where = f"only to {', '.join(takers)}" if takers else "no registered mechanism takes it"
+    return f"{naming(option)} does not apply to mechanism {mechanism!r} ({where})"
+
+
+@dataclass(frozen=True)
+class OptionField:
+    """One side parameter as the commands offer it: its field name, flag, help, value type (``Optional``
+    removed) and the registered mechanisms that take it."""
+
+    name: str
+    flag: str
+    help: str
+    type: type
+    mechanisms: tuple[str, ...]
+
+
+def option_fields() -> dict[str, OptionField]:
+    """Every registered mechanism's option fields by name (declared as the first mechanism that has the name
+    declares it), in registration order: what the commands generate their option flags from."""
+    found: dict[str, OptionField] = {}
+    for spec in MECHANISMS.values():
+        hints = get_type_hints(spec.options)
+        for option in fields(spec.options):
+            if option.name not in found:
+                kind = hints[option.name]
+                if get_origin(kind) is Union:
+                    (kind,) = [arg for arg in get_args(kind) if arg is not type(None)]
+                flag = option.metadata.get("flag") or "--" + option.name.replace("_", "-")
+                found[option.name] = OptionField(option.name, flag, option.metadata.get("help", ""), kind,
+                                                 mechanisms_taking(option.name))
+    return found
+
+
+def noise_parameters() -> dict[str, NoiseParameter]:
+    """The noise units of the registered mechanisms, by keyword."""
+    return {spec.noise.keyword: spec.noise for spec in MECHANISMS.values()}
 
 
 MECHANISMS: dict[str, MechanismSpec] = {}
@@ -200,6 +279,12 @@ def register_mechanism(spec: MechanismSpec) -> MechanismSpec:
         raise InvalidParameterError(f"mechanism {spec.name!r}: a clip_norm_ord is given iff it perturbs gradients")
     if not spec.accountants:
         raise InvalidParameterError(f"mechanism {spec.name!r} needs at least one accountant")
+    known = noise_parameters().get(spec.noise.keyword)
+    if known is not None and known != spec.noise:
+        raise InvalidParameterError(f"mechanism {spec.name!r}: noise keyword {spec.noise.keyword!r} is already "
+                                    f"another unit ({known.unit})")
+    if not (isinstance(spec.options, type) and issubclass(spec.options, MechanismOptions)):
+        raise InvalidParameterError(f"mechanism {spec.name!r}: options must be a MechanismOptions subclass")
     MECHANISMS[spec.name] = spec
     return spec
 
@@ -212,24 +297,28 @@ def get_mechanism_spec(name: str) -> MechanismSpec:
 
 
 def noise_from_keywords(mechanism: str, *, required: bool = True, **noise: Optional[float]) -> Optional[float]:
-    """The one noise value given among ``noise_multiplier`` / ``laplace_scale`` / ``concentration``.
+    """The one noise value given, as ``noise`` or under the keyword of ``mechanism``'s unit
+    (``noise_multiplier``, ``laplace_scale``, ``concentration`` or a registered mechanism's own).
 
-    Only the keyword of ``mechanism``'s unit may be set (not None); any other raises, naming the
-    keyword the mechanism takes, so a noise is never read in the wrong unit.  Without it: an
-    error if ``required``, else None (e.g. the noise is to be calibrated).
+    Any other unit's keyword raises, naming the keyword the mechanism takes, so a noise is never read in
+    the wrong unit; so do both ``noise`` and the unit's keyword.  Without either: an error if
+    ``required``, else None (e.g. the noise is to be calibrated).
     """
     spec = get_mechanism_spec(mechanism)
-    unknown = sorted(set(noise) - set(NOISE_PARAMETERS))
+    units = noise_parameters()
+    unknown = sorted(set(noise) - set(units) - {"noise"})
     if unknown:
-        raise InvalidParameterError(f"unknown noise keyword {unknown[0]!r}; choose from {sorted(NOISE_PARAMETERS)}")
+        raise InvalidParameterError(f"unknown noise keyword {unknown[0]!r}; choose from {sorted(units)}")
     given = {k: v for k, v in noise.items() if v is not None}
-    wrong = sorted(set(given) - {spec.noise.keyword})
+    wrong = sorted(set(given) - {spec.noise.keyword, "noise"})
     if wrong:
         raise InvalidParameterError(
             f"{wrong[0]} does not apply to mechanism {mechanism!r}: give {spec.noise.keyword} ({spec.noise.unit})")
-    if spec.noise.keyword not in given and required:
+    if len(given) > 1:
+        raise InvalidParameterError(f"give the noise once: noise or {spec.noise.keyword}, not both")
+    if not given and required:
         raise InvalidParameterError(f"{spec.noise.keyword} is required for mechanism {mechanism!r} ({spec.noise.unit})")
-    return given.get(spec.noise.keyword)
+    return next(iter(given.values()), None)
 
 
 def noise_keywords(mechanism: str, noise: float) -> dict[str, float]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from dpnoise.accounting import ACCOUNTANTS, epsilon_after, get_mechanism_spec, noise_keywords
+from dpnoise.accounting import ACCOUNTANTS, MechanismOptions, epsilon_after, get_mechanism_spec
 from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.audit import pld
 
@@ -13,23 +13,22 @@ __all__ = ["audit_bound"]
 
 def audit_bound(
     accountant: str, noise: float, sample_rate: float, steps: int, delta: float,
-    clip: float = 1.0, params: Optional[int] = None, alpha: Optional[float] = None,
-    ks: Optional[Sequence[int]] = None, grid: int = 1 << 21, loss_step: Optional[float] = None,
+    clip: float = 1.0, params: Optional[int] = None, ks: Optional[Sequence[int]] = None, grid: int = 1 << 21,
+    loss_step: Optional[float] = None, options: Optional[MechanismOptions] = None, **option_fields: Any,
 ) -> dict:
     """claimed_epsilon of ``accountant`` vs the exact lower bound; consistent iff lower <= claimed.
 
-    ``noise`` is in the unit of the accountant's mechanism; the pair is the mechanism's
+    ``noise`` is in the unit of the accountant's mechanism, with its options (``options`` or their fields
+    as keywords, e.g. ``alpha=``); the pair is the mechanism's
     :attr:`~dpnoise.accounting.mechanisms.MechanismSpec.audit_pair`."""
     spec = ACCOUNTANTS[accountant] if accountant in ACCOUNTANTS else None
     if spec is None:
         raise InvalidParameterError(f"unknown accountant {accountant!r}; choose from {sorted(ACCOUNTANTS)}")
-    mechanism = get_mechanism_spec(spec.mechanism)
-    if mechanism.uses_alpha and alpha is None:
-        alpha = 1.0
+    options = get_mechanism_spec(spec.mechanism).make_options(options, **option_fields)
     claimed = float(epsilon_after(accountant, steps=steps, delta=delta, sample_rate=sample_rate, clip=clip,
-                                  params=params, alpha=alpha, **noise_keywords(spec.mechanism, noise)))
+                                  params=params, options=options, noise=noise))
     result = pld.lower_bound(spec.mechanism, noise, sample_rate, steps, delta, clip=clip, params=params, ks=ks,
-                             alpha=alpha, grid=grid, loss_step=loss_step)
+                             grid=grid, loss_step=loss_step, options=options)
     return {
         "audit": "bound",
         "accountant": accountant,
@@ -40,7 +39,7 @@ def audit_bound(
         "sample_rate": sample_rate,
         "steps": steps,
         "params": params,
-        "alpha": alpha,
+        **options.to_dict(),
         "delta": delta,
         "claimed_epsilon": claimed,
         "lower_bound_epsilon": result.epsilon,

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
-from dpnoise.accounting import ACCOUNTANTS, accountants_for_mechanism, epsilon_after, noise_keywords
+from dpnoise.accounting import ACCOUNTANTS, MechanismOptions, accountants_for_mechanism, epsilon_after, get_mechanism_spec
 
 __all__ = ["audit_record", "claimed_epsilons", "sound_claim"]
 
 
 def claimed_epsilons(
     mechanism: str, noise: float, sample_rate: float, steps: int, delta: float,
-    clip: float = 1.0, params: Optional[int] = None, alpha: Optional[float] = None,
+    clip: float = 1.0, params: Optional[int] = None, options: Optional[MechanismOptions] = None,
+    **option_fields: Any,
 ) -> dict[str, float]:
-    """Epsilon(delta) of every accountant registered for ``mechanism`` (options included).
+    """Epsilon(delta) of every accountant registered for ``mechanism`` (the accountants flagged as options
+    included).
 
-    ``noise`` is in the mechanism's unit (:data:`dpnoise.accounting.MECHANISMS`)."""
+    ``noise`` is in the mechanism's unit (:data:`dpnoise.accounting.MECHANISMS`), with the mechanism's
+    ``options`` or their fields as keywords (``alpha=``)."""
+    options = get_mechanism_spec(mechanism).make_options(options, **option_fields)
     return {
         name: float(epsilon_after(name, steps=steps, delta=delta, sample_rate=sample_rate, clip=clip, params=params,
-                                  alpha=alpha, **noise_keywords(mechanism, noise)))
+                                  options=options, noise=noise))
         for name in accountants_for_mechanism(mechanism, include_options=True)
     }
 

@@ -15,8 +15,8 @@ to floating-point round-off of the FFTs, ~1e-13 in delta):
   or Chernoff (composition) tail bounds and carried as ``slack``; a measure enlarged by at most
   ``eta`` per step moves delta by at most (1 + eta)^T - 1, which is subtracted at the end.
 
-Pairs (the ``audit_pair`` of each mechanism in :data:`dpnoise.accounting.MECHANISMS`; ``noise``
-in the mechanism's unit times the pair's ``noise_factor``):
+Pairs (the ``audit_pair`` of each mechanism in :data:`dpnoise.accounting.MECHANISMS`, read off the
+mechanism's per-step event, whose noise is relative to the sensitivity):
 
 * ``gaussian-shift``: the 1-D shift C with noise N(0, sigma^2 C^2): Y = log(dP_v/dP_0) ~ N(-+mu^2/2, mu^2),
   mu = 1/sigma.
@@ -36,14 +36,14 @@ L = Y with probability q ("replace-one"; the pairs are symmetric, so one directi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import scipy.fft
 import scipy.special
 from scipy.stats import norm
 
-from dpnoise.accounting import get_mechanism_spec
+from dpnoise.accounting import MechanismOptions, RunFacts, get_mechanism_spec
 from dpnoise.accounting.validation import InvalidParameterError
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "epsilon_for_delta",
     "epsilon_lower_bound",
     "lower_bound",
+    "lower_bound_of_event",
     "default_k_grid",
     "shift_laws",
     "PAIR_FAMILIES",
@@ -347,12 +348,14 @@ def _coarsen(dist: LossDistribution, factor: int) -> LossDistribution:
 class PairFamily:
     """A family of worst-case neighbouring pairs, named by a mechanism's ``AuditPair``.
 
-    ``laws(noise, clip, k, alpha, grid)``: the Y laws of its pair with support size ``k``;
-    ``spread``: its pairs are indexed by a support size k = 1..n (the number of trained parameters),
-    scanned by :func:`lower_bound`; otherwise it has the one pair k = 1.
+    ``laws(event, k, grid)``: the Y laws of its pair with support size ``k`` for the mechanism's per-step
+    event (a :class:`~dpnoise.accounting.events.GaussianEvent`, ``LaplaceEvent``, ``Lap2Event``,
+    ``DirichletEvent``, or another event with the fields the family reads); ``spread``: its pairs are indexed
+    by a support size k = 1..n (the event's number of trained parameters), scanned by :func:`lower_bound`;
+    otherwise it has the one pair k = 1.
     """
 
-    laws: Callable[[float, float, int, "float | None", int], ShiftLaws]
+    laws: Callable[[Any, int, int], ShiftLaws]
     spread: bool = False
 
 
@@ -368,32 +371,29 @@ def register_pair_family(name: str, family: PairFamily) -> PairFamily:
     return family
 
 
-def _dirichlet_vertex_laws(noise: float, clip: float, k: int, alpha: float | None, grid: int) -> ShiftLaws:
-    if alpha is None:
-        raise InvalidParameterError("the dirichlet-vertex pair needs alpha")
-    return dirichlet_shift_laws(noise, alpha, grid)
-
-
-register_pair_family("gaussian-shift", PairFamily(lambda noise, clip, k, alpha, grid: gaussian_shift_laws(noise, grid)))
+# events hold the noise relative to the sensitivity C (the Laplace b / C), so the pairs are at C = 1
+register_pair_family("gaussian-shift", PairFamily(lambda event, k, grid: gaussian_shift_laws(event.noise_multiplier,
+                                                                                           grid)))
 register_pair_family("laplace-shift", PairFamily(
-    lambda noise, clip, k, alpha, grid: laplace_shift_laws(clip / noise, 1, grid)))
+    lambda event, k, grid: laplace_shift_laws(1.0 / event.noise_multiplier, 1, grid)))
 register_pair_family("laplace-spread", PairFamily(
-    lambda noise, clip, k, alpha, grid: laplace_shift_laws(clip / (np.sqrt(k) * noise), k, grid), spread=True))
-register_pair_family("dirichlet-vertex", PairFamily(_dirichlet_vertex_laws))
+    lambda event, k, grid: laplace_shift_laws(1.0 / (np.sqrt(k) * event.noise_multiplier), k, grid), spread=True))
+register_pair_family("dirichlet-vertex", PairFamily(lambda event, k, grid: dirichlet_shift_laws(event.r, event.alpha,
+                                                                                              grid)))
 
 
-def shift_laws(
-    family: str, noise: float, clip: float = 1.0, k: int = 1, alpha: float | None = None,
-    grid: int = 1 << 20,
-) -> ShiftLaws:
-    """The Y laws of the pair ``family`` (one of :data:`PAIR_FAMILIES`, see the module docstring)."""
+def shift_laws(family: str, event: Any, k: int = 1, grid: int = 1 << 20) -> ShiftLaws:
+    """The Y laws of the pair ``family`` (one of :data:`PAIR_FAMILIES`, see the module docstring) for the
+    per-step ``event``."""
     if family not in PAIR_FAMILIES:
         raise InvalidParameterError(f"unknown pair family {family!r}; expected one of {tuple(PAIR_FAMILIES)}")
-    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        laws = PAIR_FAMILIES[family].laws(noise, clip, k, alpha, grid)
+    try:
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            laws = PAIR_FAMILIES[family].laws(event, k, grid)
+    except AttributeError as err:
+        raise InvalidParameterError(f"the {family} pair does not apply to {event!r}: {err}") from None
     if not (np.isfinite(laws.step) and laws.step > 0):
-        raise InvalidParameterError(
-            f"noise {noise:g} (clip {clip:g}) is out of the numerical range of the {family} lower bound")
+        raise InvalidParameterError(f"{event!r} is out of the numerical range of the {family} lower bound")
     return laws
 
 
@@ -439,30 +439,43 @@ def default_k_grid(params: int, points: int = 12) -> list[int]:
 def lower_bound(
     mechanism: str, noise: float, sample_rate: float, steps: int, delta: float,
     clip: float = 1.0, params: int | None = None, ks: Sequence[int] | None = None,
-    alpha: float | None = None, grid: int = 1 << 21, loss_step: float | None = None,
-    max_grid: int = 1 << 23,
+    grid: int = 1 << 21, loss_step: float | None = None, max_grid: int = 1 << 23,
+    options: MechanismOptions | None = None, **option_fields: Any,
 ) -> BoundResult:
-    """Best exact lower bound on eps(delta) over the feasible pairs of ``mechanism``.
+    """Best exact lower bound on eps(delta) over the feasible pairs of ``mechanism`` at ``noise`` (in its
+    unit), with its options (``options`` or their fields as keywords, e.g. ``alpha=``): the pairs of
+    :func:`lower_bound_of_event` for the mechanism's per-step event.  Where the mechanism's event needs the
+    number of trained parameters n and only ``ks`` is given, n is the largest k (a pair with support k is
+    feasible for every n >= k)."""
+    spec = get_mechanism_spec(mechanism)
+    if params is None and ks is not None and spec.needs_params:
+        params = max(ks)
+    event = spec.build_event(noise, spec.make_options(options, **option_fields), RunFacts(clip=clip, params=params))
+    return lower_bound_of_event(mechanism, event, sample_rate, steps, delta, ks, grid, loss_step, max_grid)
 
-    ``noise`` is in the mechanism's unit; the pairs are its registered ``audit_pair``.  For a
-    spread family (``laplace-spread``, lap2) they are the shifts (C/sqrt(k))(1,..,1,0,..) for k in ``ks``
-    (default: a geometric grid up to ``params``); every other family has one pair.  Gradient
-    mechanisms: both directions of add/remove adjacency; output mechanisms: replace-one adjacency
-    with each sampled example's output released.  The maximum over pairs and directions is reported.
+
+def lower_bound_of_event(
+    mechanism: str, event: Any, sample_rate: float, steps: int, delta: float, ks: Sequence[int] | None = None,
+    grid: int = 1 << 21, loss_step: float | None = None, max_grid: int = 1 << 23,
+) -> BoundResult:
+    """Best exact lower bound on eps(delta) over the feasible pairs of ``mechanism``'s per-step ``event``.
+
+    The pairs are its registered ``audit_pair``.  For a spread family (``laplace-spread``, lap2) they are
+    the shifts (C/sqrt(k))(1,..,1,0,..) for k in ``ks`` (default: a geometric grid up to the event's
+    ``num_params``); every other family has one pair.  Gradient mechanisms: both directions of add/remove
+    adjacency; output mechanisms: replace-one adjacency with each sampled example's output released.  The
+    maximum over pairs and directions is reported.
     """
     spec = get_mechanism_spec(mechanism)
-    pair = spec.audit_pair
+    family = spec.audit_pair.family
     directions = ("replace-one",) if spec.perturbs == "outputs" else ("add", "remove")
-    family, noise = pair.family, noise * pair.noise_factor
     if family not in PAIR_FAMILIES:
         raise InvalidParameterError(f"mechanism {mechanism!r} names pair family {family!r}, which is not "
                                     f"registered; choose from {tuple(PAIR_FAMILIES)}")
     if PAIR_FAMILIES[family].spread:
-        if ks is None:
-            if params is None:
-                raise InvalidParameterError(f"{mechanism} needs params (or an explicit k grid)")
-            ks = default_k_grid(params)
-        if params is not None and max(ks) > params:
+        params = event.num_params
+        ks = default_k_grid(params) if ks is None else ks
+        if max(ks) > params:
             raise InvalidParameterError(f"k = {max(ks)} exceeds the number of parameters {params}")
     else:
         ks = [1]
@@ -470,13 +483,13 @@ def lower_bound(
     coarse = len(ks) > 1  # scan all k coarsely (still valid lower bounds), refine the worst one
     scan = []
     for k in ks:
-        laws = shift_laws(family, noise, clip, k, alpha, grid // 8 if coarse else grid)
+        laws = shift_laws(family, event, k, grid // 8 if coarse else grid)
         eps = epsilon_lower_bound(laws, sample_rate, steps, delta, 4 * step if coarse else step, max_grid,
                                   directions)
         scan.extend({"k": int(k), "direction": d, "epsilon": e, "coarse": coarse} for d, e in eps.items())
     if coarse:
         worst = max(scan, key=lambda row: row["epsilon"])["k"]
-        laws = shift_laws(family, noise, clip, worst, alpha, grid)
+        laws = shift_laws(family, event, worst, grid)
         eps = epsilon_lower_bound(laws, sample_rate, steps, delta, step, max_grid, directions)
         scan.extend({"k": worst, "direction": d, "epsilon": e, "coarse": False} for d, e in eps.items())
     best = max(scan, key=lambda row: row["epsilon"])

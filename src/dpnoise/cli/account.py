@@ -10,7 +10,6 @@ from dpnoise.accounting import (
     epsilon_after,
     get_accountant,
     get_mechanism_spec,
-    noise_keywords,
 )
 from dpnoise.cli.common import accountant_lines, add_setting_options, emit, noise_help, resolve_setting
 from dpnoise.formatting import decimals
@@ -31,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     mechanism, accountant, q, steps, kwargs = resolve_setting(args)
     get_mechanism_spec(mechanism).check_noise(args.noise, kwargs["clip"], noise_name="--noise", clip_name="--clip")
-    setting = {"sample_rate": q, **kwargs, **noise_keywords(mechanism, args.noise)}
+    setting = {"sample_rate": q, **kwargs, "noise": args.noise}
     acc = get_accountant(accountant).step(steps=steps, **setting)
     epsilon, bound = acc.get_epsilon_and_bound(args.delta)
     by_acc = {name: epsilon_after(name, steps=steps, delta=args.delta, **setting)
@@ -48,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         "noise": args.noise,
         "clip": kwargs["clip"],
         "params": kwargs["params"],
-        **({"num_classes": kwargs["num_classes"]} if "num_classes" in kwargs else {}),
+        **kwargs["options"].to_dict(),
         "sound": spec.sound,
         "description": spec.description,
         "epsilon_by_accountant": by_acc,

@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 from dpnoise import checks
-from dpnoise.accounting.mechanisms import MECHANISMS
+from dpnoise.accounting.mechanisms import MECHANISMS, option_fields
+from dpnoise.cli.common import add_mechanism_option_flags, mechanism_option_values
 
 GRADIENT_MECHANISMS = [name for name, spec in sorted(MECHANISMS.items()) if spec.perturbs == "gradients"]
 #: --grid of ``audit bound``: the coarse k scan uses grid / 8 points, and 2**26 points already take
@@ -50,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--sample-rate", type=float, required=True, help="Poisson sampling rate q in (0, 1]")
     b.add_argument("--steps", type=int, required=True, help="number of steps T")
     b.add_argument("--params", type=int, help="number of trained parameters n (lap2*: k grid up to n)")
-    b.add_argument("--alpha", type=float, help="Dirichlet offset alpha (dirichlet* only); default 1")
+    add_mechanism_option_flags(b)
     b.add_argument("--k", type=str,
                    help="lap2 only: comma-separated support sizes k of the shift (C/sqrt(k))(1,..,1,0,..); "
                    "default: 12 geometric points in 1..n, the worst refined")
@@ -132,8 +133,9 @@ def parse_ks(text: str, params: int | None) -> list[int]:
     return ks
 
 
-def check_bound(args: argparse.Namespace) -> list[int] | None:
-    """Check the options of ``audit bound``; return the parsed --k (None: the default grid)."""
+def check_bound(args: argparse.Namespace) -> tuple[list[int] | None, Any]:
+    """Check the options of ``audit bound``; return the parsed --k (None: the default grid) and the mechanism's
+    options."""
     from dpnoise.accounting import ACCOUNTANTS
 
     if args.mechanism not in ACCOUNTANTS:
@@ -144,14 +146,15 @@ def check_bound(args: argparse.Namespace) -> list[int] | None:
     checks.check_sample_rate("--sample-rate", args.sample_rate)
     checks.check_count("--steps", args.steps, 1)
     checks.optional(checks.params, "--params", args.params)
-    checks.optional(checks.check_positive, "--alpha", args.alpha)
     checks.count_in("--grid", args.grid, *GRID_RANGE)
     checks.optional(checks.check_positive, "--loss-step", args.loss_step)
     check_common(args, statistical=False)
     ks = parse_ks(args.k, args.params) if args.k is not None else None
-    if MECHANISMS[ACCOUNTANTS[args.mechanism].mechanism].needs_params and ks is None and args.params is None:
+    spec = MECHANISMS[ACCOUNTANTS[args.mechanism].mechanism]
+    if spec.needs_params and ks is None and args.params is None:
         raise checks.InvalidParameterError(f"--params (or --k) is required for --mechanism {args.mechanism}")
-    return ks
+    options = spec.make_options(naming=lambda name: option_fields()[name].flag, **mechanism_option_values(args))
+    return ks, options
 
 
 def check_sampler(args: argparse.Namespace) -> None:
@@ -190,12 +193,12 @@ def check_dirichlet(args: argparse.Namespace) -> None:
 
 
 def run_bound(args: argparse.Namespace) -> int:
-    ks = check_bound(args)
+    ks, options = check_bound(args)
     from dpnoise.audit.bound import audit_bound
 
     return _report(audit_bound(
         args.mechanism, args.noise, args.sample_rate, args.steps, args.delta, clip=args.clip,
-        params=args.params, alpha=args.alpha, ks=ks, grid=args.grid, loss_step=args.loss_step,
+        params=args.params, ks=ks, grid=args.grid, loss_step=args.loss_step, options=options,
     ), args.json)
 
 

@@ -34,15 +34,10 @@ def run(args: argparse.Namespace) -> int:
     payload = dataclasses.asdict(result) | {"sound": spec.sound, "warning": spec.warning, "scope": spec.scope,
                                             result.noise_keyword: result.noise}
     noise = mechanism_spec.noise.printed(result.noise)  # rounded toward privacy (the JSON keeps every digit)
-    if mechanism_spec.uses_alpha:
-        payload["r"] = result.noise
-        classes = "" if result.num_classes is None else f", {result.num_classes} classes"
-        lines = [f"{mechanism} (alpha = {result.alpha:g}{classes}): r* = {noise}, "
-                 f"epsilon = {decimals(result.epsilon, 4, 'up')}"]
-    else:
-        lines = [f"{accountant}: {result.noise_keyword} = {noise} ({mechanism_spec.noise.unit}) "
-                 f"with clip C = {significant_digits(result.clip, 6, 'down')}, "
-                 f"epsilon = {decimals(result.epsilon, 4, 'up')}"]
+    options = "".join(f"{name} = {value:g}, " for name, value in result.options.to_dict().items() if value is not None)
+    lines = [f"{accountant}: {result.noise_keyword} = {noise} ({mechanism_spec.noise.unit}) "
+             f"with {options}clip C = {significant_digits(result.clip, 6, 'down')}, "
+             f"epsilon = {decimals(result.epsilon, 4, 'up')}"]
     lines[0] += f" at delta = {result.delta:g} ({steps} steps at q = {q:.6g})"
     lines += accountant_lines(result.epsilon_by_accountant)
     if spec.scope:

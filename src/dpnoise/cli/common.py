@@ -10,7 +10,7 @@ from typing import Any
 from dpnoise import checks
 from dpnoise.accounting import ACCOUNTANTS, MECHANISMS, accountants_for_mechanism
 from dpnoise.accounting.calibration import MAX_STEPS
-from dpnoise.accounting.mechanisms import get_mechanism_spec
+from dpnoise.accounting.mechanisms import get_mechanism_spec, option_fields
 from dpnoise.accounting.validation import (
     InvalidParameterError,
     check_accounted,
@@ -44,7 +44,7 @@ def accountant_names() -> list[str]:
 
 
 def add_setting_options(p: argparse.ArgumentParser) -> None:
-    """--mechanism, sampling, steps, delta, clip, params, alpha, classes, json."""
+    """--mechanism, sampling, steps, delta, clip, params, the mechanisms' options, json."""
     p.add_argument("--mechanism", required=True, choices=mechanism_choices(), metavar="MECHANISM",
                    help=f"{mechanism_help()}. An accountant name (e.g. lap2-paper) stands for its "
                    "mechanism with --accountant NAME")
@@ -64,11 +64,7 @@ def add_setting_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
     p.add_argument("--params", type=float,
                    help="number of trained parameters n (lap2 and lap2-paper only, required there; up to 1e12)")
-    p.add_argument("--alpha", type=float, help="Dirichlet offset alpha > 0 (dirichlet only; default 1)")
-    p.add_argument("--classes", type=int, metavar="D",
-                   help="number of classes d >= 2 of the model's softmax output (dirichlet only; default: not "
-                   "given, any d). With --classes 2 the default accountant also has the exact two-class PLD "
-                   "route (dirichlet-pld); give it only if the model has exactly that many outputs")
+    add_mechanism_option_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -102,22 +98,33 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
     else:
         steps = checks.finite_steps("--epochs", check_positive("--epochs", args.epochs), q)
     spec = get_mechanism_spec(mechanism)
-    for flag, value, uses in (("--params", args.params, "needs_params"), ("--alpha", args.alpha, "uses_alpha"),
-                              ("--classes", args.classes, "uses_num_classes")):
-        if value is not None and not getattr(spec, uses):  # refused rather than silently ignored
-            users = ", ".join(name for name, other in MECHANISMS.items() if getattr(other, uses))
-            raise InvalidParameterError(f"{flag} does not apply to --mechanism {mechanism} (only to {users})")
+    if args.params is not None and not spec.needs_params:  # refused rather than silently ignored
+        users = ", ".join(name for name, other in MECHANISMS.items() if other.needs_params)
+        raise InvalidParameterError(f"--params does not apply to --mechanism {mechanism} (only to {users})")
     params = None
     if spec.needs_params:
         if args.params is None:
             raise InvalidParameterError(f"--params (number of trained parameters n >= 1) is required for {mechanism}")
         params = checks.params("--params", args.params)
-    kwargs: dict[str, Any] = {"clip": check_accounted("--clip", args.clip), "params": params}
-    if spec.uses_alpha:
-        kwargs["alpha"] = spec.checked_alpha(args.alpha, "--alpha")
-    if spec.uses_num_classes:
-        kwargs["num_classes"] = None if args.classes is None else check_count("--classes", args.classes, 2)
+    options = spec.make_options(naming=lambda name: option_fields()[name].flag, **mechanism_option_values(args))
+    kwargs: dict[str, Any] = {"clip": check_accounted("--clip", args.clip), "params": params, "options": options}
     return mechanism, accountant, q, steps, kwargs
+
+
+def add_mechanism_option_flags(group: Any) -> None:
+    """One flag per option field of the registered mechanisms, generated from their options dataclasses
+    (:func:`~dpnoise.accounting.mechanisms.option_fields`); a flag given to a mechanism without that option is
+    refused (:meth:`~dpnoise.accounting.MechanismSpec.make_options`)."""
+    for option in option_fields().values():
+        group.add_argument(option.flag, dest=f"option_{option.name}", type=option.type,
+                           metavar=option.name.upper().replace("_", "-"),
+                           help=f"{option.help} ({', '.join(option.mechanisms)} only)")
+
+
+def mechanism_option_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The mechanism options given on the command line, by field name."""
+    given = {name: getattr(args, f"option_{name}", None) for name in option_fields()}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def accountant_lines(epsilon_by_accountant: dict[str, float]) -> list[str]:

@@ -14,9 +14,16 @@ from dataclasses import MISSING
 
 from dpnoise import checks
 from dpnoise.accounting import MECHANISMS
-from dpnoise.cli.common import accountant_names, json_text, mechanism_help, noise_help
-from dpnoise.training.config import OPTIONS
-from dpnoise.training.options import OPTION_GROUPS, Option
+from dpnoise.cli.common import (
+    accountant_names,
+    add_mechanism_option_flags,
+    json_text,
+    mechanism_help,
+    mechanism_option_values,
+    noise_help,
+)
+from dpnoise.training.config import MECHANISM_OPTIONS, OPTIONS, option_flag_of
+from dpnoise.training.options import OPTION_GROUPS, PRIVACY, Option
 from dpnoise.training.recipes import RECIPES, apply_recipe
 
 EXAMPLES = """examples:
@@ -59,6 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         for declared in OPTIONS.values():
             if declared.group == heading:
                 add_option(group, declared, registry_help)
+        if heading == PRIVACY:
+            add_mechanism_option_flags(group)
     groups[OPTION_GROUPS[-1]].add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=run)
 
@@ -86,6 +95,7 @@ def option(args: argparse.Namespace, flag: str):  # the value of --flag-name (of
 def configuration_fields(args: argparse.Namespace) -> dict:
     """The configuration's fields from the options given (and the ``--recipe``'s for the others)."""
     values = {path: option(args, declared.flag) for path, declared in OPTIONS.items()}
+    values[MECHANISM_OPTIONS] = mechanism_option_values(args) or None
     if args.recipe:
         values = apply_recipe(values, args.recipe)
     for path, declared in OPTIONS.items():  # the fields without a default that the command line does not require
@@ -109,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
         result = train_private(config)
     except InvalidConfigError as err:  # the configuration's field names become the flags
-        raise checks.InvalidParameterError(err.named(lambda path: OPTIONS[path].flag)) from err
+        raise checks.InvalidParameterError(err.named(option_flag_of)) from err
     if result.rank == 0:  # under torchrun, one report
         print(json_text(result.summary()) if args.json else "\n".join(report_lines(result.summary())))
     return 0

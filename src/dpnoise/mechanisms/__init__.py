@@ -16,7 +16,13 @@ from dpnoise.mechanisms.dirichlet import (
 from dpnoise.mechanisms.errors import InvalidMechanismError
 from dpnoise.mechanisms.noise import gaussian_noise, laplace_noise
 from dpnoise.mechanisms.penultimate import PenultimateGaussian
-from dpnoise.mechanisms.registry import RUNNABLE_MECHANISMS, Mechanism, get_mechanism, implement_mechanism
+from dpnoise.mechanisms.registry import (
+    RUNNABLE_MECHANISMS,
+    Mechanism,
+    get_mechanism,
+    implement_mechanism,
+    unimplement_mechanism,
+)
 
 __all__ = [
     "RUNNABLE_MECHANISMS",
@@ -32,6 +38,7 @@ __all__ = [
     "gaussian_noise",
     "get_mechanism",
     "implement_mechanism",
+    "unimplement_mechanism",
     "kappa",
     "laplace_noise",
     "per_example_norms",

@@ -25,6 +25,7 @@ from scipy.special import polygamma
 from torch import nn
 from torch.nn import functional as F
 
+from dpnoise.accounting.events import DirichletEvent
 from dpnoise.accounting.validation import check_positive
 from dpnoise.mechanisms.errors import InvalidMechanismError
 from dpnoise.mechanisms.registry import implement_mechanism
@@ -109,12 +110,11 @@ class DirichletOutput(nn.Module):
         return dirichlet_log_sample(logits, self.r, self.alpha, self.generator)
 
 
-def wrap_dirichlet(module: nn.Module, *, noise: float, clip: float, alpha: float, generator,
-                   num_classes: Optional[int] = None) -> nn.Module:
-    """The Dirichlet mechanism's torch side: ``module``'s training-mode outputs released as samples (of
-    ``num_classes`` classes, where the accountants were told)."""
+def wrap_dirichlet(module: nn.Module, event: DirichletEvent, *, clip: float, generator) -> nn.Module:
+    """The Dirichlet mechanism's torch side: ``module``'s training-mode outputs released as samples of the
+    event's law (of its number of classes, where the accountants were told)."""
     del clip  # softmax outputs are bounded by construction
-    return DirichletOutput(module, r=noise, alpha=alpha, generator=generator, num_classes=num_classes)
+    return DirichletOutput(module, r=event.r, alpha=event.alpha, generator=generator, num_classes=event.num_classes)
 
 
 implement_mechanism("dirichlet", wrap_module=wrap_dirichlet)

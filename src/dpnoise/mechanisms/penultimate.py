@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from dpnoise.accounting.events import GaussianEvent
 from dpnoise.accounting.validation import check_positive
 from dpnoise.mechanisms.registry import implement_mechanism
 from dpnoise.mechanisms.clipping import clip_factors
@@ -69,10 +70,11 @@ class PenultimateGaussian(nn.Module):
         return self.module(*args, **kwargs)
 
 
-def wrap_penultimate(module: nn.Module, *, noise: float, clip: float, alpha: float, generator) -> nn.Module:
-    """The penultimate-layer Gaussian's torch side: clipped, noised activations in training mode."""
-    del alpha
-    return PenultimateGaussian(module, sigma=noise, clip=clip, generator=generator)
+def wrap_penultimate(module: nn.Module, event: GaussianEvent, *, clip: float, generator) -> nn.Module:
+    """The penultimate-layer Gaussian's torch side: clipped, noised activations in training mode.  The event's
+    noise multiplier is relative to the sensitivity 2C (a replaced input moves a clipped activation by up to
+    2C), so the noise std is 2 C times it, sigma C."""
+    return PenultimateGaussian(module, sigma=2.0 * event.noise_multiplier, clip=clip, generator=generator)
 
 
 implement_mechanism("penultimate-gaussian", wrap_module=wrap_penultimate)

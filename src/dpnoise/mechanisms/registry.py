@@ -25,7 +25,7 @@ from dpnoise.mechanisms.noise import gaussian_noise, laplace_noise
 #: (reference tensor, noise, clip, generator, shares) -> noise tensor shaped like the reference: one of
 #: ``shares`` independent shares whose sum is the mechanism's noise (the whole noise for ``shares=1``).
 NoiseSampler = Callable[[torch.Tensor, float, float, Optional[torch.Generator], int], torch.Tensor]
-#: (module, noise=, clip=, alpha=, generator=) -> wrapped module.
+#: (module, the mechanism's event, clip=, generator=) -> wrapped module.
 ModuleWrapper = Callable[..., nn.Module]
 
 
@@ -123,6 +123,11 @@ def implement_mechanism(name: str, *, sample_noise: Optional[NoiseSampler] = Non
         raise InvalidMechanismError(f"output mechanism {name!r} needs a module wrapper (and no noise sampler)")
     _IMPLEMENTED[name] = Mechanism(spec, sample_noise, wrap_module)
     return _IMPLEMENTED[name]
+
+
+def unimplement_mechanism(name: str) -> None:
+    """Undo :func:`implement_mechanism` (a mechanism added for a test or a session)."""
+    _IMPLEMENTED.pop(name, None)
 
 
 def get_mechanism(name: str) -> Mechanism:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from dpnoise.accounting import CalibrationResult, calibrate, epsilon_of_events
+from dpnoise.accounting import CalibrationResult, MechanismOptions, calibrate, epsilon_of_events
 from dpnoise.accounting.events import DpEvent
 
 #: Upper end of the step search in :func:`steps_within_budget` (a budget never reached).
@@ -19,8 +19,7 @@ def calibrate_training_noise(
     steps: int,
     clip: float,
     params: int,
-    alpha: Optional[float],
-    num_classes: Optional[int] = None,
+    options: Optional[MechanismOptions] = None,
     releases: Sequence[DpEvent] = (),
 ) -> CalibrationResult:
     """Smallest noise meeting (target_epsilon, delta) after ``steps`` steps, in the mechanism's units.
@@ -32,7 +31,7 @@ def calibrate_training_noise(
     (gradient mechanisms only), covered by the target too.
     """
     return calibrate(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params,
-                     alpha=alpha, num_classes=num_classes, releases=releases)
+                     options=options, releases=releases)
 
 
 def steps_within_budget(accountant: str, step_event: DpEvent, target_epsilon: float, delta: float,

@@ -27,10 +27,11 @@ from typing import Any, Callable, Literal, Mapping, Optional, Union, get_args, g
 
 from dpnoise import checks
 from dpnoise.accounting import MECHANISMS
+from dpnoise.accounting.mechanisms import option_fields
 from dpnoise.accounting.validation import InvalidParameterError
 from dpnoise.training.execution import ExecutionOptions
 from dpnoise.training.options import OPTIMISATION, RUN, WHAT, Option, Rule, broken_rule, option
-from dpnoise.training.privacy_plan import PRIVACY_RULES, SECURE_MODE_MECHANISMS, PrivacyOptions
+from dpnoise.training.privacy_plan import PRIVACY_RULES, SECURE_MODE_MECHANISMS, PrivacyOptions, mechanism_options
 
 #: learning rate of each optimiser when none is given
 DEFAULT_LR = {"adam": 1e-3, "sgd": 0.1}
@@ -273,7 +274,7 @@ class TrainingConfig:
             if group not in ("", *SECTIONS) or name not in known or (not group and name in SECTIONS):
                 raise InvalidParameterError(f"unknown configuration field {path!r}")
             (groups[group] if group else top)[name] = value
-        check_fields(lambda path: values.get(path, OPTIONS[path].default))
+        check_fields(lambda path: values.get(path, {} if path == MECHANISM_OPTIONS else OPTIONS[path].default))
         return cls(**{name: SECTIONS[name](**group) for name, group in groups.items() if group}, **top)
 
 
@@ -312,26 +313,49 @@ def _declared_options(kind: type, prefix: str = "") -> dict[str, Option]:
 OPTIONS: dict[str, Option] = _declared_options(TrainingConfig)
 
 
+#: the configuration field of the mechanism's side parameters (:attr:`PrivacyOptions.options`, a mapping of its
+#: fields in a configuration); the command line generates one flag per option field of every registered mechanism
+MECHANISM_OPTIONS = "privacy.options"
+
+
+def option_flag_of(path: str) -> str:
+    """The ``dpnoise train`` flag of a configuration field by its dotted path (a mechanism option's
+    ``privacy.options.<field>`` too)."""
+    prefix = MECHANISM_OPTIONS + "."
+    if path.startswith(prefix) and path[len(prefix):] in option_fields():
+        return option_fields()[path[len(prefix):]].flag
+    return OPTIONS[path].flag
+
+
 def non_default_fields(config: TrainingConfig) -> dict[str, Any]:
     """``{dotted path: value}`` of every field of ``config`` that differs from its default in a configuration,
-    and of every field without one: what gives ``config`` back through :meth:`TrainingConfig.from_fields`."""
+    and of every field without one, with the mechanism's options that differ from theirs
+    (:data:`MECHANISM_OPTIONS`): what gives ``config`` back through :meth:`TrainingConfig.from_fields`."""
     values = {path: field_value(config, path) for path in OPTIONS}
-    return {path: value for path, value in values.items()
-            if OPTIONS[path].default is MISSING or value != OPTIONS[path].default}
+    found = {path: value for path, value in values.items()
+             if OPTIONS[path].default is MISSING or value != OPTIONS[path].default}
+    options = config.privacy.options
+    defaults = type(options)().to_dict()
+    changed = {name: value for name, value in options.to_dict().items() if value != defaults[name]}
+    return {**found, MECHANISM_OPTIONS: changed} if changed else found
 
 
 def to_argv(config: TrainingConfig) -> list[str]:
     """The ``dpnoise train`` arguments (after ``train``) that build ``config``: the flag of each field of
     :func:`non_default_fields` with its value (a switch alone for a bool; floats written exactly, by
-    ``repr``).  The privacy options without a flag (``data_releases``, ``on_budget_exhausted``, ``num_classes``:
-    a training run sets them) are refused when they are not their defaults.  Tested by a round trip: the
-    command line's configuration is ``config``."""
+    ``repr``), the mechanism's options by their generated flags.  The privacy options without a flag
+    (``data_releases``, ``on_budget_exhausted``: a training run sets them) are refused when they are not their
+    defaults.  Tested by a round trip: the command line's configuration is ``config``."""
     privacy = config.privacy
-    if privacy.data_releases or privacy.on_budget_exhausted != "raise" or privacy.num_classes is not None:
-        raise InvalidParameterError("privacy.data_releases, privacy.on_budget_exhausted and privacy.num_classes have "
-                                    "no dpnoise train flag (a training run sets them)")
+    if privacy.data_releases or privacy.on_budget_exhausted != "raise":
+        raise InvalidParameterError("privacy.data_releases and privacy.on_budget_exhausted have no dpnoise train "
+                                    "flag (a training run sets them)")
     argv: list[str] = []
     for path, value in non_default_fields(config).items():
+        if path == MECHANISM_OPTIONS:
+            for name, option_value in value.items():
+                argv += [option_flag_of(f"{path}.{name}"), _argument(option_value)]
+            continue
         declared = OPTIONS[path]
         argv += [declared.flag] if declared.type is bool else [declared.flag, _argument(value)]
     return argv
@@ -442,6 +466,9 @@ def check_fields(value_at: FieldValue) -> None:
     broken = broken_rule(RULES, value_at)
     if broken is not None:
         raise InvalidConfigError(lambda n: broken.message(n, value_at))
+    options = value_at(MECHANISM_OPTIONS)
+    checked_by_name(lambda n: mechanism_options(MECHANISMS[mechanism], options,
+                                                naming=lambda name: n(f"{MECHANISM_OPTIONS}.{name}")))
     if noise is not None:  # what the accountants compute with: the noise, or its ratio to the clip (Laplace)
         checked_by_name(lambda n: MECHANISMS[mechanism].check_noise(
             noise, value_at("privacy.max_grad_norm"), noise_name=n("privacy.noise"),

@@ -33,6 +33,7 @@ from dpnoise.accounting import (
     PrivacyAccountant,
     UnsoundAccountantWarning,
     accountant_holding,
+    MechanismOptions,
     noise_from_keywords,
 )
 from dpnoise.accounting.events import DpEvent
@@ -56,6 +57,7 @@ from dpnoise.training.optimizers import (
 )
 from dpnoise.training.privacy_plan import (
     PrivacyOptions,
+    option_keywords,
     PrivacyPlan,
     PrivacySetup,
     resolve,
@@ -159,12 +161,14 @@ class PrivacyEngine:
         *,
         mechanism: str,
         delta: float,
+        noise: Optional[float] = None,
         noise_multiplier: Optional[float] = None,
         laplace_scale: Optional[float] = None,
         concentration: Optional[float] = None,
         target_epsilon: Optional[float] = None,
         epochs: Optional[float] = None,
         max_grad_norm: float = 1.0,
+        options: Optional[MechanismOptions] = None,
         alpha: Optional[float] = None,
         num_classes: Optional[int] = None,
         accountant: Optional[str] = None,
@@ -197,16 +201,20 @@ class PrivacyEngine:
                 run on zero examples).
             mechanism: a name from :data:`dpnoise.accounting.MECHANISMS`.
             delta: the target delta.
-            noise_multiplier / laplace_scale / concentration: the noise, under the keyword of the
-                mechanism's unit and only that one (see the registry): ``noise_multiplier`` sigma
-                (noise std sigma * C) for ``gaussian`` and ``penultimate-gaussian``,
-                ``laplace_scale`` b (absolute) for ``lap2`` and ``laplace-l1``, ``concentration``
-                r for ``dirichlet``.  Omit it to calibrate from ``target_epsilon`` and ``epochs``.
+            noise / noise_multiplier / laplace_scale / concentration: the noise in the mechanism's unit,
+                as ``noise`` or under the keyword of that unit and only that one (see the registry):
+                ``noise_multiplier`` sigma (noise std sigma * C) for ``gaussian`` and
+                ``penultimate-gaussian``, ``laplace_scale`` b (absolute) for ``lap2`` and ``laplace-l1``,
+                ``concentration`` r for ``dirichlet``.  Omit it to calibrate from ``target_epsilon`` and
+                ``epochs``.
             target_epsilon: the budget. Steps past it are refused (``on_budget_exhausted``).
             epochs: planned epochs (needed to calibrate ``noise``); ``planned_steps`` becomes
                 ceil(epochs / sample_rate), the step count the calibration assumed.
             max_grad_norm: clipping norm C (L2; L1 for ``laplace-l1``; activations for
                 ``penultimate-gaussian``; unused by ``dirichlet``).
+            options: the mechanism's side parameters, its options dataclass
+                (:attr:`~dpnoise.accounting.MechanismSpec.options`, e.g. ``DirichletOptions``); or their
+                fields as keywords, for the Dirichlet mechanism:
             alpha: Dirichlet offset (``dirichlet`` only; default 1.0).
             num_classes: the number of classes of the model's outputs (``dirichlet`` only; None: not
                 recorded).  Recorded in every step's event: with 2 the default accountant has its exact
@@ -282,9 +290,10 @@ class PrivacyEngine:
         get_mechanism(mechanism)  # an unknown or unimplemented mechanism: InvalidMechanismError
         privacy = PrivacyOptions(
             mechanism=mechanism, delta=delta, target_epsilon=target_epsilon, epochs=epochs, max_grad_norm=max_grad_norm,
-            alpha=alpha, accountant=accountant, calibrate_with=calibrate_with, data_releases=data_releases,
-            on_budget_exhausted=on_budget_exhausted, secure_mode=secure_mode, num_classes=num_classes,
-            noise=noise_from_keywords(mechanism, required=False, noise_multiplier=noise_multiplier,
+            accountant=accountant, calibrate_with=calibrate_with, data_releases=data_releases,
+            on_budget_exhausted=on_budget_exhausted, secure_mode=secure_mode,
+            options=option_keywords(options, alpha=alpha, num_classes=num_classes),
+            noise=noise_from_keywords(mechanism, required=False, noise=noise, noise_multiplier=noise_multiplier,
                                       laplace_scale=laplace_scale, concentration=concentration),
         )
         execution = ExecutionOptions(poisson_sampling=poisson_sampling, grad_sample_mode=grad_sample_mode,
@@ -433,10 +442,8 @@ class PrivacyEngine:
                 return private_module, NoisyGradientOptimizer(optimizer, **options)
             return private_module, DistributedNoisyGradientOptimizer(optimizer, group=group,
                                                                      noise_shares=noise_shares, **options)
-        recorded = {} if setup.num_classes is None else {"num_classes": setup.num_classes}
-        private_module = mech.wrap_module(
-            module, noise=setup.noise, clip=setup.clip, alpha=setup.alpha, generator=self.noise_generator, **recorded
-        )
+        private_module = mech.wrap_module(module, self.plan.step_event.event, clip=setup.clip,
+                                          generator=self.noise_generator)
         options = dict(gate=self.ledger, logical_batches=self.step_batches, module=private_module)
         if group is None:
             return private_module, OutputPrivateOptimizer(optimizer, **options)

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from dpnoise.accounting import accountant_holding, get_accountant
+from dpnoise.accounting import InvalidParameterError, accountant_holding, get_accountant, get_mechanism_spec
 from dpnoise.accounting.events import DiscreteGaussianStepEvent, DpEvent, PoissonSampledEvent, event_to_dict
 from dpnoise.training.errors import CheckpointMismatchError
 from dpnoise.training.privacy_plan import PrivacySetup
@@ -65,8 +65,8 @@ def check_engine_state(state: Any, run: ResumingRun) -> None:
     saved_setup, current_setup = state["setup"], asdict(run.setup)
     if not isinstance(saved_setup, dict):
         raise inconsistent("setup", f"a {type(saved_setup).__name__}, not a dictionary")
-    # written before data releases or secure mode existed: none, off
-    saved_setup = {"data_releases": (), "secure_mode": False, "num_classes": None, **saved_setup}
+    # written before data releases, secure mode or mechanism options existed: none, off, the old fields'
+    saved_setup = {"data_releases": (), "secure_mode": False, **_with_options(saved_setup)}
     for field in [*current_setup, *(key for key in saved_setup if key not in current_setup)]:
         saved, current = saved_setup.get(field, _MISSING), current_setup.get(field, _MISSING)
         if _normalized(saved) != _normalized(current):
@@ -184,6 +184,20 @@ def _describe(value: Any) -> str:
     if isinstance(value, str):
         return value
     return repr(value)
+
+
+def _with_options(saved_setup: dict[str, Any]) -> dict[str, Any]:
+    """A saved setup with its mechanism's options as one ``options`` entry: a setup written before options
+    existed held the Dirichlet ``alpha`` (None for other mechanisms) and ``num_classes`` as fields."""
+    if "options" in saved_setup or "alpha" not in saved_setup:
+        return saved_setup
+    setup = dict(saved_setup)
+    legacy = {name: setup.pop(name, None) for name in ("alpha", "num_classes")}
+    try:
+        options = get_mechanism_spec(setup.get("mechanism")).make_options(**legacy)
+    except InvalidParameterError:
+        return saved_setup  # reported as it differs, field by field
+    return {**setup, "options": options.to_dict()}
 
 
 def _describe_event(event: DpEvent) -> str:

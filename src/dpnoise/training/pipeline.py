@@ -178,8 +178,11 @@ def make_private_from_config(
     from dpnoise.data import dataset_info
 
     privacy = dataclasses.replace(config.privacy, data_releases=releases, on_budget_exhausted="stop")
-    if MECHANISMS[privacy.mechanism].uses_num_classes:  # the release's size: exact routes where one applies
-        privacy = dataclasses.replace(privacy, num_classes=dataset_info(config.data.name).num_classes)
+    options = privacy.options
+    if "num_classes" in MECHANISMS[privacy.mechanism].option_names() and options.num_classes is None:
+        # the release's size: exact routes where one applies
+        options = dataclasses.replace(options, num_classes=dataset_info(config.data.name).num_classes)
+        privacy = dataclasses.replace(privacy, options=options)
     return engine.make_private_with_options(model, optimizer, loader, privacy=privacy,
                                             execution=dataclasses.replace(config.execution, device=device),
                                             loss_fn=training_loss(config))

@@ -210,6 +210,6 @@ def apply_dirichlet_learning_rate(config: TrainingConfig, optimizer: torch.optim
 
     if config.optimizer.effective_lr is None:
         return
-    lr = dirichlet_learning_rate(config.optimizer.effective_lr, engine.setup.noise, engine.setup.alpha)
+    lr = dirichlet_learning_rate(config.optimizer.effective_lr, engine.setup.noise, engine.setup.options["alpha"])
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -21,12 +21,15 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from dpnoise.accounting import (
     ACCOUNTANTS,
     MECHANISMS,
     CalibrationResult,
+    MechanismOptions,
+    MechanismSpec,
+    RunFacts,
     UnsoundAccountantWarning,
     accountant_holding,
     accountants_for_mechanism,
@@ -48,7 +51,6 @@ from dpnoise.accounting.secure_noise import SMOOTHING, discrete_gaussian_budget
 from dpnoise.accounting.validation import (
     InvalidParameterError,
     check_accounted,
-    check_count,
     check_delta,
     check_positive,
     check_sample_rate,
@@ -74,7 +76,6 @@ class PrivacySetup:
     clip: float
     sample_rate: float
     params: int
-    alpha: Optional[float]
     delta: float
     target_epsilon: Optional[float]
     accountant: str
@@ -83,8 +84,14 @@ class PrivacySetup:
     data_releases: tuple[dict[str, Any], ...] = ()
     #: secure mode: exact integer noise on a grid (the Gaussian's epsilons carry its correction)
     secure_mode: bool = False
-    #: the number of classes of an output mechanism's released softmax (None: not recorded)
-    num_classes: Optional[int] = None
+    #: the mechanism's side parameters (:meth:`~dpnoise.accounting.MechanismOptions.to_dict`; e.g. the Dirichlet
+    #: alpha and number of classes)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mechanism_options(self) -> MechanismOptions:
+        """:attr:`options` as the mechanism's options dataclass."""
+        return get_mechanism_spec(self.mechanism).make_options(**self.options)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,7 +100,10 @@ class PrivacyOptions:
 
     ``noise`` is in the mechanism's unit (``make_private`` takes it under the unit's keyword:
     ``noise_multiplier``, ``laplace_scale`` or ``concentration``); None: calibrated from
-    ``target_epsilon`` and ``epochs``.  ``alpha`` defaults to 1.0 for a mechanism that takes it.
+    ``target_epsilon`` and ``epochs``.  ``options``: the mechanism's side parameters, as its options dataclass
+    (:attr:`~dpnoise.accounting.MechanismSpec.options`, e.g. ``DirichletOptions(alpha=0.5)``) or a mapping of
+    its fields (``{"alpha": 0.5}``), stored as the dataclass (default: its defaults); refused, field by field,
+    by a mechanism that does not take them.
     ``primary`` and ``accountants`` are derived: the primary accountant (``accountant``, else the
     mechanism's default) and every accountant the run records, the primary first.  The fields with a
     command-line flag declare it (:func:`~dpnoise.training.options.option`); ``data_releases`` and
@@ -109,8 +119,6 @@ class PrivacyOptions:
     max_grad_norm: float = option(1.0, flag="--clip", group=PRIVACY, check=("check_accounted",),
                                   help="clipping norm C: per-example gradient L2 norm (gaussian, lap2), L1 norm "
                                   "(laplace-l1), or penultimate activation L2 norm; unused by dirichlet (default 1)")
-    alpha: Optional[float] = option(None, flag="--alpha", group=PRIVACY, check=("check_accounted",),
-                                    help="Dirichlet offset alpha > 0 (dirichlet only; default 1)")
     delta: float = option(flag="--delta", group=PRIVACY, check=("check_delta",),
                           help="target delta, e.g. 1e-5 (required unless a --recipe sets it)")
     target_epsilon: Optional[float] = option(None, flag="--epsilon", group=PRIVACY, check=("check_positive",),
@@ -144,11 +152,11 @@ class PrivacyOptions:
         "on the CPU: it adds tens of milliseconds to a step of the tutorial CNN and 10 to 25 s to one of MiniLM full "
         "fine-tuning (benchmarks/README.md). One process only; refused with --noise-seed and "
         "--feature-statistics-noise")
+    #: the command line's flags for these are generated from every mechanism's options dataclass
+    #: (:func:`~dpnoise.accounting.mechanisms.option_fields`)
+    options: Any = field(default_factory=dict)
     data_releases: tuple[DpEvent, ...] = ()
     on_budget_exhausted: BudgetPolicy = "raise"
-    #: the number of classes of the Dirichlet mechanism's output (None: not recorded); with 2 the default
-    #: accountant has its exact two-class route, and the wrapped model's outputs must have 2 classes
-    num_classes: Optional[int] = None
     primary: str = field(init=False)
     accountants: tuple[str, ...] = field(init=False)
 
@@ -168,13 +176,10 @@ class PrivacyOptions:
             keyword = {"noise": noise_keyword}
             raise InvalidTrainingOptionError(broken.message(lambda name: keyword.get(name, name),
                                                             lambda name: getattr(self, name)))
-        if spec.uses_alpha:
-            checked["alpha"] = spec.checked_alpha(self.alpha)
-        if self.num_classes is not None:
-            if not spec.uses_num_classes:  # refused rather than ignored
-                raise InvalidTrainingOptionError(f"num_classes applies to an output mechanism that records it, not "
-                                                 f"to mechanism {self.mechanism}")
-            checked["num_classes"] = check_count("num_classes", self.num_classes, 2)
+        try:
+            checked["options"] = mechanism_options(spec, self.options)
+        except InvalidParameterError as err:
+            raise InvalidTrainingOptionError(str(err)) from None
         if self.on_budget_exhausted not in ("raise", "stop"):
             raise InvalidTrainingOptionError(
                 f"on_budget_exhausted must be 'raise' or 'stop', got {self.on_budget_exhausted!r}")
@@ -187,8 +192,22 @@ class PrivacyOptions:
             object.__setattr__(self, name, value)
 
 
-def _alpha_users() -> str:
-    return ", ".join(name for name, spec in MECHANISMS.items() if spec.uses_alpha)
+def option_keywords(options: Optional[MechanismOptions], **fields: Any) -> Any:
+    """What ``make_private`` passes as :attr:`PrivacyOptions.options`: ``options``, or the option fields given
+    as keywords (not None); both are refused."""
+    given = {name: value for name, value in fields.items() if value is not None}
+    if options is not None and given:
+        raise InvalidTrainingOptionError(f"give the mechanism's options either as options= or as "
+                                         f"{', '.join(given)}, not both")
+    return given if options is None else options
+
+
+def mechanism_options(spec: MechanismSpec, options: Any, naming: Callable[[str], str] = str) -> MechanismOptions:
+    """``options`` (the mechanism's options dataclass, or a mapping of its fields) as ``spec``'s options
+    dataclass; ``naming`` names a field in an error."""
+    if isinstance(options, Mapping):
+        return spec.make_options(naming=naming, **options)
+    return spec.make_options(options)
 
 
 def _inapplicable_accountant(field: str) -> Rule:
@@ -210,8 +229,6 @@ PRIVACY_RULES: tuple[Rule, ...] = (
     Rule(lambda v: v("noise") is not None and v("calibrate_with") is not None,  # refused rather than ignored
          lambda n, v: f"{n('calibrate_with')} applies only when the noise is calibrated: give {n('target_epsilon')} "
                       f"without {n('noise')}"),
-    Rule(lambda v: v("alpha") is not None and not MECHANISMS[v("mechanism")].uses_alpha,  # refused, not ignored
-         lambda n, v: f"{n('alpha')} does not apply to {n('mechanism')} {v('mechanism')} (only to {_alpha_users()})"),
     _inapplicable_accountant("accountant"),
     _inapplicable_accountant("calibrate_with"),
 )
@@ -312,18 +329,17 @@ def resolve(options: PrivacyOptions, *, sample_rate: float, params: int) -> Priv
         calibration = calibrate_training_noise(
             options.calibrate_with or options.primary, target_epsilon=target[0], delta=target[1],
             sample_rate=sample_rate, steps=planned_steps, clip=options.max_grad_norm, params=params,
-            alpha=options.alpha, num_classes=options.num_classes, releases=options.data_releases)
+            options=options.options, releases=options.data_releases)
         noise = calibration.noise
     setup = PrivacySetup(
         mechanism=options.mechanism, noise=float(noise), clip=float(options.max_grad_norm),
-        sample_rate=float(sample_rate), params=params, alpha=options.alpha, delta=float(options.delta),
+        sample_rate=float(sample_rate), params=params, delta=float(options.delta),
         target_epsilon=options.target_epsilon, accountant=options.primary, accountants=options.accountants,
         data_releases=tuple(event_to_dict(release) for release in options.data_releases),
-        secure_mode=options.secure_mode, num_classes=options.num_classes,
+        secure_mode=options.secure_mode, options=options.options.to_dict(),
     )
-    step_event = training_step_event(options.mechanism, sample_rate=sample_rate, clip=options.max_grad_norm,
-                                     params=params, alpha=options.alpha, num_classes=options.num_classes,
-                                     **{get_mechanism_spec(options.mechanism).noise.keyword: noise})
+    step_event = training_step_event(options.mechanism, sample_rate=sample_rate, noise=noise,
+                                     facts=RunFacts(clip=options.max_grad_norm, params=params), options=options.options)
     if _discrete_gaussian(options.mechanism, options.secure_mode):  # released on a grid: its accountants correct
         step_event = DiscreteGaussianStepEvent(step_event, params, SMOOTHING)
     plan = PrivacyPlan(setup, step_event, options.data_releases, planned_steps, calibration, None,

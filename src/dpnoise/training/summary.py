@@ -80,8 +80,10 @@ class TrainingResult:
     wall_time_s: float
     #: this process's rank (0 in one process); only rank 0 writes the files and prints
     rank: int = 0
-    #: Dirichlet only: alpha and kappa(0.9; r, alpha)
-    alpha: Optional[float] = None
+    #: the mechanism's side parameters (:attr:`PrivacySetup.options`, e.g. the Dirichlet alpha and number of
+    #: classes)
+    options: dict[str, Any] = field(default_factory=dict)
+    #: Dirichlet only: kappa(0.9; r, alpha), the gradient's attenuation
     kappa_at_0_9: Optional[float] = None
     #: the accountant that calibrated the noise (None: the noise was given)
     calibrated_with: Optional[str] = None
@@ -130,8 +132,8 @@ class TrainingResult:
     def summary(self) -> dict[str, Any]:
         """The run's result as one JSON-able dictionary (``dpnoise train --json``)."""
         summary = {name: getattr(self, name) for name in SUMMARY_FIELDS}
-        if self.alpha is not None:
-            summary["alpha"] = self.alpha
+        summary.update(self.options)
+        if self.kappa_at_0_9 is not None:
             summary["kappa_at_0.9"] = self.kappa_at_0_9
         if self.calibrated_with is not None:
             summary["calibrated_with"] = self.calibrated_with
@@ -214,9 +216,9 @@ def summarize(
         processes=engine.world_size,
         wall_time_s=wall_time,
         rank=engine.rank,
-        alpha=setup.alpha,
-        kappa_at_0_9=(kappa(KAPPA_REFERENCE_PROBABILITY, setup.noise, setup.alpha)
-                      if setup.alpha is not None else None),
+        options=setup.options,
+        kappa_at_0_9=(kappa(KAPPA_REFERENCE_PROBABILITY, setup.noise, setup.options["alpha"])
+                      if RUNNABLE_MECHANISMS[setup.mechanism].spec.effective_lr else None),
         calibrated_with=engine.calibration.accountant if engine.calibration is not None else None,
         private_randomness=engine.private_randomness,
         secure_noise=engine.secure_noise,

@@ -11,9 +11,10 @@ is calibrated as the largest r in (0, alpha); the learning rate may be given as 
 
 from __future__ import annotations
 
-from typing import Optional
-
 import warnings
+from dataclasses import dataclass
+from numbers import Integral
+from typing import Optional
 
 import numpy as np
 
@@ -27,20 +28,48 @@ from dpnoise.accounting.calibration import (
     validated_target,
 )
 from dpnoise.accounting.events import DirichletEvent
-from dpnoise.accounting.mechanisms import CONCENTRATION, OUTPUT_PRIVACY_SCOPE, AuditPair, EventContext, MechanismSpec
+from dpnoise.accounting.mechanisms import (
+    CONCENTRATION,
+    OUTPUT_PRIVACY_SCOPE,
+    AuditPair,
+    MechanismOptions,
+    MechanismSpec,
+    RunFacts,
+    side_option,
+)
 from dpnoise.accounting.pld.dirichlet import two_class_domain_problem, two_class_loss_range, two_class_vertex_pmfs
 from dpnoise.accounting.pld.distribution import PldRoute
 from dpnoise.accounting.plugin import MechanismPlugin, register_plugin
 from dpnoise.accounting.plugins.wording import add_remove_reading
 from dpnoise.accounting.rdp.dirichlet import sampled_dirichlet_rdp
 from dpnoise.accounting.registry import AccountantSpec, get_spec
-from dpnoise.accounting.validation import ACCOUNTED_RANGE, check_positive
+from dpnoise.accounting.validation import ACCOUNTED_RANGE, InvalidParameterError, check_accounted, check_count
 
 
-def dirichlet_event(noise: float, context: EventContext) -> DirichletEvent:
-    """r is the noise; alpha defaults to 1; the number of classes is recorded where known."""
-    return DirichletEvent(check_positive("concentration", noise),
-                          check_positive("alpha", 1.0 if context.alpha is None else context.alpha), context.num_classes)
+@dataclass(frozen=True, kw_only=True)
+class DirichletOptions(MechanismOptions):
+    """The Dirichlet mechanism's side parameters: the offset alpha of Dir(r s + alpha) and the number of
+    classes d of the released softmax, where known (with 2 the default accountant has its exact two-class
+    PLD route, docs/theory/dirichlet.md Sec. 1.3; a training output of another size is then refused)."""
+
+    alpha: float = side_option(1.0, help="Dirichlet offset alpha > 0 (default 1)")
+    num_classes: Optional[int] = side_option(
+        None, flag="--classes",
+        help="number of classes d >= 2 of the model's softmax output (default: not given, any d). With 2 the "
+        "default accountant also has the exact two-class PLD route (dirichlet-pld); give it only if the model has "
+        "exactly that many outputs")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "alpha", check_accounted("alpha", self.alpha))
+        if self.num_classes is not None:
+            if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, Integral):
+                raise InvalidParameterError(f"num_classes must be an integer >= 2 or None, got {self.num_classes!r}")
+            object.__setattr__(self, "num_classes", check_count("num_classes", self.num_classes, 2))
+
+
+def dirichlet_event(noise: float, options: DirichletOptions, facts: RunFacts) -> DirichletEvent:
+    """r is the noise; alpha and the number of classes are the options."""
+    return DirichletEvent(noise, options.alpha, options.num_classes)
 
 
 def _rdp(base: str, subsampling: str):
@@ -85,14 +114,15 @@ def calibrate_dirichlet_r(
     :class:`UnreachableTargetError` stating the floor.
     """
     eps_t, delta, q, steps = validated_target(target_epsilon, delta, sample_rate, steps)
-    alpha = check_positive("alpha", alpha)
+    options = DirichletOptions(alpha=alpha, num_classes=num_classes)
+    alpha = options.alpha
     spec = get_spec(accountant)
     if spec.mechanism != "dirichlet":
         raise ValueError(f"accountant {accountant!r} is not a Dirichlet accountant")
     if not spec.sound:
         warnings.warn(spec.warning or "", UnsoundAccountantWarning, stacklevel=2)
 
-    step_event = step_event_factory("dirichlet", q, alpha=alpha, num_classes=num_classes)
+    step_event = step_event_factory("dirichlet", q, options=options)
 
     def eps_of_inverse(inv_r: float) -> float:
         return epsilon_at_noise(accountant, step_event, 1.0 / inv_r, steps, delta)
@@ -113,16 +143,15 @@ def calibrate_dirichlet_r(
     r = 1.0 / inv_r
     eps = eps_of_inverse(inv_r)
     return CalibrationResult(
-        "dirichlet", accountant, r, eps, delta, q, steps, alpha=alpha,
-        epsilon_by_accountant={accountant: eps}, num_classes=num_classes,
+        "dirichlet", accountant, r, eps, delta, q, steps, options=options, epsilon_by_accountant={accountant: eps},
     )
 
 
-def calibrate_r(accountant: str, target_epsilon: float, delta: float, sample_rate: float, steps: int, *,
-                alpha: Optional[float] = None, num_classes: Optional[int] = None) -> CalibrationResult:
+def calibrate_r(accountant: str, target_epsilon: float, delta: float, sample_rate: float, steps: int,
+                options: DirichletOptions) -> CalibrationResult:
     """The largest admissible r in (0, alpha) (:func:`~dpnoise.accounting.calibrate_dirichlet_r`)."""
-    return calibrate_dirichlet_r(target_epsilon, delta, sample_rate, steps,
-                                 alpha=1.0 if alpha is None else alpha, accountant=accountant, num_classes=num_classes)
+    return calibrate_dirichlet_r(target_epsilon, delta, sample_rate, steps, alpha=options.alpha,
+                                 accountant=accountant, num_classes=options.num_classes)
 
 
 _SETTING = "alpha = 1, q = 0.00512, 5860 steps, delta = 1e-5"
@@ -137,7 +166,7 @@ PLUGIN = register_plugin(MechanismPlugin(
         name="dirichlet",
         description="Dirichlet output mechanism: p~ ~ Dir(r softmax(z) + alpha), loss -log p~_y",
         noise=CONCENTRATION, perturbs="outputs", noise_distribution="dirichlet",
-        event=dirichlet_event, event_type=DirichletEvent, uses_alpha=True, uses_num_classes=True,
+        event=dirichlet_event, event_type=DirichletEvent, options=DirichletOptions,
         accountants=("dirichlet", "dirichlet-release-count", "dirichlet-rdp", "dirichlet-ponnoprat"),
         audit_pair=AuditPair("dirichlet-vertex"),
         scope=OUTPUT_PRIVACY_SCOPE, calibrate=calibrate_r, effective_lr=True,

@@ -10,19 +10,18 @@ import numpy as np
 
 from dpnoise.accounting.calibration import CalibrationResult, calibrate_noise
 from dpnoise.accounting.events import GaussianEvent
-from dpnoise.accounting.mechanisms import NOISE_MULTIPLIER, AuditPair, EventContext, MechanismSpec
+from dpnoise.accounting.mechanisms import NOISE_MULTIPLIER, AuditPair, NoOptions, RunFacts, MechanismSpec
 from dpnoise.accounting.pld.distribution import PldRoute, gaussian_loss_width
 from dpnoise.accounting.pld.single_step import gaussian_pmfs
 from dpnoise.accounting.plugin import MechanismPlugin, register_plugin
 from dpnoise.accounting.plugins.wording import pld_and_rdp
 from dpnoise.accounting.rdp.gaussian import sampled_gaussian_rdp
 from dpnoise.accounting.release_count import LogProfile, gaussian_log_profile
-from dpnoise.accounting.validation import check_positive
 
 
-def gaussian_event(noise: float, context: EventContext) -> GaussianEvent:
+def gaussian_event(noise: float, options: NoOptions, facts: RunFacts) -> GaussianEvent:
     """sigma is already relative to C."""
-    return GaussianEvent(check_positive("noise_multiplier", noise))
+    return GaussianEvent(noise)
 
 
 def releases_log_profile(event: GaussianEvent) -> LogProfile:

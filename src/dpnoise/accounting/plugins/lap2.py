@@ -16,7 +16,7 @@ import numpy as np
 
 from dpnoise.accounting.calibration import CalibrationResult, calibrate_noise
 from dpnoise.accounting.events import Lap2Event
-from dpnoise.accounting.mechanisms import LAPLACE_SCALE, AuditPair, EventContext, MechanismSpec
+from dpnoise.accounting.mechanisms import LAPLACE_SCALE, AuditPair, NoOptions, RunFacts, MechanismSpec
 from dpnoise.accounting.pld.distribution import PldRoute, gaussian_loss_width
 from dpnoise.accounting.pld.gdp import lap2_gdp_mu
 from dpnoise.accounting.pld.single_step import gaussian_pmfs
@@ -24,14 +24,14 @@ from dpnoise.accounting.plugin import MechanismPlugin, register_plugin
 from dpnoise.accounting.plugins.wording import PLD_NOTE
 from dpnoise.accounting.rdp.lap2 import lap2_add_only_rdp, lap2_paper_rdp, lap2_sound_rdp
 from dpnoise.accounting.registry import AccountantSpec, get_spec
-from dpnoise.accounting.validation import InvalidParameterError, check_positive
+from dpnoise.accounting.validation import InvalidParameterError
 
 
-def lap2_event(noise: float, context: EventContext) -> Lap2Event:
+def lap2_event(noise: float, options: NoOptions, facts: RunFacts) -> Lap2Event:
     """b is absolute (the event's noise multiplier is b / C); the event needs n."""
-    if context.params is None:
+    if facts.params is None:
         raise InvalidParameterError("params (the number of trained parameters n) is required for lap2")
-    return Lap2Event(check_positive("laplace_scale", noise) / context.clip, context.params)
+    return Lap2Event(noise / facts.clip, facts.params)
 
 
 def dominating_noise_multiplier(event: Lap2Event) -> float:

@@ -9,18 +9,17 @@ from __future__ import annotations
 import numpy as np
 
 from dpnoise.accounting.events import LaplaceEvent
-from dpnoise.accounting.mechanisms import LAPLACE_SCALE, AuditPair, EventContext, MechanismSpec
+from dpnoise.accounting.mechanisms import LAPLACE_SCALE, AuditPair, NoOptions, RunFacts, MechanismSpec
 from dpnoise.accounting.pld.distribution import PldRoute, laplace_loss_width
 from dpnoise.accounting.pld.single_step import laplace_pmfs
 from dpnoise.accounting.plugin import MechanismPlugin, register_plugin
 from dpnoise.accounting.plugins.wording import pld_and_rdp
 from dpnoise.accounting.rdp.laplace import sampled_laplace_rdp
-from dpnoise.accounting.validation import check_positive
 
 
-def laplace_l1_event(noise: float, context: EventContext) -> LaplaceEvent:
+def laplace_l1_event(noise: float, options: NoOptions, facts: RunFacts) -> LaplaceEvent:
     """b is absolute: the event's noise multiplier is b / C."""
-    return LaplaceEvent(check_positive("laplace_scale", noise) / context.clip)
+    return LaplaceEvent(noise / facts.clip)
 
 
 def add_remove_rdp(event: LaplaceEvent, q: float, orders: np.ndarray) -> np.ndarray:

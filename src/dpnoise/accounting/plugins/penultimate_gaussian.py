@@ -11,17 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from dpnoise.accounting.events import GaussianEvent
-from dpnoise.accounting.mechanisms import NOISE_MULTIPLIER, OUTPUT_PRIVACY_SCOPE, AuditPair, EventContext, MechanismSpec
+from dpnoise.accounting.mechanisms import NOISE_MULTIPLIER, OUTPUT_PRIVACY_SCOPE, AuditPair, NoOptions, RunFacts, MechanismSpec
 from dpnoise.accounting.plugin import MechanismPlugin, register_plugin
 from dpnoise.accounting.plugins.wording import PLD_NOTE, add_remove_reading
 from dpnoise.accounting.rdp.gaussian import shared_inclusion_gaussian_rdp
 from dpnoise.accounting.registry import AccountantSpec
-from dpnoise.accounting.validation import check_positive
 
 
-def penultimate_gaussian_event(noise: float, context: EventContext) -> GaussianEvent:
+def penultimate_gaussian_event(noise: float, options: NoOptions, facts: RunFacts) -> GaussianEvent:
     """The sensitivity-1 noise multiplier is sigma / 2 (a replaced input moves the activation by up to 2C)."""
-    return GaussianEvent(check_positive("noise_multiplier", noise) / 2.0)
+    return GaussianEvent(noise / 2.0)
 
 
 def replace_one_rdp(event: GaussianEvent, q: float, orders: np.ndarray) -> np.ndarray:
@@ -40,7 +39,7 @@ PLUGIN = register_plugin(MechanismPlugin(
         event=penultimate_gaussian_event, event_type=GaussianEvent,
         accountants=("penultimate-gaussian", "penultimate-gaussian-exact", "penultimate-gaussian-replace-one-rdp",
                      "penultimate-gaussian-pld"),
-        audit_pair=AuditPair("gaussian-shift", noise_factor=0.5),
+        audit_pair=AuditPair("gaussian-shift"),
         scope=OUTPUT_PRIVACY_SCOPE,
     ),
     rdp={"replace-one": replace_one_rdp},
