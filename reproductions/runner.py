@@ -63,7 +63,6 @@ def train_config(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -
     from dpnoise.training import (DataConfig, ExecutionOptions, OptimizerConfig, OutputConfig, PrivacyOptions,
                                   Schedule, TrainingConfig)
 
-    alpha = {} if spec.alpha is None else {"alpha": float(spec.alpha)}
     text = {**({} if spec.max_length is None else {"max_length": spec.max_length}),
             **({} if spec.eval_split is None else {"eval_split": spec.eval_split})}
     return TrainingConfig(
@@ -75,7 +74,8 @@ def train_config(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -
         resolution=spec.resolution,
         privacy=PrivacyOptions(mechanism=spec.mechanism, max_grad_norm=float(spec.clip), delta=float(spec.delta),
                                target_epsilon=float(spec.target_epsilon), epochs=epochs_for_steps(spec),
-                               accountant=spec.calibrated_with, calibrate_with=spec.calibrated_with, **alpha),
+                               accountant=spec.calibrated_with, calibrate_with=spec.calibrated_with,
+                               options={} if spec.alpha is None else {"alpha": float(spec.alpha)}),
         schedule=Schedule(batch_size=spec.batch_size),
         execution=ExecutionOptions(max_physical_batch_size=spec.physical_batch_size),
         optimizer=OptimizerConfig(spec.optimizer, weight_decay=float(spec.weight_decay),

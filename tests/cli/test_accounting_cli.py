@@ -54,7 +54,7 @@ def test_account_and_training_agree_on_a_dirichlet_r_at_or_above_alpha(capsys, r
     argv = ["account", "--mechanism", "dirichlet", "--noise", str(r), "--sample-rate", "0.0445", "--steps", "23",
             "--delta", "1e-5", *([] if alpha is None else ["--alpha", str(alpha)])]
     printed = run_json(capsys, argv)["epsilon"]
-    plan = resolve(PrivacyOptions(mechanism="dirichlet", noise=r, alpha=alpha, delta=1e-5), sample_rate=0.0445,
+    plan = resolve(PrivacyOptions(mechanism="dirichlet", noise=r, options={"alpha": alpha}, delta=1e-5), sample_rate=0.0445,
                    params=100)
     trained = epsilon_of_events(plan.setup.accountant, plan.step_event, steps=23, delta=1e-5)
     assert (printed is None) == (trained == float("inf"))

@@ -2,11 +2,11 @@
 
 import pytest
 
-from dpnoise.accounting import epsilon_after, training_step_event
+from dpnoise.accounting import epsilon_after, step_event_from_keywords
 from dpnoise.training.calibration import steps_within_budget
 
 ARGUMENTS = dict(mechanism="gaussian", sample_rate=0.01, noise_multiplier=1.1, clip=1.0, params=10)
-STEP = training_step_event(**ARGUMENTS)
+STEP = step_event_from_keywords(**ARGUMENTS)
 
 
 def fits(steps: int, target: float) -> bool:

@@ -31,8 +31,9 @@ VALID = TrainingConfig(DataConfig("digits"), PrivacyOptions(mechanism="dirichlet
 CHECKED = [path for path, declared in OPTIONS.items() if declared.check]
 OWN_CHOICES = [path for path, declared in OPTIONS.items() if declared.choices is not None and not declared.registry]
 #: the fields without a command-line flag: set by the training run, derived, or not offered by ``dpnoise train``
-WITHOUT_FLAG = {"privacy.data_releases", "privacy.on_budget_exhausted", "privacy.num_classes", "privacy.primary", "privacy.accountants",
-                "execution.poisson_sampling"}
+#: ``privacy.options`` has one generated flag per mechanism option instead (tested in tests/cli)
+WITHOUT_FLAG = {"privacy.options", "privacy.data_releases", "privacy.on_budget_exhausted", "privacy.primary",
+                "privacy.accountants", "execution.poisson_sampling"}
 
 
 def with_field(config: TrainingConfig, path: str, value) -> TrainingConfig:
@@ -83,7 +84,7 @@ def test_none_means_not_given_where_it_is_the_default():
     config = TrainingConfig.from_fields({**{p: field_value(VALID, p) for p in OPTIONS}, **not_given,
                                          "privacy.target_epsilon": 1.0})
     check_config(config)
-    assert all(field_value(config, path) is None for path in not_given.keys() - {"privacy.alpha", "privacy.target_epsilon"})
+    assert all(field_value(config, path) is None for path in not_given.keys() - {"privacy.target_epsilon"})
 
 
 @pytest.mark.parametrize("path", OWN_CHOICES)
@@ -100,7 +101,7 @@ def test_each_declared_choice_list_refuses_another_value(path):
 def test_the_privacy_and_execution_sections_are_the_options_of_make_private():
     assert SECTIONS["privacy"] is PrivacyOptions and SECTIONS["execution"] is ExecutionOptions
     assert isinstance(VALID.privacy, PrivacyOptions) and VALID.execution == ExecutionOptions()
-    assert VALID.privacy.alpha == 1.0 and VALID.privacy.primary == "dirichlet"  # checked and completed when built
+    assert VALID.privacy.options.alpha == 1.0 and VALID.privacy.primary == "dirichlet"  # checked and completed when built
 
 
 def test_a_section_built_directly_names_its_option_and_check_config_names_the_field():
@@ -115,11 +116,13 @@ def test_a_section_built_directly_names_its_option_and_check_config_names_the_fi
 
 
 @pytest.mark.parametrize("values,message", [
-    ({"privacy.alpha": 2.0, "privacy.mechanism": "lap2"}, "privacy.alpha does not apply to privacy.mechanism lap2"),
+    ({"privacy.options": {"alpha": 2.0}, "privacy.mechanism": "lap2"},
+     "privacy.options.alpha does not apply to mechanism 'lap2' \\(only to dirichlet\\)"),
+    ({"privacy.options": {"alpha": 0.0}}, "privacy.options.alpha must be finite and > 0"),
     ({"privacy.mechanism": "laplace"}, "privacy.mechanism must be one of"),
     ({"privacy.epochs": dataclasses.MISSING}, "give privacy.epochs"),
 ])
 def test_from_fields_refuses_what_the_privacy_options_would_refuse_naming_the_fields(values, message):
-    fields = {**{p: field_value(VALID, p) for p in OPTIONS}, "privacy.alpha": None, **values}
+    fields = {**{p: field_value(VALID, p) for p in OPTIONS}, **values}
     with pytest.raises(InvalidConfigError, match=f"^{message}"):
         TrainingConfig.from_fields({path: value for path, value in fields.items() if value is not dataclasses.MISSING})

@@ -39,7 +39,7 @@ def test_short_run_reaches_stated_accuracy(digits_train, digits_test, mechanism)
     engine = optimizer.privacy_engine
     if mechanism == "dirichlet":  # the Dirichlet-mechanism paper's heuristic: effective learning rate 1e-2 at s_y = 0.9
         for group in optimizer.param_groups:
-            group["lr"] = dirichlet_learning_rate(1e-2, engine.setup.noise, engine.setup.alpha)
+            group["lr"] = dirichlet_learning_rate(1e-2, engine.setup.noise, engine.setup.options["alpha"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsoundAccountantWarning)
         train_steps(module, optimizer, endless_batches(loader), engine, engine.planned_steps)

@@ -47,7 +47,7 @@ def test_the_command_line_accounts_and_calibrates_the_new_mechanism(toy_register
                           "--clip", "0.5", *SETTING)
     reference = cli_json(capsys, "calibrate", "--mechanism", "gaussian", "--epsilon", "3", *SETTING)
     assert calibrated["toy_std"] == pytest.approx(2 * 0.5 * reference["noise_multiplier"], rel=1e-3)
-    assert calibrated["epsilon"] <= 3 and calibrated["options"] == {"group_size": 2}
+    assert calibrated["epsilon"] <= 3 and calibrated["group_size"] == 2
     assert main(["account", "--mechanism", "gaussian", "--noise", "1", "--group-size", "2", *SETTING]) == 2
     assert "--group-size does not apply to mechanism 'gaussian' (only to toy)" in capsys.readouterr().err
 

@@ -82,7 +82,7 @@ def test_result_has_the_fields_of_the_report(tiny_result):
     assert set(tiny_result.epsilon_by_accountant) == {"lap2", "lap2-rdp", "lap2-gdp", "lap2-paper"}
     assert tiny_result.epsilon == tiny_result.epsilon_by_accountant["lap2"] <= 2.0
     assert tiny_result.sound_by_accountant["lap2-paper"] is False
-    assert tiny_result.calibrated_with == "lap2" and tiny_result.noise > 0 and tiny_result.alpha is None
+    assert tiny_result.calibrated_with == "lap2" and tiny_result.noise > 0 and tiny_result.options == {}
     assert 0.0 <= tiny_result.test_accuracy <= 1.0 and tiny_result.wall_time_s > 0
     assert [s.step for s in tiny_result.history.steps] == list(range(1, 9))
     assert [e.step for e in tiny_result.history.epochs] == [8]

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dpnoise.accounting import InvalidParameterError, epsilon_of_events, training_step_event
+from dpnoise.accounting import InvalidParameterError, epsilon_of_events, step_event_from_keywords
 from dpnoise.training.errors import InvalidTrainingOptionError, PrivacyBudgetExceededError
 from dpnoise.training.privacy_plan import PrivacyOptions, resolve
 
@@ -15,7 +15,7 @@ Q, N = 256 / 60000, 26010
 
 def test_a_given_noise_is_the_step_event_and_there_is_no_budget():
     plan = resolve(PrivacyOptions(mechanism="lap2", delta=1e-5, noise=0.8, max_grad_norm=0.5), sample_rate=Q, params=N)
-    assert plan.step_event == training_step_event("lap2", sample_rate=Q, laplace_scale=0.8, clip=0.5, params=N)
+    assert plan.step_event == step_event_from_keywords("lap2", sample_rate=Q, laplace_scale=0.8, clip=0.5, params=N)
     assert plan.setup.accountant == "lap2" and plan.setup.accountants[0] == "lap2"
     assert plan.calibration is None and plan.max_steps is None and plan.planned_steps is None
 
@@ -35,11 +35,11 @@ def test_a_target_is_met_by_the_calibrated_noise_and_bounds_the_budget(mechanism
 
 def test_options_are_frozen_and_checked_by_name():
     options = PrivacyOptions(mechanism="dirichlet", delta=1e-5, noise=0.5)
-    assert options.alpha == 1.0 and options.primary == "dirichlet"
+    assert options.options.alpha == 1.0 and options.primary == "dirichlet"
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.delta = 0.1
     for bad, name in [(dict(delta=1.0), "delta"), (dict(max_grad_norm=-1.0), "max_grad_norm"),
-                      (dict(alpha=2.0), "alpha does not apply to mechanism gaussian"),
+                      (dict(options={"alpha": 2.0}), "alpha does not apply to mechanism .gaussian."),
                       (dict(noise=None), "give noise_multiplier .fixed noise."),
                       (dict(accountant="dirichlet"), "accountant 'dirichlet' does not apply to mechanism gaussian"),
                       (dict(on_budget_exhausted="ignore"), "on_budget_exhausted"),

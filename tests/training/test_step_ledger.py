@@ -2,11 +2,11 @@
 
 import pytest
 
-from dpnoise.accounting import get_accountant, training_step_event
+from dpnoise.accounting import get_accountant, step_event_from_keywords
 from dpnoise.training.errors import PrivacyBudgetExceededError
 from dpnoise.training.step_ledger import StepLedger
 
-EVENT = training_step_event("gaussian", sample_rate=0.01, noise_multiplier=1.1)
+EVENT = step_event_from_keywords("gaussian", sample_rate=0.01, noise_multiplier=1.1)
 
 
 def ledger(**options) -> StepLedger:

@@ -31,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
     mechanism_spec = get_mechanism_spec(mechanism)
     result = calibrate(accountant, target, args.delta, q, steps, **kwargs)
     spec = ACCOUNTANTS[accountant]
-    payload = dataclasses.asdict(result) | {"sound": spec.sound, "warning": spec.warning, "scope": spec.scope,
-                                            result.noise_keyword: result.noise}
+    payload = {**dataclasses.asdict(result), **result.options.to_dict(), "sound": spec.sound, "warning": spec.warning,
+               "scope": spec.scope, result.noise_keyword: result.noise}
+    del payload["options"]  # its fields are given one by one, as by ``dpnoise account``
     noise = mechanism_spec.noise.printed(result.noise)  # rounded toward privacy (the JSON keeps every digit)
     options = "".join(f"{name} = {value:g}, " for name, value in result.options.to_dict().items() if value is not None)
     lines = [f"{accountant}: {result.noise_keyword} = {noise} ({mechanism_spec.noise.unit}) "

@@ -100,7 +100,7 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
     spec = get_mechanism_spec(mechanism)
     if args.params is not None and not spec.needs_params:  # refused rather than silently ignored
         users = ", ".join(name for name, other in MECHANISMS.items() if other.needs_params)
-        raise InvalidParameterError(f"--params does not apply to --mechanism {mechanism} (only to {users})")
+        raise InvalidParameterError(f"--params does not apply to mechanism {mechanism!r} (only to {users})")
     params = None
     if spec.needs_params:
         if args.params is None:
