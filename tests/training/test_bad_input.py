@@ -57,7 +57,7 @@ def test_inconsistent_options(digits_train):
         make(digits_train, mechanism="laplace", noise_multiplier=1.0)
     with pytest.raises(ValueError, match=r"give laplace_scale \(fixed noise\), or target_epsilon and epochs"):
         make(digits_train, mechanism="lap2", target_epsilon=1.0)
-    with pytest.raises(ValueError, match="alpha does not apply to mechanism lap2"):
+    with pytest.raises(ValueError, match="alpha does not apply to mechanism .lap2. .only to dirichlet"):
         make(digits_train, mechanism="lap2", laplace_scale=1.0, alpha=1.0)
     with pytest.raises(ValueError, match="accountant 'gaussian' does not apply to mechanism lap2"):
         make(digits_train, mechanism="lap2", laplace_scale=1.0, accountant="gaussian")
