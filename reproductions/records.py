@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -21,52 +21,72 @@ GROUP_KEYS = (
 )
 
 
+def configured(path: str, default: Any = MISSING) -> Any:
+    """A :class:`RunSpec` field that is the training configuration's field at the dotted ``path``
+    (:meth:`dpnoise.training.TrainingConfig.from_fields`); several paths are separated by commas."""
+    return field(default=default, metadata={"config": tuple(path.split(","))})
+
+
 @dataclass(frozen=True)
 class RunSpec:
-    """One training run of an experiment, fully specified (the noise is calibrated, not given).
+    """One training run of an experiment: the experiment's name, the planned steps and the run's training
+    configuration fields (each field names its configuration path; the noise is calibrated, not given).
 
     ``steps`` is the planned number of Poisson-sampled steps T: the noise is calibrated so that
     ``target_epsilon`` is reached after T steps under ``calibrated_with``, which is also the
     accountant that enforces the budget.  ``lr`` is ignored when ``effective_lr`` is set
     (Dirichlet only: lr = effective_lr / kappa(0.9; r, alpha), docs/theory/dirichlet.md §4).
     ``train_limit`` trains on a deterministic class-balanced subset (it changes q = batch / N).
+    ``seed`` is the public seed and the noise seed (a reproduction is reproducible).
     """
 
     experiment: str
-    dataset: str
-    model: str
-    mechanism: str
-    calibrated_with: str
-    target_epsilon: float
-    seed: int
-    steps: int
-    batch_size: int
-    delta: float = 1e-5
-    clip: float = 1.0
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.0
-    alpha: Optional[float] = None
-    effective_lr: Optional[float] = None
-    train_limit: Optional[int] = None
-    test_limit: Optional[int] = None
-    momentum: float = 0.0
-    lr_schedule: str = "constant"
-    ema_decay: Optional[float] = None
+    dataset: str = configured("data.name")
+    model: str = configured("model")
+    mechanism: str = configured("privacy.mechanism")
+    calibrated_with: str = configured("privacy.accountant,privacy.calibrate_with")
+    target_epsilon: float = configured("privacy.target_epsilon")
+    seed: int = configured("seed,noise_seed")
+    #: the configuration's privacy.epochs is the E with ceil(E / q) = steps (:func:`reproductions.runner.train_config`)
+    steps: int = field(default=MISSING)
+    batch_size: int = configured("schedule.batch_size")
+    delta: float = configured("privacy.delta", 1e-5)
+    clip: float = configured("privacy.max_grad_norm", 1.0)
+    optimizer: str = configured("optimizer.name", "adam")
+    lr: float = configured("optimizer.lr", 1e-3)
+    weight_decay: float = configured("optimizer.weight_decay", 0.0)
+    label_smoothing: float = configured("optimizer.label_smoothing", 0.0)
+    alpha: Optional[float] = configured("privacy.options.alpha", None)
+    effective_lr: Optional[float] = configured("optimizer.effective_lr", None)
+    train_limit: Optional[int] = configured("data.limit", None)
+    test_limit: Optional[int] = configured("data.test_limit", None)
+    momentum: float = configured("optimizer.momentum", 0.0)
+    lr_schedule: str = configured("optimizer.lr_schedule", "constant")
+    ema_decay: Optional[float] = configured("optimizer.ema_decay", None)
     #: physical batches of a logical batch (memory only: the step is the same)
-    physical_batch_size: Optional[int] = None
+    physical_batch_size: Optional[int] = configured("execution.max_physical_batch_size", None)
     #: standardise the features with per-channel statistics released with this Gaussian noise
     #: multiplier (scatternet models; the release is in every epsilon); None: GroupNorm
-    feature_statistics_noise: Optional[float] = None
+    feature_statistics_noise: Optional[float] = configured("data.feature_statistics_noise", None)
     #: minilm only: which parameters are fine-tuned (``dpnoise train --trainable``); None: the library's default
-    trainable: Optional[str] = None
+    trainable: Optional[str] = configured("trainable", None)
     #: text datasets: sentences cut to this many tokens (``--max-length``); None: the library's default
-    max_length: Optional[int] = None
+    max_length: Optional[int] = configured("data.max_length", None)
     #: the split evaluated (``--eval-split``, e.g. sst2's ``dev``); None: the test split
-    eval_split: Optional[str] = None
+    eval_split: Optional[str] = configured("data.eval_split", None)
     #: efficientnet models: the image side (``--resolution``); None: the library's default
-    resolution: Optional[int] = None
+    resolution: Optional[int] = configured("resolution", None)
+
+    def configuration_fields(self) -> dict[str, Any]:
+        """``{dotted configuration path: value}`` of the fields given (not None), ``lr`` left out where
+        ``effective_lr`` replaces it (:meth:`dpnoise.training.TrainingConfig.from_fields`)."""
+        found: dict[str, Any] = {}
+        for spec_field in fields(self):
+            value = getattr(self, spec_field.name)
+            if value is None or (spec_field.name == "lr" and self.effective_lr is not None):
+                continue
+            found.update((path, value) for path in spec_field.metadata.get("config", ()))
+        return found
 
     @property
     def name(self) -> str:

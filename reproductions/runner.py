@@ -58,37 +58,21 @@ def train_argv(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> 
 
 
 def train_config(spec: RunSpec, out_dir: Path, threads: int = DEFAULT_THREADS) -> TrainingConfig:
-    """The configuration that :func:`train_argv`'s command line builds (the same values: numbers are
-    floats, as the command line parses them)."""
-    from dpnoise.training import (DataConfig, ExecutionOptions, OptimizerConfig, OutputConfig, PrivacyOptions,
-                                  Schedule, TrainingConfig)
+    """The configuration of ``spec``'s fields (:meth:`RunSpec.configuration_fields`), with the epochs of its
+    planned steps, its output in ``out_dir`` and ``threads``: what :func:`train_argv`'s command line builds
+    (the same values: numbers have the flags' types, as the command line parses them)."""
+    from dpnoise.training import TrainingConfig
+    from dpnoise.training.config import MECHANISM_OPTIONS, OPTIONS
 
-    text = {**({} if spec.max_length is None else {"max_length": spec.max_length}),
-            **({} if spec.eval_split is None else {"eval_split": spec.eval_split})}
-    return TrainingConfig(
-        data=DataConfig(spec.dataset, limit=spec.train_limit, test_limit=spec.test_limit,
-                        feature_statistics_noise=None if spec.feature_statistics_noise is None
-                        else float(spec.feature_statistics_noise), **text),
-        model=spec.model,
-        trainable=spec.trainable,
-        resolution=spec.resolution,
-        privacy=PrivacyOptions(mechanism=spec.mechanism, max_grad_norm=float(spec.clip), delta=float(spec.delta),
-                               target_epsilon=float(spec.target_epsilon), epochs=epochs_for_steps(spec),
-                               accountant=spec.calibrated_with, calibrate_with=spec.calibrated_with,
-                               options={} if spec.alpha is None else {"alpha": float(spec.alpha)}),
-        schedule=Schedule(batch_size=spec.batch_size),
-        execution=ExecutionOptions(max_physical_batch_size=spec.physical_batch_size),
-        optimizer=OptimizerConfig(spec.optimizer, weight_decay=float(spec.weight_decay),
-                                  label_smoothing=float(spec.label_smoothing), momentum=float(spec.momentum),
-                                  lr_schedule=spec.lr_schedule,
-                                  ema_decay=None if spec.ema_decay is None else float(spec.ema_decay),
-                                  **({"effective_lr": float(spec.effective_lr)} if spec.effective_lr is not None
-                                     else {"lr": float(spec.lr)})),
-        output=OutputConfig(folder=Path(out_dir), progress=False, log_private_batch_stats=True),
-        seed=spec.seed,
-        noise_seed=spec.seed,
-        threads=threads,
-    )
+    values: dict[str, Any] = {"privacy.epochs": epochs_for_steps(spec), "output.folder": Path(out_dir),
+                              "output.progress": False, "output.log_private_batch_stats": True, "threads": threads}
+    options: dict[str, Any] = {}
+    for path, value in spec.configuration_fields().items():
+        if path.startswith(MECHANISM_OPTIONS + "."):
+            options[path[len(MECHANISM_OPTIONS) + 1:]] = value
+        else:
+            values[path] = float(value) if OPTIONS[path].type is float else value
+    return TrainingConfig.from_fields({**values, **({MECHANISM_OPTIONS: options} if options else {})})
 
 
 @functools.lru_cache(maxsize=None)

@@ -84,8 +84,8 @@ def no_work(monkeypatch):
         raise AssertionError("make_private did work before checking its arguments")
 
     monkeypatch.setattr(engine_module, "resolve", forbidden)
-    monkeypatch.setattr(engine_module, "choose_gradient_source", forbidden)
-    monkeypatch.setattr(engine_module, "poisson_loader", forbidden)
+    monkeypatch.setattr(engine_module, "wrap_private", forbidden)
+    monkeypatch.setattr(engine_module, "training_loader", forbidden)
 
 
 def refused(digits_train, name, **options):

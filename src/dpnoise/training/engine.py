@@ -19,7 +19,7 @@ import secrets
 import warnings
 from dataclasses import asdict
 from functools import partial
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -42,19 +42,13 @@ from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.release import FloatRelease, GridRelease, Release
 from dpnoise.mechanisms.secure_noise import Plan
 from dpnoise.training.batches import LossFunction, check_keyword_batch
-from dpnoise.training.devices import DeviceLike, module_float_dtype, seeded_generator, to_device
+from dpnoise.training.devices import DeviceLike, module_float_dtype, to_device
 from dpnoise.training.distributed import RankGroup, generator_seeds
 from dpnoise.training.engine_state import ResumingRun, check_engine_state, with_discrete_steps
 from dpnoise.training.execution import ExecutionOptions, GradSampleMode
 from dpnoise.training.randomness import PrivateRandomness, ReproducibleNoiseWarning, reproducible_noise_warning
 from dpnoise.training.errors import EngineStateError
-from dpnoise.training.optimizers import (
-    DistributedNoisyGradientOptimizer,
-    DistributedOutputPrivateOptimizer,
-    NoisyGradientOptimizer,
-    OutputPrivateOptimizer,
-    noise_share,
-)
+from dpnoise.training.optimizers import noise_share
 from dpnoise.training.privacy_plan import (
     PrivacyOptions,
     option_keywords,
@@ -65,10 +59,10 @@ from dpnoise.training.privacy_plan import (
 from dpnoise.training.per_example_check import PerExampleCheckReport, verify_per_example_gradients
 from dpnoise.training.provenance import BatchProvenance
 from dpnoise.training.secure_mode import secure_noise_plan, secure_noise_record
-from dpnoise.training.sampling import DeviceDataLoader, LogicalBatchTracker, poisson_loader, shard_indices
+from dpnoise.training.sampling import LogicalBatchTracker, shard_indices, training_loader
 from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
 from dpnoise.training.validation import check_private_run
-from dpnoise.training.wrapping import choose_gradient_source
+from dpnoise.training.wrapping import wrap_private
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +180,15 @@ class PrivacyEngine:
     ) -> tuple[nn.Module, Optimizer, DataLoader]:
         """Return the private (module, optimizer, data loader).
 
+        Every keyword but ``loss_fn`` is a field of :class:`~dpnoise.training.privacy_plan.PrivacyOptions` (what is
+        released: ``mechanism``, ``delta``, the noise, ``target_epsilon``, ``epochs``, ``max_grad_norm``, the
+        mechanism's ``options``, ``accountant``, ``calibrate_with``, ``on_budget_exhausted``, ``data_releases``,
+        ``secure_mode``) or of :class:`~dpnoise.training.execution.ExecutionOptions` (how the run executes:
+        ``poisson_sampling``, ``grad_sample_mode``, ``device``, ``noise_shares``, ``max_physical_batch_size``,
+        ``per_example_check``), with the same name and meaning, documented there; the noise may be given under
+        its unit's keyword (``noise_multiplier``, ``laplace_scale``, ``concentration``) and the Dirichlet
+        options as ``alpha`` and ``num_classes``.
+
         Args:
             module: the model, in training mode (a model in eval mode, as Hugging Face's
                 ``from_pretrained`` returns it, is refused: call ``model.train()``), with at least one
@@ -199,90 +202,11 @@ class PrivacyEngine:
                 the others with zero examples; a loop may skip the forward pass on it and call
                 ``optimizer.step()`` alone, which takes the noise-only step (Hugging Face models cannot
                 run on zero examples).
-            mechanism: a name from :data:`dpnoise.accounting.MECHANISMS`.
-            delta: the target delta.
-            noise / noise_multiplier / laplace_scale / concentration: the noise in the mechanism's unit,
-                as ``noise`` or under the keyword of that unit and only that one (see the registry):
-                ``noise_multiplier`` sigma (noise std sigma * C) for ``gaussian`` and
-                ``penultimate-gaussian``, ``laplace_scale`` b (absolute) for ``lap2`` and ``laplace-l1``,
-                ``concentration`` r for ``dirichlet``.  Omit it to calibrate from ``target_epsilon`` and
-                ``epochs``.
-            target_epsilon: the budget. Steps past it are refused (``on_budget_exhausted``).
-            epochs: planned epochs (needed to calibrate ``noise``); ``planned_steps`` becomes
-                ceil(epochs / sample_rate), the step count the calibration assumed.
-            max_grad_norm: clipping norm C (L2; L1 for ``laplace-l1``; activations for
-                ``penultimate-gaussian``; unused by ``dirichlet``).
-            options: the mechanism's side parameters, its options dataclass
-                (:attr:`~dpnoise.accounting.MechanismSpec.options`, e.g. ``DirichletOptions``); or their
-                fields as keywords, for the Dirichlet mechanism:
-            alpha: Dirichlet offset (``dirichlet`` only; default 1.0).
-            num_classes: the number of classes of the model's outputs (``dirichlet`` only; None: not
-                recorded).  Recorded in every step's event: with 2 the default accountant has its exact
-                two-class route; a training output of another size is refused.
-            accountant: the primary accountant (budget and ``get_epsilon``); default: the first
-                of ``accountants_for_mechanism``. All applicable accountants are recorded.
-            calibrate_with: accountant used to calibrate the noise (default: the primary); refused with a
-                given noise, which nothing calibrates.
-            poisson_sampling: True (default) builds Opacus's Poisson ``DPDataLoader``; False keeps
-                shuffled fixed-size batches, which the accountants do NOT cover (warned).
-            on_budget_exhausted: ``"raise"`` (:class:`PrivacyBudgetExceededError`) or ``"stop"``
-                (the step is skipped, ``budget_exhausted`` becomes True).
-            grad_sample_mode: how gradient mechanisms get per-example gradients: ``"hooks"``
-                (Opacus's ``GradSampleModule``, every layer materialised), ``"bookkeeping"``
-                (:class:`~dpnoise.training.bookkeeping.BookkeepingModule`: dense layers clipped
-                without materialising; same clipped sums, faster) or ``"auto"`` (default:
-                bookkeeping when every trainable layer supports it, else hooks).
-            device: where the model, batches, clipping, noise and sampler live: "cpu", "cuda" (or
-                "cuda:i"), or "auto" (CUDA when available); default: the module's device.  The
-                model is moved there; floating-point batches are cast to the model's dtype.
-            noise_shares: in a process group of K > 1 ranks (every rank calls ``make_private`` with
-                the whole data set and the same options), who adds the noise: ``"split"`` (default:
-                every rank adds one of K independent shares, so that no rank draws the total noise)
-                or ``"rank0"`` (rank 0 adds all of it); docs/DISTRIBUTED.md says what either hides
-                from the ranks (they are trusted, as one process is).  The optimizer and the model must then be
-                used on every rank in step; ``save_checkpoint`` too.  Ignored in one process.
-            max_physical_batch_size: logical batches larger than memory allows: the loader yields
-                each Poisson batch (one accounted step) in physical batches of at most this many
-                examples; ``optimizer.step()`` after a physical batch that does not end its logical
-                batch only clips and accumulates (no noise, no update, no accounting), and after
-                the last one it noises the whole clipped sum once and takes the step.  The usual
-                loop (``zero_grad``, forward, ``backward``, ``step`` per batch) needs no change.
-                Default: one physical batch per logical batch.
-            data_releases: DP releases of the training data made before training, as mechanism events
-                (or compositions of them) without subsampling, under add/remove adjacency; a
-                ``PoissonSampledEvent`` is refused even at sampling probability 1, since the
-                accountants count those as training steps (e.g. ``ChannelStatistics.event`` of
-                :func:`~dpnoise.mechanisms.channel_statistics.private_channel_statistics`, the noisy
-                statistics a model's input is standardised with).  Every accountant composes them
-                before the first step, the calibration and the budget cover them and the steps
-                together, and checkpoints record them.  Gradient mechanisms only (the output
-                mechanisms' epsilon has another scope and adjacency).
-            secure_mode: release each step's clipped sum as ``grid * (round(S / grid) + Z)``, Z exact
-                integer noise drawn from the operating system's cryptographically secure generator (the
-                Poisson batches too: each example in when a uniform 64-bit integer from it is below q 2^64)
-                (floored Laplace for ``lap2`` and ``laplace-l1``, the discrete Gaussian for
-                ``gaussian``; docs/theory/secure_noise.md), so that neither the noise nor the
-                floating-point bits of the released gradients reveal anything.  The noise is raised
-                by the factor C'/C of the sum's rounding (``secure_noise``: grid and factor, at most
-                1 + 2^-10 by default); Laplace epsilons are unchanged, the Gaussian's carry the
-                discrete Gaussian's correction (far below double precision, rounded up) in
-                ``get_epsilon``, ``get_quick_epsilon``, ``epsilon_by_accountant`` and the budget
-                (``engine.accountant`` itself reports the continuous mechanism).  The noise is
-                computed on the CPU (its cost: benchmarks/README.md).  Refused for other mechanisms,
-                with the engine's ``noise_seed``, in a process group of K > 1 ranks, without Poisson
-                sampling and for parameters whose dtype cannot hold the grid.
             loss_fn: the training loss ``loss_fn(logits, labels)``, the mean over the batch's examples, as the
                 training loop computes it (None: the model's own ``outputs.loss`` for dict batches, the
                 cross-entropy for pairs); what the per-example check differentiates.  A Hugging Face causal
                 language model needs ``loss_fn=dpnoise.training.causal_lm_loss`` (its ``outputs.loss`` is the
                 mean over the batch's tokens, which mixes the examples: refused).
-            per_example_check: gradient mechanisms: at the first physical batch of at least 2 examples (in a
-                process group, at every rank's first physical batch, the ranks agreeing), before any noise,
-                the engine's per-example gradients of a few examples are compared with one-example-at-a-time
-                autograd of ``loss_fn``, and shown unchanged when another example of the batch is replaced (:func:`~dpnoise.training.verify_per_example_gradients`, dropout off for the
-                check); a mismatch raises :class:`~dpnoise.training.PerExampleCheckError` naming the parameter,
-                and every later step repeats the check.  Its report is ``per_example_report``.  False skips it
-                (warned).
         """
         # Every argument is checked here, before any work (errors name the parameter).
         if self.setup is not None:
@@ -327,10 +251,12 @@ class PrivacyEngine:
         if poisson_sampling:
             self.batch_provenance = BatchProvenance()
             module.register_forward_pre_hook(self.batch_provenance.observe_forward, with_kwargs=True)
-        private_loader = self._private_loader(data_loader, poisson_sampling, float_dtype=module_float_dtype(module),
-                                              system_random=privacy.secure_mode,
-                                              max_physical_batch_size=execution.max_physical_batch_size,
-                                              check=partial(check_keyword_batch, rules=run.batch_rules))
+        private_loader = training_loader(
+            data_loader, poisson_sampling=poisson_sampling, device=self.device, float_dtype=module_float_dtype(module),
+            generator=self.sampling_generator, shard=shard_indices(len(data_loader.dataset), self.rank, self.world_size),
+            worker_seed=generator_seeds(self.seed, self.rank, self.world_size)[2], system_random=privacy.secure_mode,
+            max_physical_batch_size=execution.max_physical_batch_size, tracker=self.logical_batches,
+            provenance=self.batch_provenance, check=partial(check_keyword_batch, rules=run.batch_rules))
         sample_rate = self._sample_rate(private_loader, data_loader)
         self.plan = resolve(privacy, sample_rate=sample_rate, params=count_trainable_parameters(module))
         self.mechanism = mech
@@ -344,10 +270,14 @@ class PrivacyEngine:
                                  privacy.on_budget_exhausted,
                                  budget=f"epsilon={privacy.target_epsilon} (delta={self.setup.delta}, accountant "
                                         f"{self.setup.accountant})")
-        private_module, private_optimizer = self._wrap(
-            module, optimizer, expected_batch_size=sample_rate * len(data_loader.dataset),
-            grad_sample_mode=execution.grad_sample_mode, noise_shares=execution.noise_shares,
-        )
+        private_module, private_optimizer, source = wrap_private(
+            module, optimizer, mechanism=mech, event=self.plan.step_event.event, clip=self.setup.clip,
+            release=self._release(execution.noise_shares) if mech.needs_per_sample_gradients else None,
+            expected_batch_size=sample_rate * len(data_loader.dataset), grad_sample_mode=execution.grad_sample_mode,
+            gate=self.ledger, batches=self.step_batches, group=group, noise_shares=execution.noise_shares,
+            generator=self.noise_generator)
+        if source is not None:
+            self.grad_sample_mode, self.gradient_sources = source.mode, source.sources
         if execution.per_example_check and mech.needs_per_sample_gradients:
             private_optimizer.per_example_check = partial(self._check_per_example, private_module, loss_fn)
         return private_module, private_optimizer, private_loader
@@ -378,35 +308,6 @@ class PrivacyEngine:
     sampling_generator: Optional[torch.Generator] = _Forwarded(
         "randomness", "sampling", None, "The Poisson sampler's generator.")
 
-    def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool, float_dtype: Optional[torch.dtype],
-                        system_random: bool, max_physical_batch_size: Optional[int],
-                        check: Callable[[Any], None]) -> DeviceDataLoader:
-        """Poisson loader of this rank's shard with the engine's sampling generator, or the OS's CSPRNG
-        (``system_random``: secure mode), or shuffled batches (warned); its batches checked by ``check``,
-        on the run's device, split into physical batches if asked."""
-        dataset = data_loader.dataset
-        common = dict(collate_fn=data_loader.collate_fn, num_workers=data_loader.num_workers, check=check)
-        if not poisson_sampling:
-            warnings.warn(
-                "poisson_sampling=False: batches are shuffled fixed-size batches, but the "
-                "accountants assume Poisson sampling; the reported epsilon does not cover this run",
-                stacklevel=3,
-            )
-            return DeviceDataLoader(dataset, device=self.device, float_dtype=float_dtype,
-                                    batch_size=data_loader.batch_size, shuffle=True,
-                                    generator=self.sampling_generator, **common)
-        # The DataLoader draws a worker base seed from its own generator at every new pass; it is
-        # not the sampler's, so that the sampler's draws do not depend on pass boundaries (this is
-        # what makes a resumed run identical to an uninterrupted one).
-        worker_seed = generator_seeds(self.seed, self.rank, self.world_size)[2]
-        return poisson_loader(dataset, sample_rate=data_loader.batch_size / len(dataset),
-                              shard=shard_indices(len(dataset), self.rank, self.world_size),
-                              generator=self.sampling_generator, device=self.device, float_dtype=float_dtype,
-                              worker_generator=seeded_generator(worker_seed),
-                              max_physical_batch_size=max_physical_batch_size, tracker=self.logical_batches,
-                              provenance=self.batch_provenance, system_random=system_random,
-                              **common)
-
     def _release(self, noise_shares: str) -> Release:
         """How each step's clipped sums are noised: secure mode's grid release, else the mechanism's float
         noise from the engine's noise generator (this rank's share of it in a process group)."""
@@ -420,34 +321,6 @@ class PrivacyEngine:
     def _sample_rate(private_loader: DataLoader, data_loader: DataLoader) -> float:
         """The Poisson rate the loader really uses (batch_size / N for fixed batches)."""
         return getattr(private_loader, "sample_rate", data_loader.batch_size / len(data_loader.dataset))
-
-    def _wrap(self, module: nn.Module, optimizer: Optimizer, expected_batch_size: float,
-              grad_sample_mode: GradSampleMode, noise_shares: str) -> tuple[nn.Module, Optimizer]:
-        """The private module and optimizer (the distributed ones inside a process group)."""
-        mech, setup, group = self.mechanism, self.setup, self.group
-        if mech.needs_per_sample_gradients:
-            source = choose_gradient_source(module, grad_sample_mode)
-            private_module, grad_sample_mode = source.module, source.mode
-            self.grad_sample_mode, self.gradient_sources = source.mode, source.sources
-            options = dict(
-                mechanism=mech,
-                release=self._release(noise_shares),
-                max_grad_norm=setup.clip,
-                expected_batch_size=expected_batch_size,
-                gate=self.ledger,
-                logical_batches=self.step_batches,
-                bookkeeping=private_module if grad_sample_mode == "bookkeeping" else None,
-            )
-            if group is None:
-                return private_module, NoisyGradientOptimizer(optimizer, **options)
-            return private_module, DistributedNoisyGradientOptimizer(optimizer, group=group,
-                                                                     noise_shares=noise_shares, **options)
-        private_module = mech.wrap_module(module, self.plan.step_event.event, clip=setup.clip,
-                                          generator=self.noise_generator)
-        options = dict(gate=self.ledger, logical_batches=self.step_batches, module=private_module)
-        if group is None:
-            return private_module, OutputPrivateOptimizer(optimizer, **options)
-        return private_module, DistributedOutputPrivateOptimizer(optimizer, group=group, **options)
 
     @property
     def step_batches(self) -> Union[BatchProvenance, LogicalBatchTracker]:
@@ -552,21 +425,8 @@ class PrivacyEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state saved by a run of this engine's setup and seed, after checking it.
 
-        Refused with :class:`CheckpointMismatchError` (one line naming the field), changing
-        nothing, unless:
-
-        * its privacy setup equals this engine's, field by field, and its seed is ``self.seed``;
-        * its step counter k is an integer with 0 <= k <= ``max_steps`` (when there is a budget),
-          and ``budget_exhausted`` is set only once k reached ``max_steps``;
-        * it holds exactly this engine's accountants, and the state of each one equals the state
-          of a fresh accountant of that name holding the run's data releases (``accountant_holding``,
-          as in ``make_private``) after ``compose(step_event, k)``: a ledger
-          cannot be shortened, emptied
-          or recorded with other noise without contradicting the step counter or the setup;
-        * it holds the generators of as many ranks as this run has (resume with the same K);
-        * its private randomness is this run's: secret (no generator state saved; the resumed run
-          draws fresh secret seeds) or from the same ``noise_seed``, every saved generator state
-          carrying the tag that binds it to that seed (a replaced state is refused).
+        Refused with :class:`CheckpointMismatchError` (one line naming the field), changing nothing, unless
+        the state is this run's (:func:`~dpnoise.training.engine_state.check_engine_state` lists the checks).
 
         The run identity (:attr:`run_id`) becomes the checkpoint's: the resumed run is the same run.
         Each rank restores its own generators.  Saved on another kind of device (CPU vs CUDA, whose
@@ -575,10 +435,6 @@ class PrivacyEngine:
         fresh stream, and a warning says that the run continues with other draws than an
         uninterrupted one.  Checkpoints written before distributed training (no ``generators``)
         hold one CPU rank's ``noise_generator`` and ``sampling_generator``.
-
-        The ledger check assumes that k single steps leave an accountant in the same state as one
-        ``compose(step_event, k)`` (true of every registered accountant: consecutive equal events
-        are merged; the accountant contract test checks it for each).
         """
         if self.setup is None:
             raise EngineStateError("load_state_dict needs an engine set up by make_private (same setup as the checkpoint)")

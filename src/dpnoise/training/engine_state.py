@@ -43,7 +43,26 @@ class ResumingRun:
 
 def check_engine_state(state: Any, run: ResumingRun) -> None:
     """Raise :class:`CheckpointMismatchError` unless ``state`` is a consistent engine state of the run ``run``
-    describes (the checks :meth:`~dpnoise.training.engine.PrivacyEngine.load_state_dict` lists)."""
+    describes (what :meth:`~dpnoise.training.engine.PrivacyEngine.load_state_dict` restores).
+
+    The state is refused (one line naming the field) unless:
+
+    * its privacy setup equals the run's, field by field, and so does its seed;
+    * its step counter k is an integer with 0 <= k <= ``max_steps`` (when there is a budget),
+      and ``budget_exhausted`` is set only once k reached ``max_steps``;
+    * it holds exactly the run's accountants, and the state of each one equals the state of a fresh
+      accountant of that name holding the run's data releases (``accountant_holding``, as in
+      ``make_private``) after ``compose(step_event, k)``: a ledger cannot be shortened, emptied or
+      recorded with other noise without contradicting the step counter or the setup;
+    * it holds the generators of as many ranks as this run has (resume with the same K);
+    * its private randomness is this run's: secret (no generator state saved; the resumed run
+      draws fresh secret seeds) or from the same ``noise_seed``, every saved generator state
+      carrying the tag that binds it to that seed (a replaced state is refused).
+
+    The ledger check assumes that k single steps leave an accountant in the same state as one
+    ``compose(step_event, k)`` (true of every registered accountant: consecutive equal events
+    are merged; the accountant contract test checks it for each).
+    """
 
     def differs(field: str, saved: Any, current: Any) -> CheckpointMismatchError:
         return CheckpointMismatchError(

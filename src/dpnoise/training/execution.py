@@ -34,11 +34,42 @@ def check_grad_sample_mode(grad_sample_mode: Any) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ExecutionOptions:
-    """The execution options of ``make_private`` (same names and meaning, see its docstring).
+    """The execution options of ``make_private`` (same names and meaning), checked when built.
 
-    ``device``: "cpu", "cuda", "cuda:i", "auto", a ``torch.device``, or None: the module's device
-    (``make_private``); in a training run (:func:`~dpnoise.training.train_private`), which builds its model
-    on the CPU, None is "auto".
+    Attributes:
+        poisson_sampling: True (default) builds Opacus's Poisson ``DPDataLoader``; False keeps
+            shuffled fixed-size batches, which the accountants do NOT cover (warned).
+        grad_sample_mode: how gradient mechanisms get per-example gradients: ``"hooks"``
+            (Opacus's ``GradSampleModule``, every layer materialised), ``"bookkeeping"``
+            (:class:`~dpnoise.training.bookkeeping.BookkeepingModule`: dense layers clipped
+            without materialising; same clipped sums, faster) or ``"auto"`` (default:
+            bookkeeping when every trainable layer supports it, else hooks).
+        device: where the model, batches, clipping, noise and sampler live: "cpu", "cuda" (or
+            "cuda:i"), or "auto" (CUDA when available); default: the module's device.  The
+            model is moved there; floating-point batches are cast to the model's dtype.
+        noise_shares: in a process group of K > 1 ranks (every rank calls ``make_private`` with
+            the whole data set and the same options), who adds the noise: ``"split"`` (default:
+            every rank adds one of K independent shares, so that no rank draws the total noise)
+            or ``"rank0"`` (rank 0 adds all of it); docs/DISTRIBUTED.md says what either hides
+            from the ranks (they are trusted, as one process is).  The optimizer and the model must then be
+            used on every rank in step; ``save_checkpoint`` too.  Ignored in one process.
+        max_physical_batch_size: logical batches larger than memory allows: the loader yields
+            each Poisson batch (one accounted step) in physical batches of at most this many
+            examples; ``optimizer.step()`` after a physical batch that does not end its logical
+            batch only clips and accumulates (no noise, no update, no accounting), and after
+            the last one it noises the whole clipped sum once and takes the step.  The usual
+            loop (``zero_grad``, forward, ``backward``, ``step`` per batch) needs no change.
+            Default: one physical batch per logical batch.
+        per_example_check: gradient mechanisms: at the first physical batch of at least 2 examples (in a
+            process group, at every rank's first physical batch, the ranks agreeing), before any noise,
+            the engine's per-example gradients of a few examples are compared with one-example-at-a-time
+            autograd of ``loss_fn``, and shown unchanged when another example of the batch is replaced (:func:`~dpnoise.training.verify_per_example_gradients`, dropout off for the
+            check); a mismatch raises :class:`~dpnoise.training.PerExampleCheckError` naming the parameter,
+            and every later step repeats the check.  Its report is ``per_example_report``.  False skips it
+            (warned).
+
+    In a training run (:func:`~dpnoise.training.train_private`), which builds its model on the CPU, a
+    ``device`` of None is "auto".
     """
 
     grad_sample_mode: GradSampleMode = option(

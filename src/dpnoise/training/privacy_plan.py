@@ -96,18 +96,61 @@ class PrivacySetup:
 
 @dataclass(frozen=True, kw_only=True)
 class PrivacyOptions:
-    """The privacy options of ``make_private`` (same names and meaning), checked when built.
+    """The privacy options of ``make_private`` (same names and meaning), checked when built: every error
+    names its option.  ``primary`` and ``accountants`` are derived: the primary accountant (``accountant``,
+    else the mechanism's default) and every accountant the run records, the primary first.  The fields with
+    a command-line flag declare it (:func:`~dpnoise.training.options.option`); the mechanism's options have
+    generated flags; ``data_releases`` and ``on_budget_exhausted`` have none (a training run sets them).
 
-    ``noise`` is in the mechanism's unit (``make_private`` takes it under the unit's keyword:
-    ``noise_multiplier``, ``laplace_scale`` or ``concentration``); None: calibrated from
-    ``target_epsilon`` and ``epochs``.  ``options``: the mechanism's side parameters, as its options dataclass
-    (:attr:`~dpnoise.accounting.MechanismSpec.options`, e.g. ``DirichletOptions(alpha=0.5)``) or a mapping of
-    its fields (``{"alpha": 0.5}``), stored as the dataclass (default: its defaults); refused, field by field,
-    by a mechanism that does not take them.
-    ``primary`` and ``accountants`` are derived: the primary accountant (``accountant``, else the
-    mechanism's default) and every accountant the run records, the primary first.  The fields with a
-    command-line flag declare it (:func:`~dpnoise.training.options.option`); ``data_releases`` and
-    ``on_budget_exhausted`` have none (a training run sets them).
+    Attributes:
+        mechanism: a name from :data:`dpnoise.accounting.MECHANISMS`.
+        delta: the target delta.
+        noise: the noise in the mechanism's unit (``make_private`` also takes it under the keyword of that
+            unit and only that one, see the registry):
+            ``noise_multiplier`` sigma (noise std sigma * C) for ``gaussian`` and
+            ``penultimate-gaussian``, ``laplace_scale`` b (absolute) for ``lap2`` and ``laplace-l1``,
+            ``concentration`` r for ``dirichlet``.  Omit it to calibrate from ``target_epsilon`` and
+            ``epochs``.
+        target_epsilon: the budget. Steps past it are refused (``on_budget_exhausted``).
+        epochs: planned epochs (needed to calibrate ``noise``); ``planned_steps`` becomes
+            ceil(epochs / sample_rate), the step count the calibration assumed.
+        max_grad_norm: clipping norm C (L2; L1 for ``laplace-l1``; activations for
+            ``penultimate-gaussian``; unused by ``dirichlet``).
+        options: the mechanism's side parameters, as its options dataclass
+            (:attr:`~dpnoise.accounting.MechanismSpec.options`, e.g. ``DirichletOptions(alpha=0.5)``) or a
+            mapping of its fields (``{"alpha": 0.5}``), stored as the dataclass (default: its defaults);
+            a field the mechanism does not take is refused.  The Dirichlet mechanism's: ``alpha``, its offset
+            (default 1.0), and ``num_classes``, the number of classes of the model's outputs (None: not
+            recorded), recorded in every step's event: with 2 the default accountant has its exact two-class
+            route; a training output of another size is refused (``make_private`` takes both as keywords).
+        accountant: the primary accountant (budget and ``get_epsilon``); default: the first
+            of ``accountants_for_mechanism``. All applicable accountants are recorded.
+        calibrate_with: accountant used to calibrate the noise (default: the primary); refused with a
+            given noise, which nothing calibrates.
+        on_budget_exhausted: ``"raise"`` (:class:`PrivacyBudgetExceededError`) or ``"stop"``
+            (the step is skipped, ``budget_exhausted`` becomes True).
+        data_releases: DP releases of the training data made before training, as mechanism events
+            (or compositions of them) without subsampling, under add/remove adjacency; a
+            ``PoissonSampledEvent`` is refused even at sampling probability 1, since the
+            accountants count those as training steps (e.g. ``ChannelStatistics.event`` of
+            :func:`~dpnoise.mechanisms.channel_statistics.private_channel_statistics`, the noisy
+            statistics a model's input is standardised with).  Every accountant composes them
+            before the first step, the calibration and the budget cover them and the steps
+            together, and checkpoints record them.  Gradient mechanisms only (the output
+            mechanisms' epsilon has another scope and adjacency).
+        secure_mode: release each step's clipped sum as ``grid * (round(S / grid) + Z)``, Z exact
+            integer noise drawn from the operating system's cryptographically secure generator (the
+            Poisson batches too: each example in when a uniform 64-bit integer from it is below q 2^64)
+            (floored Laplace for ``lap2`` and ``laplace-l1``, the discrete Gaussian for
+            ``gaussian``; docs/theory/secure_noise.md), so that neither the noise nor the
+            floating-point bits of the released gradients reveal anything.  The noise is raised
+            by the factor C'/C of the sum's rounding (``secure_noise``: grid and factor, at most
+            1 + 2^-10 by default); Laplace epsilons are unchanged, the Gaussian's carry the
+            discrete Gaussian's correction (far below double precision, rounded up) in
+            ``get_epsilon``, ``get_quick_epsilon``, ``epsilon_by_accountant``, the accountants and the
+            budget.  The noise is computed on the CPU (its cost: benchmarks/README.md).  Refused for other mechanisms,
+            with the engine's ``noise_seed``, in a process group of K > 1 ranks, without Poisson
+            sampling and for parameters whose dtype cannot hold the grid.
     """
 
     mechanism: str = option(flag="--mechanism", group=PRIVACY, required=True,

@@ -31,6 +31,7 @@ step (docs/TRAINING.md, "Which batches a step may use").
 from __future__ import annotations
 
 import os
+import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from dpnoise.training.devices import to_device
+from dpnoise.training.devices import seeded_generator, to_device
 from dpnoise.training.errors import InvalidTrainingOptionError
 from dpnoise.training.provenance import BatchProvenance, DrawnBatch, RegisteredBatch
 
@@ -291,3 +292,27 @@ def poisson_loader(dataset: Dataset, *, sample_rate: float, shard: torch.Tensor,
     )
     loader.sample_rate = sample_rate
     return loader
+
+
+def training_loader(data_loader: DataLoader, *, poisson_sampling: bool, device: torch.device,
+                    float_dtype: Optional[torch.dtype], generator: torch.Generator, shard: torch.Tensor,
+                    worker_seed: int, system_random: bool, max_physical_batch_size: Optional[int],
+                    tracker: LogicalBatchTracker, provenance: Optional[BatchProvenance], check: Callable[[Any], None]) -> DeviceDataLoader:
+    """The private loader of ``data_loader``'s data set: Poisson batches of this rank's ``shard`` at rate
+    batch_size / N drawn with ``generator`` (or the OS's CSPRNG: ``system_random``, secure mode), or shuffled
+    fixed-size batches (warned: the accountants do not cover them); its batches checked by ``check``, on
+    ``device``, split into physical batches if asked.  ``worker_seed`` seeds the data-loader workers: a
+    DataLoader draws a worker base seed from its own generator at every pass, not from the sampler's, so that
+    the sampler's draws do not depend on pass boundaries (what makes a resumed run identical to an
+    uninterrupted one)."""
+    dataset = data_loader.dataset
+    common = dict(collate_fn=data_loader.collate_fn, num_workers=data_loader.num_workers, check=check)
+    if not poisson_sampling:
+        warnings.warn("poisson_sampling=False: batches are shuffled fixed-size batches, but the accountants assume "
+                      "Poisson sampling; the reported epsilon does not cover this run", stacklevel=4)
+        return DeviceDataLoader(dataset, device=device, float_dtype=float_dtype, batch_size=data_loader.batch_size,
+                                shuffle=True, generator=generator, **common)
+    return poisson_loader(dataset, sample_rate=data_loader.batch_size / len(dataset), shard=shard, generator=generator,
+                          device=device, float_dtype=float_dtype, worker_generator=seeded_generator(worker_seed),
+                          max_physical_batch_size=max_physical_batch_size, tracker=tracker, provenance=provenance,
+                          system_random=system_random, **common)

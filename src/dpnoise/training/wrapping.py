@@ -12,9 +12,14 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Optional, Union
 
+import torch
 from torch import nn
+from torch.optim import Optimizer
+
+from dpnoise.mechanisms.registry import Mechanism
+from dpnoise.mechanisms.release import Release
 
 from dpnoise.training.bookkeeping import (
     BookkeepingModule,
@@ -24,7 +29,14 @@ from dpnoise.training.bookkeeping import (
 )
 from dpnoise.training.errors import GradientSourceWarning
 from dpnoise.training.execution import GradSampleMode, check_grad_sample_mode
+from dpnoise.training.distributed import RankGroup
 from dpnoise.training.grad_samplers import ExactGradSampleModule
+from dpnoise.training.optimizers import (
+    DistributedNoisyGradientOptimizer,
+    DistributedOutputPrivateOptimizer,
+    NoisyGradientOptimizer,
+    OutputPrivateOptimizer,
+)
 
 
 class HooksModule(ExactGradSampleModule):
@@ -102,3 +114,28 @@ def choose_gradient_source(module: nn.Module, grad_sample_mode: GradSampleMode) 
     private_module, _ = wrap_for_per_example_gradients(module, resolved)
     return GradientSource(private_module, resolved, sources)
 
+
+
+def wrap_private(module: nn.Module, optimizer: Optimizer, *, mechanism: Mechanism, event: Any, clip: float,
+                 release: Optional[Release], expected_batch_size: float, grad_sample_mode: GradSampleMode, gate: Any,
+                 batches: Any, group: Optional[RankGroup], noise_shares: str, generator: Optional[torch.Generator],
+                 ) -> tuple[nn.Module, Optimizer, Optional[GradientSource]]:
+    """The private module and optimizer of a run, the distributed ones inside a process ``group``, and the
+    gradient source (None for an output mechanism).  A gradient mechanism's module gets per-example
+    gradients (:func:`choose_gradient_source`) and its optimizer clips, noises by ``release`` and steps
+    through the ledger ``gate``; an output mechanism's module is wrapped by the mechanism with its per-step
+    ``event`` (the noise is in the forward pass) and its optimizer only takes the batch and records the step."""
+    if mechanism.needs_per_sample_gradients:
+        source = choose_gradient_source(module, grad_sample_mode)
+        options = dict(mechanism=mechanism, release=release, max_grad_norm=clip, expected_batch_size=expected_batch_size,
+                       gate=gate, logical_batches=batches,
+                       bookkeeping=source.module if source.mode == "bookkeeping" else None)
+        if group is None:
+            return source.module, NoisyGradientOptimizer(optimizer, **options), source
+        return (source.module, DistributedNoisyGradientOptimizer(optimizer, group=group, noise_shares=noise_shares,
+                                                                 **options), source)
+    private_module = mechanism.wrap_module(module, event, clip=clip, generator=generator)
+    options = dict(gate=gate, logical_batches=batches, module=private_module)
+    if group is None:
+        return private_module, OutputPrivateOptimizer(optimizer, **options), None
+    return private_module, DistributedOutputPrivateOptimizer(optimizer, group=group, **options), None
