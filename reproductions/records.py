@@ -21,10 +21,11 @@ GROUP_KEYS = (
 )
 
 
-def configured(path: str, default: Any = MISSING) -> Any:
+def configured(path: str, default: Any = MISSING, tag: Optional[str] = None) -> Any:
     """A :class:`RunSpec` field that is the training configuration's field at the dotted ``path``
-    (:meth:`dpnoise.training.TrainingConfig.from_fields`); several paths are separated by commas."""
-    return field(default=default, metadata={"config": tuple(path.split(","))})
+    (:meth:`dpnoise.training.TrainingConfig.from_fields`; several paths are separated by commas); ``tag``
+    formats its value into the record's name where it is not the default."""
+    return field(default=default, metadata={"config": tuple(path.split(",")), **({"tag": tag} if tag else {})})
 
 
 @dataclass(frozen=True)
@@ -56,26 +57,27 @@ class RunSpec:
     lr: float = configured("optimizer.lr", 1e-3)
     weight_decay: float = configured("optimizer.weight_decay", 0.0)
     label_smoothing: float = configured("optimizer.label_smoothing", 0.0)
-    alpha: Optional[float] = configured("privacy.options.alpha", None)
     effective_lr: Optional[float] = configured("optimizer.effective_lr", None)
-    train_limit: Optional[int] = configured("data.limit", None)
     test_limit: Optional[int] = configured("data.test_limit", None)
-    momentum: float = configured("optimizer.momentum", 0.0)
-    lr_schedule: str = configured("optimizer.lr_schedule", "constant")
-    ema_decay: Optional[float] = configured("optimizer.ema_decay", None)
     #: physical batches of a logical batch (memory only: the step is the same)
     physical_batch_size: Optional[int] = configured("execution.max_physical_batch_size", None)
+    # the fields below name the record when they are not their defaults, in this order (``tag``)
+    alpha: Optional[float] = configured("privacy.options.alpha", None, tag="alpha{:g}")
+    momentum: float = configured("optimizer.momentum", 0.0, tag="m{:g}")
+    lr_schedule: str = configured("optimizer.lr_schedule", "constant", tag="{}")
+    ema_decay: Optional[float] = configured("optimizer.ema_decay", None, tag="ema{:g}")
     #: standardise the features with per-channel statistics released with this Gaussian noise
     #: multiplier (scatternet models; the release is in every epsilon); None: GroupNorm
-    feature_statistics_noise: Optional[float] = configured("data.feature_statistics_noise", None)
+    feature_statistics_noise: Optional[float] = configured("data.feature_statistics_noise", None, tag="fstat{:g}")
+    train_limit: Optional[int] = configured("data.limit", None, tag="N{}")
     #: minilm only: which parameters are fine-tuned (``dpnoise train --trainable``); None: the library's default
-    trainable: Optional[str] = configured("trainable", None)
+    trainable: Optional[str] = configured("trainable", None, tag="train-{}")
     #: text datasets: sentences cut to this many tokens (``--max-length``); None: the library's default
-    max_length: Optional[int] = configured("data.max_length", None)
+    max_length: Optional[int] = configured("data.max_length", None, tag="L{}")
     #: the split evaluated (``--eval-split``, e.g. sst2's ``dev``); None: the test split
-    eval_split: Optional[str] = configured("data.eval_split", None)
+    eval_split: Optional[str] = configured("data.eval_split", None, tag="eval-{}")
     #: efficientnet models: the image side (``--resolution``); None: the library's default
-    resolution: Optional[int] = configured("resolution", None)
+    resolution: Optional[int] = configured("resolution", None, tag="px{}")
 
     def configuration_fields(self) -> dict[str, Any]:
         """``{dotted configuration path: value}`` of the fields given (not None), ``lr`` left out where
@@ -92,28 +94,12 @@ class RunSpec:
     def name(self) -> str:
         """File stem of the record: unique within the experiment for every differing field."""
         parts = [self.dataset, self.model, self.mechanism, f"cal-{self.calibrated_with}",
-                 f"eps{self.target_epsilon:g}", f"T{self.steps}", f"B{self.batch_size}", self.optimizer]
-        parts.append(f"elr{self.effective_lr:g}" if self.effective_lr is not None else f"lr{self.lr:g}")
-        if self.alpha is not None:
-            parts.append(f"alpha{self.alpha:g}")
-        if self.momentum:
-            parts.append(f"m{self.momentum:g}")
-        if self.lr_schedule != "constant":
-            parts.append(self.lr_schedule)
-        if self.ema_decay is not None:
-            parts.append(f"ema{self.ema_decay:g}")
-        if self.feature_statistics_noise is not None:
-            parts.append(f"fstat{self.feature_statistics_noise:g}")
-        if self.train_limit is not None:
-            parts.append(f"N{self.train_limit}")
-        if self.trainable is not None:
-            parts.append(f"train-{self.trainable}")
-        if self.max_length is not None:
-            parts.append(f"L{self.max_length}")
-        if self.eval_split is not None:
-            parts.append(f"eval-{self.eval_split}")
-        if self.resolution is not None:
-            parts.append(f"px{self.resolution}")
+                 f"eps{self.target_epsilon:g}", f"T{self.steps}", f"B{self.batch_size}", self.optimizer,
+                 f"elr{self.effective_lr:g}" if self.effective_lr is not None else f"lr{self.lr:g}"]
+        for spec_field in fields(self):
+            value = getattr(self, spec_field.name)
+            if "tag" in spec_field.metadata and value != spec_field.default:
+                parts.append(spec_field.metadata["tag"].format(value))
         parts.append(f"seed{self.seed}")
         return "_".join(parts)
 
