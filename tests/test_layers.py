@@ -19,7 +19,7 @@ PACKAGE = ROOT / "src" / "dpnoise"
 
 #: layer of each part of the package (the first name below ``dpnoise``); higher imports lower
 LAYERS = {
-    "accounting": 1, "mechanisms": 1,
+    "accounting": 1, "mechanisms": 1, "layers": 1,
     "training": 2, "data": 2, "models": 2, "plotting": 2,
     "audit": 3,
     "reproductions": 4,

@@ -41,11 +41,10 @@ from opacus.layers.dp_rnn import DPRNNBase, RNNLinear
 from torch import nn
 from torch.nn import functional as F
 
+from dpnoise.layers import EQUIVALENTS
 from dpnoise.training.bookkeeping_rules import EmbeddingRule
 from dpnoise.training.per_example_gradients import IndexedRows
 
-#: the recurrent layers whose fused kernels no grad sampler covers, and Opacus's drop-in replacements
-RECURRENT_REPLACEMENTS = {nn.RNN: "DPRNN", nn.LSTM: "DPLSTM", nn.GRU: "DPGRU"}
 #: Opacus's replacements and their ``RNNLinear`` layers (hooks only), which handle their own batches:
 #: a call per time step, of the examples still running in a packed sequence
 OPACUS_RECURRENT_LAYERS = (DPRNNBase, RNNLinear)
@@ -53,10 +52,11 @@ OPACUS_RECURRENT_LAYERS = (DPRNNBase, RNNLinear)
 
 def per_example_gradient_problems(layer: nn.Module) -> list[str]:
     """Why neither gradient source gives ``layer``'s exact per-example gradients (empty: both can)."""
-    replacement = RECURRENT_REPLACEMENTS.get(type(layer))
-    if replacement is not None:
-        return [f"{type(layer).__name__}'s fused kernel has no per-example gradients; replace it with "
-                f"opacus.layers.{replacement}, its drop-in replacement"]
+    if type(layer) in EQUIVALENTS:
+        name = type(layer).__name__
+        return [f"{name}'s fused kernel has no per-example gradients; replace it with dpnoise.layers.{name}, the "
+                f"same function from linear maps with the same weights, which book-keeping covers exactly "
+                f"(dpnoise.layers.fix_model(model) swaps every such layer in)"]
     reasons = []
     if isinstance(layer, (nn.Embedding, nn.EmbeddingBag)):
         if layer.max_norm is not None:

@@ -39,7 +39,7 @@ def unsupported_layer_reasons(module: nn.Module, *, needs_per_sample_gradients: 
     on the other examples in the batch, which no per-example mechanism accounts for.  For gradient
     mechanisms, trainable layers with buffers, layers whose exact per-example gradients neither gradient
     source computes (:func:`~dpnoise.training.grad_samplers.per_example_gradient_problems`: ``nn.RNN``,
-    ``nn.LSTM``, ``nn.GRU``, embeddings with ``max_norm`` or ``scale_grad_by_freq``) and layers Opacus's
+    ``nn.LSTM``, ``nn.GRU``, ``nn.MultiheadAttention``, embeddings with ``max_norm`` or ``scale_grad_by_freq``) and layers Opacus's
     validators reject are refused too.
     """
     reasons = []
@@ -47,7 +47,8 @@ def unsupported_layer_reasons(module: nn.Module, *, needs_per_sample_gradients: 
         path = name or "<model>"
         if isinstance(layer, _BatchNorm):
             reasons.append(
-                f"{path} ({type(layer).__name__}): batch statistics mix examples; use GroupNorm or LayerNorm"
+                f"{path} ({type(layer).__name__}): batch statistics mix examples; use GroupNorm or LayerNorm "
+                f"(dpnoise.layers.fix_model(model) swaps BatchNorm for GroupNorm)"
             )
     if needs_per_sample_gradients:
         for name, layer in trainable_modules(module):
