@@ -21,7 +21,7 @@ PACKAGE = ROOT / "src" / "dpnoise"
 LAYERS = {
     "accounting": 1, "mechanisms": 1, "layers": 1,
     "training": 2, "data": 2, "models": 2, "plotting": 2,
-    "audit": 3,
+    "audit": 3, "huggingface": 3,
     "reproductions": 4,
     "cli": 5, "__main__": 5,
 }
