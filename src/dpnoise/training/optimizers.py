@@ -46,7 +46,7 @@ from dpnoise.mechanisms.registry import Mechanism
 from dpnoise.mechanisms.release import Release
 from dpnoise.training.bookkeeping import BookkeepingModule
 from dpnoise.training.distributed import DistributedError, RankGroup
-from dpnoise.training.errors import PerExampleCheckError
+from dpnoise.training.errors import InvalidTrainingOptionError, PerExampleCheckError
 from dpnoise.training.provenance import BatchProvenance
 from dpnoise.training.sampling import LogicalBatchTracker
 
@@ -111,6 +111,13 @@ class WrappedOptimizer(Optimizer):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.original_optimizer!r})"
+
+    def signal_skip_step(self, do_skip: bool = True) -> None:
+        """Refused: what Opacus's ``BatchMemoryManager`` calls to split a batch, which dpnoise's loader does itself."""
+        raise InvalidTrainingOptionError(
+            "Opacus's BatchMemoryManager does not drive dpnoise's optimizer: give make_private(..., "
+            "max_physical_batch_size=N) instead, and the loader yields each Poisson batch in physical batches of at "
+            "most N examples, each followed by the usual optimizer.step() (one accounted step per Poisson batch)")
 
 
 class NoisyGradientSum:

@@ -48,7 +48,8 @@ def unsupported_layer_reasons(module: nn.Module, *, needs_per_sample_gradients: 
         if isinstance(layer, _BatchNorm):
             reasons.append(
                 f"{path} ({type(layer).__name__}): batch statistics mix examples; use GroupNorm or LayerNorm "
-                f"(dpnoise.layers.fix_model(model) swaps BatchNorm for GroupNorm)"
+                f"(dpnoise.layers.fix_model(model) swaps BatchNorm for GroupNorm), or, with pretrained statistics, "
+                f"freeze it as a per-channel affine map that trains: dpnoise.models.freeze_batchnorms(model)"
             )
     if needs_per_sample_gradients:
         for name, layer in trainable_modules(module):
