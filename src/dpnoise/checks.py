@@ -20,6 +20,42 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+#: the kinds of a user's data source a data set name may start with (``kind:PATH``, :mod:`dpnoise.data.files`)
+SOURCE_KINDS = ("csv", "json", "parquet", "imagefolder", "disk")
+
+
+class Source:
+    """Where a user's data set is: its kind (one of :data:`SOURCE_KINDS`) and path."""
+
+    def __init__(self, kind: str, path: Path) -> None:
+        self.kind, self.path = kind, path
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.path}"
+
+
+def parse_source(name: object) -> Optional[Source]:
+    """The :class:`Source` a data set name gives (``kind:PATH``), or None for another name (a packaged one)."""
+    if not isinstance(name, str):
+        return None
+    kind, separator, path = name.partition(":")
+    if not separator or kind not in SOURCE_KINDS:
+        return None
+    if not path:
+        raise _error(f"{name!r}: give the path after {kind}:")
+    return Source(kind, Path(path))
+
+
+class DatasetChoices(tuple):
+    """The packaged data sets' names, which also hold every ``kind:PATH`` source name (what ``--dataset``
+    accepts: argparse and the configuration's checks ask ``value in choices``)."""
+
+    def __contains__(self, value: object) -> bool:
+        return tuple.__contains__(self, value) or (isinstance(value, str) and value.partition(":")[0] in SOURCE_KINDS
+                                                    and ":" in value)
+
+
 #: checks of :mod:`dpnoise.accounting.validation` re-exported here (loaded on first use)
 _FROM_ACCOUNTING = ("InvalidParameterError", "check_accounted", "check_delta", "check_positive", "check_sample_rate")
 

@@ -5,7 +5,16 @@ install command (see ``../shared/data/README.md``).
 """
 
 from dpnoise.data.errors import DatasetNotAvailableError, InvalidDatasetError
-from dpnoise.data.registry import DATASETS, DatasetInfo, dataset_info, load_dataset, stratified_first_k
+from dpnoise.checks import SOURCE_KINDS, parse_source
+from dpnoise.data.registry import (
+    DATASETS,
+    DatasetInfo,
+    dataset_info,
+    label_names,
+    load_dataset,
+    register_file_dataset,
+    stratified_first_k,
+)
 from dpnoise.data.text import TextDataset, TokenizedText, minilm_tokenizer, tokenize, tokenize_for_classifier
 
 __all__ = [
@@ -13,10 +22,14 @@ __all__ = [
     "DatasetInfo",
     "DatasetNotAvailableError",
     "InvalidDatasetError",
+    "SOURCE_KINDS",
     "TextDataset",
     "TokenizedText",
     "dataset_info",
+    "label_names",
     "load_dataset",
+    "parse_source",
+    "register_file_dataset",
     "minilm_tokenizer",
     "stratified_first_k",
     "tokenize",

@@ -12,6 +12,8 @@ from torch.utils.data import Dataset, TensorDataset
 
 from dpnoise.data import text, vision
 from dpnoise.data.errors import InvalidDatasetError
+from dpnoise.checks import parse_source
+from dpnoise.data.files import DATASETS_INSTALL, DEFAULT_EVAL_FRACTION, IMAGE_MEAN, IMAGE_STD, FileSplits, read_source
 
 SPLITS = ("train", "test", "dev")
 
@@ -70,6 +72,38 @@ _IMAGE_LOADERS: dict[str, Callable[[str, Path | None], tuple[np.ndarray, np.ndar
     "digits": lambda split, root: vision.load_digits_split(split),
     "cifar10-jpeg": vision.load_cifar10_jpeg,
 }
+
+
+#: the examples of the data sets registered from a user's files (:func:`register_file_dataset`), by name
+_FILE_SPLITS: dict[str, FileSplits] = {}
+
+
+def register_file_dataset(name: str, *, text_column: str | None = None, text_pair_column: str | None = None,
+                          label_column: str = "label", eval_fraction: float = DEFAULT_EVAL_FRACTION) -> DatasetInfo:
+    """Read a user's data set named by its source (``csv:PATH``, ``imagefolder:PATH``, ...;
+    :mod:`dpnoise.data.files`) and register it under that name in :data:`DATASETS`, so that
+    :func:`load_dataset` and :func:`dataset_info` serve it (its splits: ``train`` and ``test``, the
+    source's evaluation split or a held-out ``eval_fraction`` of each class)."""
+    source = parse_source(name)
+    if source is None:
+        raise InvalidDatasetError(f"{name!r} is not a file source (kind:PATH, kind one of csv, json, parquet, "
+                                  f"imagefolder, disk)")
+    splits = read_source(source, text_column=text_column, text_pair_column=text_pair_column,
+                         label_column=label_column, eval_fraction=eval_fraction)
+    image = splits.modality == "image"
+    channels = splits.train[0].shape[1] if image else 0
+    info = DatasetInfo(name, str(source.path), splits.modality, len(splits.label_names),
+                       tuple(splits.train[0].shape[1:]) if image else (), len(splits.train_labels),
+                       len(splits.test_labels), DATASETS_INSTALL, pixel_max=1.0,
+                       mean=(IMAGE_MEAN,) * channels, std=(IMAGE_STD,) * channels)
+    DATASETS[name], _FILE_SPLITS[name] = info, splits
+    return info
+
+
+def label_names(name: str) -> tuple[str, ...] | None:
+    """The label of each class id of a data set registered from files (None for a packaged data set)."""
+    splits = _FILE_SPLITS.get(name)
+    return None if splits is None else splits.label_names
 
 
 def _check_split(split: str, info: DatasetInfo) -> str:
@@ -143,6 +177,8 @@ def load_dataset(
     """
     info = dataset_info(name)
     _check_split(split, info)
+    if name in _FILE_SPLITS:
+        return _file_split(name, split, info, limit, normalize)
     folder = Path(root) if root is not None else None
     if info.modality == "text":
         dataset = text.load_sst2(split, folder)
@@ -155,3 +191,19 @@ def load_dataset(
         keep = stratified_first_k(labels, limit)
         images, labels = images[keep], labels[keep]
     return TensorDataset(_to_tensor(images, info, normalize), torch.from_numpy(labels))
+
+
+def _file_split(name: str, split: str, info: DatasetInfo, limit: int | None, normalize: bool) -> Dataset:
+    """A split of a data set registered from files, as the packaged ones are served."""
+    splits = _FILE_SPLITS[name]
+    examples, labels = (splits.train, splits.train_labels) if split == "train" else (splits.test, splits.test_labels)
+    keep = None if limit is None else stratified_first_k(labels.numpy(), limit)
+    if keep is not None:
+        labels = labels[keep]
+    if info.modality == "text":
+        sentences, pairs = examples
+        if keep is not None:
+            sentences, pairs = [sentences[i] for i in keep], None if pairs is None else [pairs[i] for i in keep]
+        return text.TextDataset(sentences, labels, pairs)
+    images = examples[0] if keep is None else examples[0][keep]
+    return TensorDataset((images - IMAGE_MEAN) / IMAGE_STD if normalize else images, labels)

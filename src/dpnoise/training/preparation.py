@@ -46,6 +46,7 @@ def check_against_registries(config: TrainingConfig) -> None:
     from dpnoise.models import MODELS, TRAINABLE_PARTS
 
     data, mechanism, schedule = config.data, config.privacy.mechanism, config.schedule
+    register_own_data(config)
     for path, value, known in (("data.name", data.name, sorted(DATASETS)), ("model", config.model, MODELS),
                                ("privacy.mechanism", mechanism, sorted(RUNNABLE_MECHANISMS))):
         if value not in known:
@@ -89,6 +90,25 @@ def check_against_registries(config: TrainingConfig) -> None:
         raise InvalidConfigError(lambda n: f"{n('data.feature_statistics_noise')} applies to the models "
                                            f"{', '.join(STANDARDIZED_MODELS)} with a gradient mechanism, not "
                                            f"{config.model} with {mechanism}")
+
+
+def register_own_data(config: TrainingConfig) -> None:
+    """Read and register a data set named by its source (``csv:PATH``, ...: :mod:`dpnoise.data.files`) with
+    the configuration's columns; a problem with it names ``data.name``."""
+    from dpnoise.checks import parse_source
+    from dpnoise.data import InvalidDatasetError, register_file_dataset
+    from dpnoise.data.files import DEFAULT_EVAL_FRACTION
+
+    data = config.data
+    if parse_source(data.name) is None:
+        return
+    try:
+        register_file_dataset(data.name, text_column=data.text_column, text_pair_column=data.text_pair_column,
+                              label_column=data.label_column or "label",
+                              eval_fraction=DEFAULT_EVAL_FRACTION if data.eval_fraction is None else data.eval_fraction)
+    except InvalidDatasetError as err:
+        problem = str(err)
+        raise InvalidConfigError(lambda n: f"{n('data.name')} {problem}") from None
 
 
 def load_splits(config: TrainingConfig, normalize: bool = True) -> tuple[Dataset, Dataset]:
