@@ -30,6 +30,7 @@ from dpnoise.accounting.events import (
     ComposedEvent,
     DpEvent,
     PoissonSampledEvent,
+    RepeatAndSelectEvent,
     SelfComposedEvent,
     event_from_dict,
     event_to_dict,
@@ -359,11 +360,14 @@ class PldAccountant(PrivacyAccountant):
         """Refuse an event that has no PLD, except an event of this accountant's own mechanism: where
         its PLD exists for some parameters only (the Dirichlet mechanism's, for two classes), the
         route answers +inf with the reason for the others (so that the minimum it is a route of
-        answers by its other routes)."""
+        answers by its other routes); so does a tuning job's best trial of repeated ones
+        (:class:`~dpnoise.accounting.events.RepeatAndSelectEvent`) whose trial it could account."""
         own_events = get_mechanism_spec(self.spec.mechanism).event_type
         for sampled, _ in flat_ledger([(event, 1)]):
             reason = pld_unavailable(sampled.event)
-            if reason is not None and not isinstance(sampled.event, own_events):
+            if isinstance(sampled.event, RepeatAndSelectEvent):  # tuning: +inf with the reason, a minimum's RDP answers
+                self._check_supported(sampled.event.event)
+            elif reason is not None and not isinstance(sampled.event, own_events):
                 raise InvalidParameterError(f"accountant {self.name!r}: {reason}")
 
     def _epsilon_and_bound(self, delta: float) -> tuple[float, str]:

@@ -7,8 +7,9 @@ All noise parameters are normalised by the sensitivity (clipping norm).
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, dataclass, fields
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Any, Optional, Union
 
 from dpnoise.accounting.validation import (
@@ -123,13 +124,36 @@ class DiscreteGaussianStepEvent:
         object.__setattr__(self, "smoothing", check_count("smoothing", self.smoothing, 1))
 
 
+@dataclass(frozen=True)
+class RepeatAndSelectEvent:
+    """``event`` (one trial: e.g. a whole training run) repeated a random number K of times, only the best
+    trial released (private hyperparameter tuning; Papernot & Steinke, arXiv 2110.03620, as dp_accounting's
+    ``RepeatAndSelectDpEvent``).  E[K] = ``mean``; ``shape``: K's law, the truncated negative binomial's
+    eta >= 0 (0: logarithmic, 1: geometric) or ``inf``: Poisson."""
+
+    event: "DpEvent"
+    mean: float
+    shape: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mean, bool) or not isinstance(self.mean, Real) or not math.isfinite(self.mean) \
+                or self.mean < 1:
+            raise InvalidParameterError(f"mean (the expected number of trials) must be finite and >= 1, got "
+                                        f"{self.mean!r}")
+        if isinstance(self.shape, bool) or not isinstance(self.shape, Real) or math.isnan(self.shape) or self.shape < 0:
+            raise InvalidParameterError(f"shape must be >= 0 (inf: Poisson), got {self.shape!r}")
+        object.__setattr__(self, "mean", float(self.mean))
+        object.__setattr__(self, "shape", float(self.shape))
+
+
 MechanismEvent = Union[GaussianEvent, LaplaceEvent, Lap2Event, DirichletEvent]
-DpEvent = Union[MechanismEvent, PoissonSampledEvent, SelfComposedEvent, ComposedEvent, DiscreteGaussianStepEvent]
+DpEvent = Union[MechanismEvent, PoissonSampledEvent, SelfComposedEvent, ComposedEvent, DiscreteGaussianStepEvent,
+                RepeatAndSelectEvent]
 
 #: every event class by name (what :func:`event_from_dict` can build): the compositions and the discrete step
 #: here, each mechanism's event added by its plugin (:func:`register_event_type`)
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in (PoissonSampledEvent, SelfComposedEvent, ComposedEvent,
-                                                              DiscreteGaussianStepEvent)}
+                                                              DiscreteGaussianStepEvent, RepeatAndSelectEvent)}
 
 
 def register_event_type(event_type: type) -> type:
@@ -204,6 +228,8 @@ def to_dp_accounting(event: DpEvent) -> Any:
         return dp_accounting.SelfComposedDpEvent(to_dp_accounting(event.event), event.count)
     if isinstance(event, ComposedEvent):
         return dp_accounting.ComposedDpEvent([to_dp_accounting(e) for e in event.events])
+    if isinstance(event, RepeatAndSelectEvent):
+        return dp_accounting.dp_event.RepeatAndSelectDpEvent(to_dp_accounting(event.event), event.mean, event.shape)
     raise NotImplementedError(f"dp_accounting has no equivalent of {type(event).__name__}")
 
 
@@ -216,6 +242,7 @@ __all__ = [
     "SelfComposedEvent",
     "ComposedEvent",
     "DiscreteGaussianStepEvent",
+    "RepeatAndSelectEvent",
     "DpEvent",
     "EVENT_TYPES",
     "register_event_type",

@@ -14,8 +14,15 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from dpnoise.accounting.events import ComposedEvent, DpEvent, PoissonSampledEvent, SelfComposedEvent
+from dpnoise.accounting.events import (
+    ComposedEvent,
+    DpEvent,
+    PoissonSampledEvent,
+    RepeatAndSelectEvent,
+    SelfComposedEvent,
+)
 from dpnoise.accounting.rdp.curve import checked_rdp_curve
+from dpnoise.accounting.rdp.repeat_and_select import repeat_and_select_rdp
 from dpnoise.accounting.validation import InvalidParameterError
 
 RdpFunction = Callable[[Any, float, np.ndarray], np.ndarray]
@@ -106,4 +113,6 @@ def event_rdp(event: DpEvent, orders: np.ndarray, route: RdpRoute = None) -> np.
         return event.count * event_rdp(event.event, orders, route)
     if isinstance(event, ComposedEvent):
         return sum((event_rdp(e, orders, route) for e in event.events), np.zeros(len(key)))
+    if isinstance(event, RepeatAndSelectEvent):
+        return repeat_and_select_rdp(np.asarray(key), event_rdp(event.event, orders, route), event.mean, event.shape)
     return _mechanism_rdp(event, 1.0, key, route)
