@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from typing import Any
+from typing import Any, Optional, Sequence
 
 from dpnoise import checks
 from dpnoise.accounting import ACCOUNTANTS, MECHANISMS, accountants_for_mechanism
@@ -111,13 +111,30 @@ def resolve_setting(args: argparse.Namespace) -> tuple[str, str, float, int, dic
     return mechanism, accountant, q, steps, kwargs
 
 
-def add_mechanism_option_flags(group: Any) -> None:
+def list_of(kind: Any, choices: Optional[Sequence[str]]) -> Any:
+    """An argparse type: comma-separated values of ``kind`` (each one of ``choices`` where given), as a tuple."""
+    def parse(text: str) -> tuple:
+        values = []
+        for item in text.split(","):
+            try:
+                value = kind(item.strip())
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {item.strip()!r}") from None
+            if choices is not None and value not in choices:
+                raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(choices)})")
+            values.append(value)
+        return tuple(values)
+    return parse
+
+
+def add_mechanism_option_flags(group: Any, lists: bool = False) -> None:
     """One flag per option field of the registered mechanisms, generated from their options dataclasses
     (:func:`~dpnoise.accounting.mechanisms.option_fields`); a flag given to a mechanism without that option is
-    refused (:meth:`~dpnoise.accounting.MechanismSpec.make_options`)."""
+    refused (:meth:`~dpnoise.accounting.MechanismSpec.make_options`).  ``lists``: comma-separated values."""
     for option in option_fields().values():
-        group.add_argument(option.flag, dest=f"option_{option.name}", type=option.type,
-                           metavar=option.name.upper().replace("_", "-"),
+        group.add_argument(option.flag, dest=f"option_{option.name}",
+                           type=list_of(option.type, None) if lists else option.type,
+                           metavar=option.name.upper().replace("_", "-") + ("[,...]" if lists else ""),
                            help=f"{option.help} ({', '.join(option.mechanisms)} only)")
 
 

@@ -27,7 +27,7 @@ from dpnoise.checks import OneLineErrorParser
 from dpnoise.errors import DpnoiseError, ProcessGroupLostError
 
 #: Subcommand modules (``dpnoise.cli.<name>``), in --help order.
-SUBCOMMANDS = ["account", "calibrate", "walls", "audit", "train"]
+SUBCOMMANDS = ["account", "calibrate", "walls", "audit", "train", "tune"]
 
 
 def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:

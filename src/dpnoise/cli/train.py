@@ -17,6 +17,7 @@ from dpnoise.accounting import MECHANISMS
 from dpnoise.cli.common import (
     accountant_names,
     add_mechanism_option_flags,
+    list_of,
     json_text,
     mechanism_help,
     mechanism_option_values,
@@ -55,6 +56,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "optimizer step. Nothing computed from a private batch without noise (its loss, accuracy or size) is shown or "
         "written unless --log-private-batch-stats.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_training_options(p)
+    p.set_defaults(func=run)
+
+
+def add_training_options(p: argparse.ArgumentParser, lists: bool = False) -> None:
+    """The configuration's flags, ``--recipe`` and ``--json``, under their headings; with ``lists`` every value
+    flag takes a comma-separated list of values (``dpnoise tune``'s grid)."""
     groups = {heading: p.add_argument_group(heading) for heading in OPTION_GROUPS}
     groups[OPTION_GROUPS[0]].add_argument(
         "--recipe", choices=tuple(RECIPES), help="published hyper-parameters as defaults for the options below; "
@@ -65,11 +73,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     for heading, group in groups.items():  # group by group: the usage line lists them in the same order
         for declared in OPTIONS.values():
             if declared.group == heading:
-                add_option(group, declared, registry_help)
+                add_option(group, declared, registry_help, lists)
         if heading == PRIVACY:
-            add_mechanism_option_flags(group)
+            add_mechanism_option_flags(group, lists)
     groups[OPTION_GROUPS[-1]].add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.set_defaults(func=run)
 
 
 #: what the help of a field may name, filled in from the registries (:class:`~dpnoise.training.options.Option`)
@@ -77,12 +84,18 @@ REGISTRY_HELP = {"mechanisms": mechanism_help, "noise_units": noise_help,
                  "accountants": lambda: ", ".join(accountant_names())}
 
 
-def add_option(group: argparse._ArgumentGroup, declared: Option, registry_help: dict[str, str]) -> None:
+def add_option(group: argparse._ArgumentGroup, declared: Option, registry_help: dict[str, str],
+               lists: bool = False) -> None:
     """The flag of a configuration field: a switch for a bool (``--no-...`` turns a default True off), else a
-    value of the field's type whose default None means "not given" (the configuration's default applies)."""
+    value of the field's type (with ``lists``: a comma-separated list of them) whose default None means "not
+    given" (the configuration's default applies)."""
     help_text = declared.help.format(**registry_help)
     if declared.type is bool:
         group.add_argument(declared.flag, action="store_false" if declared.default else "store_true", help=help_text)
+    elif lists:
+        group.add_argument(declared.flag, type=list_of(declared.type, declared.allowed()), required=declared.required,
+                           metavar=declared.metavar or declared.flag[2:].upper().replace("-", "_") + "[,...]",
+                           help=help_text)
     else:
         group.add_argument(declared.flag, type=declared.type, choices=declared.allowed(), required=declared.required,
                            metavar=declared.metavar, help=help_text)
