@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import brentq
 
 from dpnoise.accounting.rdp.conversion import delta_from_rdp
 from dpnoise.accounting.rdp.curve import monotone_envelope
@@ -39,6 +38,8 @@ def truncated_negative_binomial_mean(shape: float, gamma: float) -> float:
 def truncated_negative_binomial_gamma(shape: float, mean: float) -> float:
     """The gamma in (0, 1) of D_{eta, gamma} with E[K] = ``mean`` (> 1; E[K] decreases from infinity to 1 as
     gamma goes from 0 to 1), by Brent's method on log gamma."""
+    from scipy.optimize import brentq  # on first use: the accounting commands start without scipy.optimize
+
     if not mean > 1:
         raise InvalidParameterError(f"mean must be > 1 for a truncated negative binomial number of trials, got {mean!r}")
     log_gamma = brentq(lambda g: math.log(truncated_negative_binomial_mean(shape, math.exp(g))) - math.log(mean),
