@@ -8,7 +8,7 @@ the sum over the batch.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -39,6 +39,28 @@ def per_example_norms(grad_samples: Sequence[torch.Tensor], norm_ord: int) -> to
 def clip_factors(norms: torch.Tensor, max_norm: float) -> torch.Tensor:
     """Per-example scale factors ``min(1, C / (norm + 1e-6))``; scaled norms are <= C."""
     return (max_norm / (norms + NORM_EPSILON)).clamp(max=1.0)
+
+
+def automatic_clip_factors(norms: torch.Tensor, max_norm: float, gamma: float) -> torch.Tensor:
+    """Automatic clipping's factors ``C / (norm + gamma)`` (Bu et al., "Automatic Clipping: Differentially
+    Private Deep Learning Made Easier and Stronger", arXiv 2206.07136, AUTO-S): every example's gradient is
+    normalised, none left unscaled; the scaled norms C norm / (norm + gamma) are < C, so the sensitivity,
+    and every accountant, is the clipped one's."""
+    return max_norm / (norms + gamma)
+
+
+#: (per-example norms) -> per-example scale factors, whose scaled norms are at most the clipping norm
+ClippingRule = Callable[[torch.Tensor], torch.Tensor]
+def clipping_rule(name: str, max_norm: float, gamma: Optional[float] = None) -> ClippingRule:
+    """The per-example scale factors of the clipping rule ``name`` at norm C: "flat" (min(1, C / norm)) or
+    "automatic" (C / (norm + gamma), :func:`automatic_clip_factors`)."""
+    if name == "flat":
+        return lambda norms: clip_factors(norms, max_norm)
+    if name == "automatic":
+        if gamma is None or not gamma > 0:
+            raise InvalidParameterError(f"automatic clipping needs a gamma > 0, got {gamma!r}")
+        return lambda norms: automatic_clip_factors(norms, max_norm, gamma)
+    raise InvalidParameterError(f"clipping must be 'flat' or 'automatic', got {name!r}")
 
 
 def clipped_sum(grad_sample: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:

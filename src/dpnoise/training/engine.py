@@ -38,6 +38,7 @@ from dpnoise.accounting import (
 )
 from dpnoise.accounting.events import DpEvent
 from dpnoise.accounting.validation import check_count
+from dpnoise.mechanisms.clipping import clipping_rule
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.release import FloatRelease, GridRelease, Release
 from dpnoise.mechanisms.secure_noise import Plan
@@ -162,6 +163,8 @@ class PrivacyEngine:
         target_epsilon: Optional[float] = None,
         epochs: Optional[float] = None,
         max_grad_norm: float = 1.0,
+        clipping: str = "flat",
+        clipping_gamma: Optional[float] = None,
         options: Optional[MechanismOptions] = None,
         alpha: Optional[float] = None,
         num_classes: Optional[int] = None,
@@ -181,7 +184,8 @@ class PrivacyEngine:
         """Return the private (module, optimizer, data loader).
 
         Every keyword but ``loss_fn`` is a field of :class:`~dpnoise.training.privacy_plan.PrivacyOptions` (what is
-        released: ``mechanism``, ``delta``, the noise, ``target_epsilon``, ``epochs``, ``max_grad_norm``, the
+        released: ``mechanism``, ``delta``, the noise, ``target_epsilon``, ``epochs``, ``max_grad_norm``,
+        ``clipping``, ``clipping_gamma``, the
         mechanism's ``options``, ``accountant``, ``calibrate_with``, ``on_budget_exhausted``, ``data_releases``,
         ``secure_mode``) or of :class:`~dpnoise.training.execution.ExecutionOptions` (how the run executes:
         ``poisson_sampling``, ``grad_sample_mode``, ``device``, ``noise_shares``, ``max_physical_batch_size``,
@@ -214,6 +218,7 @@ class PrivacyEngine:
         get_mechanism(mechanism)  # an unknown or unimplemented mechanism: InvalidMechanismError
         privacy = PrivacyOptions(
             mechanism=mechanism, delta=delta, target_epsilon=target_epsilon, epochs=epochs, max_grad_norm=max_grad_norm,
+            clipping=clipping, clipping_gamma=clipping_gamma,
             accountant=accountant, calibrate_with=calibrate_with, data_releases=data_releases,
             on_budget_exhausted=on_budget_exhausted, secure_mode=secure_mode,
             options=option_keywords(options, alpha=alpha, num_classes=num_classes),
@@ -275,7 +280,8 @@ class PrivacyEngine:
             release=self._release(execution.noise_shares) if mech.needs_per_sample_gradients else None,
             expected_batch_size=sample_rate * len(data_loader.dataset), grad_sample_mode=execution.grad_sample_mode,
             gate=self.ledger, batches=self.step_batches, group=group, noise_shares=execution.noise_shares,
-            generator=self.noise_generator)
+            generator=self.noise_generator,
+            clipping=clipping_rule(self.setup.clipping, self.setup.clip, self.setup.clipping_gamma))
         if source is not None:
             self.grad_sample_mode, self.gradient_sources = source.mode, source.sources
         if execution.per_example_check and mech.needs_per_sample_gradients:

@@ -41,7 +41,7 @@ from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processe
 from torch.optim import Optimizer
 
 from dpnoise.errors import DpnoiseError
-from dpnoise.mechanisms.clipping import clip_factors, clipped_sum, per_example_norms
+from dpnoise.mechanisms.clipping import ClippingRule, clipped_sum, clipping_rule, per_example_norms
 from dpnoise.mechanisms.registry import Mechanism
 from dpnoise.mechanisms.release import Release
 from dpnoise.training.bookkeeping import BookkeepingModule
@@ -132,9 +132,11 @@ class NoisyGradientSum:
     """
 
     def __init__(self, *, mechanism: Mechanism, clip: float, release: Release,
-                 bookkeeping: Optional[BookkeepingModule] = None):
+                 bookkeeping: Optional[BookkeepingModule] = None, clipping: Optional[ClippingRule] = None):
         self.mechanism = mechanism
         self.clip = clip
+        #: the per-example scale factors from the norms (default: flat clipping to ``clip``)
+        self.clip_factors = clipping or clipping_rule("flat", clip)
         self.release_sums = release
         self.bookkeeping = bookkeeping
         #: the step's clipped sums so far (None: no physical batch added yet)
@@ -150,7 +152,7 @@ class NoisyGradientSum:
             self.free_batch(params)
         elif self.bookkeeping is not None:
             norms = self.bookkeeping.per_example_norms(self.mechanism.clip_norm_ord)
-            sums = self.bookkeeping.clipped_sums(params, clip_factors(norms, self.clip))
+            sums = self.bookkeeping.clipped_sums(params, self.clip_factors(norms))
         else:
             sums = self._clipped_sums_of_grad_samples(params)
         sums = [summed.to(p.dtype) for p, summed in zip(params, sums)]
@@ -169,7 +171,7 @@ class NoisyGradientSum:
         if len(grad_samples[0]) == 0:
             factors = torch.zeros((0,), device=grad_samples[0].device)
         else:
-            factors = clip_factors(per_example_norms(grad_samples, self.mechanism.clip_norm_ord), self.clip)
+            factors = self.clip_factors(per_example_norms(grad_samples, self.mechanism.clip_norm_ord))
         sums = []
         for p, grad_sample in zip(params, grad_samples):
             _check_processed_flag(p.grad_sample)
@@ -268,6 +270,7 @@ class NoisyGradientOptimizer(WrappedOptimizer):
         bookkeeping: Optional[BookkeepingModule] = None,
         logical_batches: Union[BatchProvenance, LogicalBatchTracker, None] = None,
         noisy_sum: Optional[NoisyGradientSum] = None,
+        clipping: Optional[ClippingRule] = None,
     ):
         """``bookkeeping``: the wrapped model when it is a ``BookkeepingModule``; None when it is
         Opacus's ``GradSampleModule`` (per-example gradients in ``p.grad_sample``).
@@ -275,7 +278,9 @@ class NoisyGradientOptimizer(WrappedOptimizer):
         :class:`~dpnoise.training.provenance.BatchProvenance`, which refuses a batch that is not the
         private loader's, or a loader's tracker (None: every backward pass is one whole step).
         ``release``: how the step's clipped sums are noised (:mod:`dpnoise.mechanisms.release`).
-        ``noisy_sum``: the step object to use instead of the one these options build (the distributed form's)."""
+        ``noisy_sum``: the step object to use instead of the one these options build (the distributed form's).
+        ``clipping``: the per-example scale factors from the norms (:func:`~dpnoise.mechanisms.clipping.clipping_rule`;
+        default: flat clipping to ``max_grad_norm``)."""
         super().__init__(optimizer)
         self.mechanism = mechanism
         self.max_grad_norm = max_grad_norm
@@ -286,7 +291,7 @@ class NoisyGradientOptimizer(WrappedOptimizer):
         #: the engine's per-example check; None: none)
         self.per_example_check: Optional[Callable[[Any], None]] = None
         self.noisy_sum = noisy_sum or NoisyGradientSum(mechanism=mechanism, clip=max_grad_norm, release=release,
-                                                       bookkeeping=bookkeeping)
+                                                       bookkeeping=bookkeeping, clipping=clipping)
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Accumulate a physical batch that does not end its logical batch; otherwise refuse the step if
@@ -343,7 +348,7 @@ class DistributedNoisyGradientOptimizer(NoisyGradientOptimizer):
     def __init__(self, optimizer: Optimizer, *, group: RankGroup, noise_shares: str, **options):
         noisy_sum = DistributedNoisyGradientSum(
             group=group, noise_shares=noise_shares, mechanism=options["mechanism"], clip=options["max_grad_norm"],
-            release=options["release"], bookkeeping=options.get("bookkeeping"))
+            release=options["release"], bookkeeping=options.get("bookkeeping"), clipping=options.get("clipping"))
         super().__init__(optimizer, noisy_sum=noisy_sum, **options)
         self.group = group
 

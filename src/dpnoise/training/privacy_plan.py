@@ -60,6 +60,11 @@ from dpnoise.training.errors import InvalidTrainingOptionError, PrivacyBudgetExc
 from dpnoise.training.options import OPTIMISATION, PRIVACY, RUN, FieldValue, Rule, broken_rule, option
 from dpnoise.training.step_ledger import BudgetPolicy
 
+#: the per-example clipping rules (:func:`~dpnoise.mechanisms.clipping.clipping_rule`)
+CLIPPING = ("flat", "automatic")
+#: automatic clipping's gamma where none is given (Bu et al.'s)
+DEFAULT_CLIPPING_GAMMA = 0.01
+
 #: the mechanisms secure mode serves (``secure_mode``: exact integer noise from the OS's CSPRNG,
 #: :mod:`dpnoise.mechanisms.secure_noise`): the gradient mechanisms whose noise is added to the clipped sum, those
 #: whose MechanismSpec names a secure_noise sampler
@@ -87,6 +92,9 @@ class PrivacySetup:
     #: the mechanism's side parameters (:meth:`~dpnoise.accounting.MechanismOptions.to_dict`; e.g. the Dirichlet
     #: alpha and number of classes)
     options: dict[str, Any] = field(default_factory=dict)
+    #: the per-example clipping rule and, for automatic clipping, its gamma
+    clipping: str = "flat"
+    clipping_gamma: Optional[float] = None
 
     @property
     def mechanism_options(self) -> MechanismOptions:
@@ -116,6 +124,10 @@ class PrivacyOptions:
             ceil(epochs / sample_rate), the step count the calibration assumed.
         max_grad_norm: clipping norm C (L2; L1 for ``laplace-l1``; activations for
             ``penultimate-gaussian``; unused by ``dirichlet``).
+        clipping: gradient mechanisms: ``"flat"`` (default: each example's gradient scaled by
+            min(1, C / ||g||)) or ``"automatic"`` (C g / (||g|| + gamma), Bu et al., arXiv 2206.07136): both
+            bound each example's contribution by C, so the accountants are the same.
+        clipping_gamma: automatic clipping's gamma (default 0.01).
         options: the mechanism's side parameters, as its options dataclass
             (:attr:`~dpnoise.accounting.MechanismSpec.options`, e.g. ``DirichletOptions(alpha=0.5)``) or a
             mapping of its fields (``{"alpha": 0.5}``), stored as the dataclass (default: its defaults);
@@ -195,6 +207,16 @@ class PrivacyOptions:
         "on the CPU: it adds tens of milliseconds to a step of the tutorial CNN and 10 to 25 s to one of MiniLM full "
         "fine-tuning (benchmarks/README.md). One process only; refused with --noise-seed and "
         "--feature-statistics-noise")
+    #: gradient mechanisms: how each example's gradient is bounded by C (Bu et al., arXiv 2206.07136, for automatic)
+    clipping: str = option("flat", flag="--clipping", group=PRIVACY, choices=CLIPPING,
+                           help="gradient mechanisms: flat (default: each example's gradient scaled by min(1, C / "
+                           "||g||)) or automatic (every gradient normalised, C g / (||g|| + gamma): no threshold to "
+                           "tune but C, which then only scales the learning rate; Bu et al. 2022); both bound each "
+                           "example's contribution by C, so the epsilon is the same")
+    #: automatic clipping only; None: DEFAULT_CLIPPING_GAMMA
+    clipping_gamma: Optional[float] = option(None, flag="--clipping-gamma", group=PRIVACY, check=("check_positive",),
+                                             help="automatic clipping: the gamma of C g / (||g|| + gamma) (default "
+                                             "0.01)")
     #: the command line's flags for these are generated from every mechanism's options dataclass
     #: (:func:`~dpnoise.accounting.mechanisms.option_fields`)
     options: Any = field(default_factory=dict)
@@ -223,6 +245,8 @@ class PrivacyOptions:
             checked["options"] = mechanism_options(spec, self.options)
         except InvalidParameterError as err:
             raise InvalidTrainingOptionError(str(err)) from None
+        if self.clipping == "automatic" and self.clipping_gamma is None:
+            checked["clipping_gamma"] = DEFAULT_CLIPPING_GAMMA
         if self.on_budget_exhausted not in ("raise", "stop"):
             raise InvalidTrainingOptionError(
                 f"on_budget_exhausted must be 'raise' or 'stop', got {self.on_budget_exhausted!r}")
@@ -274,6 +298,12 @@ PRIVACY_RULES: tuple[Rule, ...] = (
                       f"without {n('noise')}"),
     _inapplicable_accountant("accountant"),
     _inapplicable_accountant("calibrate_with"),
+    Rule(lambda v: v("clipping") not in CLIPPING,
+         lambda n, v: f"{n('clipping')} must be one of {', '.join(CLIPPING)}, got {v('clipping')!r}"),
+    Rule(lambda v: v("clipping") == "automatic" and MECHANISMS[v("mechanism")].perturbs != "gradients",
+         lambda n, v: f"{n('clipping')} automatic applies to the gradient mechanisms, not to {v('mechanism')}"),
+    Rule(lambda v: v("clipping_gamma") is not None and v("clipping") != "automatic",
+         lambda n, v: f"{n('clipping_gamma')} applies to {n('clipping')} automatic only"),
 )
 
 
@@ -379,7 +409,8 @@ def resolve(options: PrivacyOptions, *, sample_rate: float, params: int) -> Priv
         sample_rate=float(sample_rate), params=params, delta=float(options.delta),
         target_epsilon=options.target_epsilon, accountant=options.primary, accountants=options.accountants,
         data_releases=tuple(event_to_dict(release) for release in options.data_releases),
-        secure_mode=options.secure_mode, options=options.options.to_dict(),
+        secure_mode=options.secure_mode, options=options.options.to_dict(), clipping=options.clipping,
+        clipping_gamma=options.clipping_gamma,
     )
     step_event = training_step_event(options.mechanism, sample_rate=sample_rate, noise=noise,
                                      facts=RunFacts(clip=options.max_grad_norm, params=params), options=options.options)

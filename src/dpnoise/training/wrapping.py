@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from dpnoise.mechanisms.clipping import ClippingRule
 from dpnoise.mechanisms.registry import Mechanism
 from dpnoise.mechanisms.release import Release
 
@@ -118,6 +119,7 @@ def choose_gradient_source(module: nn.Module, grad_sample_mode: GradSampleMode) 
 
 def wrap_private(module: nn.Module, optimizer: Optimizer, *, mechanism: Mechanism, event: Any, clip: float,
                  release: Optional[Release], expected_batch_size: float, grad_sample_mode: GradSampleMode, gate: Any,
+                 clipping: Optional[ClippingRule] = None,
                  batches: Any, group: Optional[RankGroup], noise_shares: str, generator: Optional[torch.Generator],
                  ) -> tuple[nn.Module, Optimizer, Optional[GradientSource]]:
     """The private module and optimizer of a run, the distributed ones inside a process ``group``, and the
@@ -128,7 +130,7 @@ def wrap_private(module: nn.Module, optimizer: Optimizer, *, mechanism: Mechanis
     if mechanism.needs_per_sample_gradients:
         source = choose_gradient_source(module, grad_sample_mode)
         options = dict(mechanism=mechanism, release=release, max_grad_norm=clip, expected_batch_size=expected_batch_size,
-                       gate=gate, logical_batches=batches,
+                       gate=gate, logical_batches=batches, clipping=clipping,
                        bookkeeping=source.module if source.mode == "bookkeeping" else None)
         if group is None:
             return source.module, NoisyGradientOptimizer(optimizer, **options), source
