@@ -245,3 +245,26 @@ def test_bfloat16_weights_train_privately_with_float32_norms_close_to_float32s()
         optimizer.step()
         break
     assert optimizer.privacy_engine.steps == 1 and all(p.dtype == torch.bfloat16 for p in module.parameters())
+
+
+@pytest.mark.parametrize("grad_sample_mode", ["bookkeeping", "hooks"])
+def test_the_private_module_is_used_as_the_model_is(grad_sample_mode, tmp_path):
+    """save_pretrained, config, get_input_embeddings and generate-like calls reach the wrapped model; unwrap()
+    is the model itself (peft's merge_and_unload through it)."""
+    model = tiny_bert()
+    module, optimizer, loader = private(model, grad_sample_mode=grad_sample_mode)
+    assert module.unwrap() is model and module.config is model.config
+    assert module.get_input_embeddings() is model.get_input_embeddings()
+    module.save_pretrained(tmp_path / "saved")
+    reloaded = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "saved")
+    assert torch.equal(reloaded.classifier.weight, model.classifier.weight)
+    with pytest.raises(AttributeError, match="no_such_attribute"):
+        module.no_such_attribute
+
+
+def test_a_peft_model_is_merged_through_unwrap():
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(task_type=peft.TaskType.SEQ_CLS, r=2, lora_alpha=4, target_modules=["query", "value"])
+    module, optimizer, loader = private(peft.get_peft_model(tiny_bert(), config))
+    merged = module.unwrap().merge_and_unload()
+    assert isinstance(merged, transformers.BertForSequenceClassification)

@@ -73,6 +73,7 @@ from torch import nn
 from dpnoise.training.batches import leading_size
 from dpnoise.training.bookkeeping_rules import BookkeepingRule, bookkeeping_rule
 from dpnoise.training.errors import EngineStateError, InvalidTrainingOptionError, UnsupportedLayerError
+from dpnoise.training.forwarding import ModelForwarding
 from dpnoise.training.grad_samplers import (
     GRAD_SAMPLERS,
     OPACUS_RECURRENT_LAYERS,
@@ -414,7 +415,7 @@ class _BookkeptForward:
         return _BookkeptCall.apply(use, inputs, *(p for p in layer.parameters(recurse=False) if p.requires_grad))
 
 
-class BookkeepingModule(nn.Module):
+class BookkeepingModule(ModelForwarding, nn.Module):
     """Wraps a model; records, per backward pass, what per-example clipping needs (module docstring).
 
     ``loss_reduction="mean"``: the loss is the batch mean (as with ``GradSampleModule``), so output

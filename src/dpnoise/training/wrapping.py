@@ -31,6 +31,7 @@ from dpnoise.training.bookkeeping import (
 from dpnoise.training.errors import GradientSourceWarning
 from dpnoise.training.execution import GradSampleMode, check_grad_sample_mode
 from dpnoise.training.distributed import RankGroup
+from dpnoise.training.forwarding import ModelForwarding
 from dpnoise.training.grad_samplers import ExactGradSampleModule
 from dpnoise.training.optimizers import (
     DistributedNoisyGradientOptimizer,
@@ -40,7 +41,7 @@ from dpnoise.training.optimizers import (
 )
 
 
-class HooksModule(ExactGradSampleModule):
+class HooksModule(ModelForwarding, ExactGradSampleModule):
     """The private module of ``grad_sample_mode="hooks"``: :class:`ExactGradSampleModule` for the
     batch-mean loss, gradient accumulation forbidden, every training call of a trainable layer
     checked (:func:`~dpnoise.training.bookkeeping.check_layer_inputs`)."""
