@@ -41,6 +41,7 @@ from dpnoise.accounting.validation import check_count
 from dpnoise.mechanisms.clipping import clipping_rule
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.release import FloatRelease, GridRelease, Release
+from dpnoise.models.registry import count_trainable_parameters
 from dpnoise.mechanisms.secure_noise import Plan
 from dpnoise.training.batches import LossFunction, check_keyword_batch
 from dpnoise.training.devices import DeviceLike, module_float_dtype, to_device
@@ -66,12 +67,6 @@ from dpnoise.training.validation import check_private_run
 from dpnoise.training.wrapping import wrap_private
 
 logger = logging.getLogger(__name__)
-
-
-
-def count_trainable_parameters(module: nn.Module) -> int:
-    """Number of trainable scalars (the dimension n of the gradient noise)."""
-    return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
 class _Forwarded:
