@@ -32,7 +32,8 @@ def test_the_plan_spends_the_total_on_the_best_of_a_random_number_of_trials(shap
     assert 2.99 <= plan.total_epsilon <= 3.0 and plan.trial_epsilon < plan.total_epsilon
     # the single trial's curve is the largest over the candidates: each candidate's own total is within it
     for fields in plan.candidates:
-        curve, _ = quietly(lambda fields=fields: trial_curve(fields, plan.trial_epsilon, DEFAULT_ORDERS))
+        curve, _, noise = quietly(lambda fields=fields: trial_curve(fields, plan.trial_epsilon, DEFAULT_ORDERS))
+        assert noise in plan.noises
         assert epsilon_from_rdp(DEFAULT_ORDERS, curve, 1e-5)[0] <= plan.total_epsilon
     more = quietly(lambda: tuned_epsilon(plan.candidates, plan.trial_epsilon, 1e-5, 8, shape)[0])
     assert more > plan.total_epsilon  # more trials on average cost more
@@ -76,5 +77,7 @@ def test_the_command_line_takes_lists_as_the_grid(capsys):
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["candidates"] == 2 and summary["total_epsilon"] <= 3
+    assert [row["fields"] for row in summary["candidate_noise"]] == [{"optimizer.lr": 0.001}, {"optimizer.lr": 0.003}]
+    assert all(row["noise"] > 0 for row in summary["candidate_noise"])  # the calibration: each candidate's noise
     assert summary["trials"]["law"] == "logarithmic, mean 1.5"
     assert summary["best"] is None or set(summary["best"]) == {"optimizer.lr"}

@@ -61,6 +61,10 @@ class TuningPlan:
     candidates: tuple[dict[str, Any], ...]
     #: the RDP accountant whose routes gave each trial's curve
     rdp_accountant: str
+    #: each candidate's noise (in its mechanism's unit) at the per-trial epsilon: the calibration
+    noises: tuple[float, ...] = ()
+    #: the fields the grid varies
+    grid: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +86,8 @@ class TuningResult:
                 "trials": {"law": trials_law(plan.trials_mean, plan.trials_shape), "mean": plan.trials_mean,
                            "shape": plan.trials_shape},
                 "candidates": len(plan.candidates), "rdp_accountant": plan.rdp_accountant,
+                "candidate_noise": [{"fields": {path: value for path, value in fields.items() if path in plan.grid},
+                                     "noise": noise} for fields, noise in zip(plan.candidates, plan.noises)],
                 "best": self.best, "best_score": self.best_score,
                 "best_folder": None if self.best_folder is None else str(self.best_folder),
                 "released": "the best trial only (its hyperparameters, score and model); neither the number of "
@@ -113,9 +119,9 @@ def _rdp_accountant(mechanism: str) -> str:
     raise InvalidParameterError(f"mechanism {mechanism!r} has no sound RDP accountant, which tuning needs")
 
 
-def trial_curve(fields: Mapping[str, Any], trial_epsilon: float, orders: np.ndarray) -> tuple[np.ndarray, str]:
+def trial_curve(fields: Mapping[str, Any], trial_epsilon: float, orders: np.ndarray) -> tuple[np.ndarray, str, float]:
     """The RDP curve at ``orders`` of one trial of the configuration ``fields`` calibrated to ``trial_epsilon``
-    (its data releases and planned steps at its calibrated noise), and the accountant that gave it."""
+    (its data releases and planned steps at its calibrated noise), the accountant that gave it, and the noise."""
     from dpnoise.training.preparation import check_against_registries, model_for_dataset
     from dpnoise.training.privacy_plan import resolve
     from dpnoise.data import dataset_info
@@ -134,7 +140,7 @@ def trial_curve(fields: Mapping[str, Any], trial_epsilon: float, orders: np.ndar
     curve = event_rdp(SelfComposedEvent(plan.step_event, plan.planned_steps), orders, route)
     for release in plan.releases:
         curve = curve + event_rdp(release, orders, route)
-    return curve, accountant
+    return curve, accountant, plan.setup.noise
 
 
 _PARAMETERS: dict[tuple, int] = {}
@@ -148,11 +154,12 @@ def _parameter_count(config: TrainingConfig, build, count) -> int:
 
 
 def tuned_epsilon(candidates: Sequence[Mapping[str, Any]], trial_epsilon: float, delta: float, trials_mean: float,
-                  trials_shape: float, orders: np.ndarray = DEFAULT_ORDERS) -> tuple[float, str]:
-    """The epsilon at ``delta`` of releasing the best of K trials, each a candidate at ``trial_epsilon``."""
-    curves, names = zip(*(trial_curve(fields, trial_epsilon, orders) for fields in candidates))
+                  trials_shape: float, orders: np.ndarray = DEFAULT_ORDERS) -> tuple[float, str, tuple[float, ...]]:
+    """The epsilon at ``delta`` of releasing the best of K trials, each a candidate at ``trial_epsilon``; the RDP
+    accountant of the first candidate; each candidate's noise."""
+    curves, names, noises = zip(*(trial_curve(fields, trial_epsilon, orders) for fields in candidates))
     tuned = repeat_and_select_rdp(orders, np.max(np.stack(curves), axis=0), trials_mean, trials_shape)
-    return epsilon_from_rdp(orders, tuned, delta)[0], names[0]
+    return epsilon_from_rdp(orders, tuned, delta)[0], names[0], tuple(noises)
 
 
 def plan_tuning(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], *, total_epsilon: float,
@@ -167,7 +174,7 @@ def plan_tuning(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], *, t
     candidates = grid_candidates(base, grid)
     delta = TrainingConfig.from_fields({**candidates[0], "privacy.target_epsilon": 1.0}).privacy.delta
 
-    def total(trial: float) -> tuple[float, str]:
+    def total(trial: float) -> tuple[float, str, tuple[float, ...]]:
         return tuned_epsilon(candidates, trial, delta, trials_mean, trials_shape)
 
     low, high = total_epsilon * 1e-3, total_epsilon
@@ -183,9 +190,10 @@ def plan_tuning(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], *, t
             low = middle
         else:
             high = middle
-    reached, accountant = total(low)
+    reached, accountant, noises = total(low)
     return TuningPlan(trial_epsilon=low, total_epsilon=reached, delta=delta, trials_mean=float(trials_mean),
-                      trials_shape=float(trials_shape), candidates=candidates, rdp_accountant=accountant)
+                      trials_shape=float(trials_shape), candidates=candidates, rdp_accountant=accountant, noises=noises,
+                      grid=tuple(grid))
 
 
 def draw_trial_count(mean: float, shape: float, entropy: Optional[int] = None) -> int:
