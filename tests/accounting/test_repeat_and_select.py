@@ -61,7 +61,7 @@ def test_tuning_never_costs_less_than_one_trial_and_more_trials_cost_more(shape,
     more = get_accountant("gaussian").compose(RepeatAndSelectEvent(RUN, 2 * mean, shape))
     for delta in (1e-5, 1e-9):
         assert single.get_epsilon(delta) <= tuned.get_epsilon(delta) <= more.get_epsilon(delta)
-    if mean == 1:  # one trial, exactly
+    if mean == 1 and not math.isinf(shape):  # one trial, exactly (a Poisson law of mean 1 may give 0 or 3 trials)
         assert get_accountant("gaussian-rdp").compose(RepeatAndSelectEvent(RUN, 1, shape)).get_epsilon(1e-5) == \
             get_accountant("gaussian-rdp").compose(RUN).get_epsilon(1e-5)
 
@@ -94,8 +94,7 @@ def trial_count_law(mean: float, shape: float, largest: int = 20_000) -> np.ndar
     return weights / weights.sum()
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("mean", [2.0, 10.0])
+@pytest.mark.parametrize("shape,mean", [(shape, mean) for shape in SHAPES for mean in (2.0, 10.0)] + [(math.inf, 1.0)])
 def test_the_bound_holds_for_the_best_of_k_randomized_responses_exactly(shape, mean):
     """One trial: randomized response on one bit, Bernoulli(p) vs Bernoulli(1 - p); its score is its output
     and the best trial is released (nothing where K = 0): the released law is exact, and its Renyi divergence

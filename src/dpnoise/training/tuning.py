@@ -199,10 +199,10 @@ def plan_tuning(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], *, t
 def draw_trial_count(mean: float, shape: float, entropy: Optional[int] = None) -> int:
     """K from the tuning law, drawn with the operating system's entropy (``entropy``: a seed, for tests)."""
     rng = np.random.default_rng(secrets.randbits(128) if entropy is None else entropy)
-    if mean == 1:
-        return 1
     if math.isinf(shape):
         return int(rng.poisson(mean))
+    if mean == 1:  # the truncated negative binomial of mean 1
+        return 1
     gamma = truncated_negative_binomial_gamma(shape, mean)
     while True:  # K ~ D_{eta, gamma}: a negative binomial conditioned on K >= 1 (logarithmic at eta = 0)
         k = int(rng.logseries(1 - gamma)) if shape == 0 else int(rng.negative_binomial(shape, gamma))

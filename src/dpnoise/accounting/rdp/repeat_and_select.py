@@ -50,10 +50,11 @@ def truncated_negative_binomial_gamma(shape: float, mean: float) -> float:
 def repeat_and_select_rdp(orders: np.ndarray, rdp: np.ndarray, mean: float, shape: float) -> np.ndarray:
     """The RDP curve of releasing the best of K runs of a mechanism with RDP curve ``rdp`` at ``orders``
     (Theorem 2 for ``shape`` eta >= 0, Theorem 6 for ``shape`` = inf, Poisson; module docstring); +inf at
-    orders <= 1, where neither theorem applies.  ``mean`` = E[K] >= 1 (K = 1 exactly: the run itself)."""
+    orders <= 1, where neither theorem applies.  ``mean`` = E[K] >= 1 (a truncated negative binomial of mean 1 is
+    K = 1 exactly: the run itself; a Poisson law of mean 1 is not)."""
     orders = np.asarray(orders, dtype=float)
     rdp = np.asarray(rdp, dtype=float)
-    if mean == 1:
+    if mean == 1 and not math.isinf(shape):  # a truncated negative binomial of mean 1 is K = 1 (Poisson's is not)
         return rdp.copy()
     above_one = orders > 1
     bound = np.full(len(orders), np.inf)
