@@ -29,7 +29,7 @@ DEFAULT_SEEDS = (0, 1, 2)
 #: Choices and defaults kept here so that building the parser imports no torch (the runner loads
 #: the datasets); a test checks them against
 #: reproductions.plans.EXPERIMENTS and reproductions.runner.DEFAULT_THREADS.
-EXPERIMENT_CHOICES = ("table2", "finetune", "finetune-full", "dirichlet", "scatternet", "figures")
+EXPERIMENT_CHOICES = ("table2", "finetune", "finetune-full", "dirichlet", "scatternet", "clipping", "figures")
 DEFAULT_THREADS = 1
 #: dpnoise.models.TRAINABLE_PARTS (a test checks them)
 TRAINABLE_CHOICES = ("last-block", "all", "no-embeddings", "lora", "head")
@@ -46,6 +46,8 @@ EXAMPLES = """examples:
   python -m reproductions --experiment finetune-full --dataset sst2 --seeds 0 --epsilons 3.74 0.54 --jobs 2
   # and its Table II ViT column at full dimension (EfficientNet-Lite0, 3.38M parameters trained), seed 0
   python -m reproductions --experiment finetune-full --dataset cifar10-jpeg --seeds 0 --jobs 2
+  # Table II's CNN with automatic clipping instead of flat (Gaussian and Lap2, Fashion-MNIST, epsilon 0.88)
+  python -m reproductions --experiment clipping
   # redraw every table and figure from the records (no training)
   python -m reproductions --experiment figures
 Records: <results>/<experiment>/<run>.json, one per finished run (existing ones are skipped, so a
@@ -145,6 +147,9 @@ def planned_specs(args: argparse.Namespace) -> list[RunSpec]:
     elif args.experiment == "scatternet":
         specs = plans.scatternet_specs(choose(args.dataset, plans.SCATTERNET_DATASETS),
                                        choose(args.epsilons, plans.SCATTERNET_EPSILONS, quick), seeds, args.steps)
+    elif args.experiment == "clipping":
+        specs = plans.clipping_specs(choose(args.dataset, plans.CLIPPING_DATASETS),
+                                     choose(args.epsilons, plans.CLIPPING_EPSILONS, quick), seeds, args.steps)
     elif args.experiment == "finetune-full":
         specs = plans.finetune_full_specs(choose(args.dataset, tuple(plans.FINETUNE_FULL_TASKS)), args.epsilons,
                                           seeds, args.steps, quick)

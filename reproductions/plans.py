@@ -180,10 +180,16 @@ SCATTERNET_EPSILONS = (1.0, 2.0, 3.0)
 #: the mechanism comparison runs on these datasets with the linear head; Gaussian at epsilon 3 on all
 SCATTERNET_COMPARISON_DATASETS = ("fashion-mnist", "mnist")
 
-EXPERIMENTS = ("table2", "finetune", "finetune-full", "dirichlet", "scatternet", "figures")
+#: Clipping rules compared on Table II's CNN (the flat rule's runs are Table II's own records)
+CLIPPING_COLUMNS = (TABLE2_COLUMNS[0], TABLE2_COLUMNS[3])
+CLIPPING_RULES = ("automatic",)
+CLIPPING_DATASETS = ("fashion-mnist",)
+CLIPPING_EPSILONS = (0.88,)
+
+EXPERIMENTS = ("table2", "finetune", "finetune-full", "dirichlet", "scatternet", "clipping", "figures")
 #: the folders of the results directory that hold records (every RunSpec.experiment); the others, such as the
 #: git-ignored logs/ where runs in progress write, are never read as records
-RECORD_FOLDERS = ("table2", "dirichlet", "dirichlet-alpha", "finetune", "finetune-full", "scatternet")
+RECORD_FOLDERS = ("table2", "dirichlet", "dirichlet-alpha", "finetune", "finetune-full", "scatternet", "clipping")
 
 
 def grid(experiment: str, datasets: Sequence[str], epsilons: Sequence[float], seeds: Sequence[int],
@@ -206,6 +212,15 @@ def table2_specs(datasets: Sequence[str], epsilons: Sequence[float], seeds: Sequ
     """The Lap2 paper's Table II runs (``steps`` overrides T = 5860; the record states it)."""
     settings = {**TABLE2_SETTINGS, **({"steps": steps} if steps else {})}
     return grid("table2", datasets, epsilons, seeds, TABLE2_COLUMNS, settings)
+
+
+def clipping_specs(datasets: Sequence[str], epsilons: Sequence[float], seeds: Sequence[int],
+                   steps: Optional[int] = None) -> list[RunSpec]:
+    """Table II's Gaussian and sound-Lap2 runs with each of CLIPPING_RULES instead of flat clipping."""
+    settings = {**TABLE2_SETTINGS, **({"steps": steps} if steps else {})}
+    return [replace(spec, clipping=rule)
+            for spec in grid("clipping", datasets, epsilons, seeds, CLIPPING_COLUMNS, settings)
+            for rule in CLIPPING_RULES]
 
 
 def dirichlet_specs(datasets: Sequence[str], epsilons: Sequence[float], seeds: Sequence[int],

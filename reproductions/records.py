@@ -17,8 +17,15 @@ from typing import Any, Iterable, Optional
 GROUP_KEYS = (
     "experiment", "dataset", "model", "mechanism", "calibrated_with", "target_epsilon",
     "steps_planned", "optimizer", "alpha", "effective_lr", "momentum", "lr_schedule", "ema_decay",
-    "feature_statistics_noise", "trainable", "max_length", "eval_split", "resolution",
+    "feature_statistics_noise", "trainable", "max_length", "eval_split", "resolution", "clipping",
 )
+#: what a record written before a group key existed held (the setting that was then the only one)
+GROUP_KEY_DEFAULTS = {"clipping": "flat"}
+
+
+def group_value(record: dict[str, Any], key: str) -> Any:
+    """``record``'s value of the group key ``key`` (older records: :data:`GROUP_KEY_DEFAULTS`)."""
+    return record.get(key, GROUP_KEY_DEFAULTS.get(key))
 
 
 def configured(path: str, default: Any = MISSING, tag: Optional[str] = None) -> Any:
@@ -78,6 +85,8 @@ class RunSpec:
     eval_split: Optional[str] = configured("data.eval_split", None, tag="eval-{}")
     #: efficientnet models: the image side (``--resolution``); None: the library's default
     resolution: Optional[int] = configured("resolution", None, tag="px{}")
+    #: the per-example clipping rule (``--clipping``): "flat" (min(1, C/||g||)) or "automatic"
+    clipping: str = configured("privacy.clipping", "flat", tag="clipping-{}")
 
     def configuration_fields(self) -> dict[str, Any]:
         """``{dotted configuration path: value}`` of the fields given (not None), ``lr`` left out where
@@ -147,11 +156,11 @@ def aggregate(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for record in records:
-        groups.setdefault(tuple(record.get(k) for k in GROUP_KEYS), []).append(record)
+        groups.setdefault(tuple(group_value(record, k) for k in GROUP_KEYS), []).append(record)
     rows = []
     for members in groups.values():
         first = members[0]
-        row = {k: first.get(k) for k in GROUP_KEYS}
+        row = {k: group_value(first, k) for k in GROUP_KEYS}
         row.update(status=first["status"], seeds=sorted(m["seed"] for m in members), n_seeds=len(members))
         if first["status"] == "ok":
             accuracies = [m["accuracy"] for m in sorted(members, key=lambda m: m["seed"])]

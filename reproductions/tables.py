@@ -33,7 +33,7 @@ from reproductions.plans import (
     TABLE2_SETTINGS,
     Column,
 )
-from reproductions.records import GROUP_KEYS, PairedDifference, format_accuracy, paired_difference
+from reproductions.records import GROUP_KEYS, PairedDifference, group_value, format_accuracy, paired_difference
 
 Row = dict[str, Any]
 
@@ -578,7 +578,7 @@ CIFAR_COPY_NOTE = ("Tramèr & Boneh's CIFAR-10 numbers are on the original image
 def mean_train_minutes(records: Sequence[dict[str, Any]], row: Row) -> str:
     """Mean training wall time (``train_wall_time_s``) of the runs aggregated into ``row``, in minutes."""
     times = [r["train_wall_time_s"] for r in records
-             if r["status"] == "ok" and all(r.get(k) == row[k] for k in GROUP_KEYS)]
+             if r["status"] == "ok" and all(group_value(r, k) == row[k] for k in GROUP_KEYS)]
     return f"{statistics.fmean(times) / 60:.1f}" if times else "—"
 
 
