@@ -31,7 +31,6 @@ from dpnoise.accounting import (
     ACCOUNTANTS,
     CalibrationResult,
     PrivacyAccountant,
-    UnsoundAccountantWarning,
     accountant_holding,
     MechanismOptions,
     noise_from_keywords,
@@ -40,17 +39,16 @@ from dpnoise.accounting.events import DpEvent
 from dpnoise.accounting.validation import check_count
 from dpnoise.mechanisms.clipping import clipping_rule
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
-from dpnoise.mechanisms.release import FloatRelease, GridRelease, Release
 from dpnoise.models.registry import count_trainable_parameters
 from dpnoise.mechanisms.secure_noise import Plan
 from dpnoise.training.batches import LossFunction, check_keyword_batch
 from dpnoise.training.devices import DeviceLike, module_float_dtype, to_device
 from dpnoise.training.distributed import RankGroup, generator_seeds
-from dpnoise.training.engine_state import ResumingRun, check_engine_state, with_discrete_steps
+from dpnoise.training.engine_state import ResumingRun, capture_engine_state, check_engine_state, with_discrete_steps
+from dpnoise.training.forwarding import Forwarded
 from dpnoise.training.execution import ExecutionOptions, GradSampleMode
 from dpnoise.training.randomness import PrivateRandomness, ReproducibleNoiseWarning, reproducible_noise_warning
 from dpnoise.training.errors import EngineStateError
-from dpnoise.training.optimizers import noise_share
 from dpnoise.training.privacy_plan import (
     PrivacyOptions,
     option_keywords,
@@ -64,45 +62,32 @@ from dpnoise.training.secure_mode import secure_noise_plan, secure_noise_record
 from dpnoise.training.sampling import LogicalBatchTracker, shard_indices, training_loader
 from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
 from dpnoise.training.validation import check_private_run
-from dpnoise.training.wrapping import wrap_private
+from dpnoise.training.wrapping import step_release, wrap_private
 
 logger = logging.getLogger(__name__)
 
 
-class _Forwarded:
-    """An engine attribute kept for users that lives in the engine's ``owner`` (its plan or its step ledger):
-    ``getattr(engine.<owner>, name)``, or ``empty`` while the owner is None (before ``make_private``);
-    ``settable`` ones are set on the owner (refused before ``make_private``)."""
+def _no_steps_yet() -> EngineStateError:
+    return EngineStateError("the engine has no steps before make_private")
 
-    def __init__(self, owner: str, name: str, empty: Any, doc: str, settable: bool = False) -> None:
-        self.owner, self.name, self.empty, self.settable, self.__doc__ = owner, name, empty, settable, doc
 
-    def __get__(self, engine: Optional["PrivacyEngine"], kind: Optional[type] = None) -> Any:
-        if engine is None:
-            return self
-        holder = getattr(engine, self.owner)
-        return self.empty if holder is None else getattr(holder, self.name)
+def _in_plan(name: str, empty: Any, doc: str) -> Forwarded:
+    """An engine attribute that is its plan's (``empty`` before make_private)."""
+    return Forwarded("plan", name, empty, doc)
 
-    def __set__(self, engine: "PrivacyEngine", value: Any) -> None:
-        if not self.settable:
-            raise AttributeError(f"{self.name} is read-only: it belongs to the engine's {self.owner}")
-        holder = getattr(engine, self.owner)
-        if holder is None:
-            raise EngineStateError("the engine has no steps before make_private")
-        setattr(holder, self.name, value)
+
+def _in_ledger(name: str, empty: Any, doc: str, settable: bool = False) -> Forwarded:
+    """An engine attribute that is its step ledger's (``empty`` before make_private)."""
+    return Forwarded("ledger", name, empty, doc, settable=settable, refusal=_no_steps_yet)
 
 
 class PrivacyEngine:
     """Makes a model, optimizer and data loader private and tracks the privacy spent.
 
-    Randomness (:mod:`dpnoise.training.randomness`): the engine owns two private generators, one
-    for the Poisson sampler and one for the mechanism's noise, created by ``make_private`` on the
-    run's device.  By default they are seeded from the operating system's entropy, differently on
-    every rank, and their seeds are never stored: no one can regenerate the batches or the noise.
-    ``noise_seed`` makes them reproducible (:class:`ReproducibleNoiseWarning`: whoever knows it can
-    remove the noise).  The public ``seed`` drives the data-loader workers' seeds only; in a process
-    group where no rank gave one, every rank takes rank 0's (the private randomness stays each rank's own).  The
-    generators are ordinary torch generators (Mersenne Twister), not cryptographically secure.
+    Randomness (:mod:`dpnoise.training.randomness`): the Poisson sampler's and the noise's generators are
+    seeded from the operating system's entropy on every rank and never stored, unless ``noise_seed`` makes
+    them reproducible (:class:`ReproducibleNoiseWarning`).  The public ``seed`` drives the data-loader
+    workers' seeds only; in a process group where no rank gave one, every rank takes rank 0's.
     """
 
     def __init__(self, seed: Optional[int] = None, *, noise_seed: Optional[int] = None):
@@ -257,7 +242,7 @@ class PrivacyEngine:
             worker_seed=generator_seeds(self.seed, self.rank, self.world_size)[2], system_random=privacy.secure_mode,
             max_physical_batch_size=execution.max_physical_batch_size, tracker=self.logical_batches,
             provenance=self.batch_provenance, check=partial(check_keyword_batch, rules=run.batch_rules))
-        sample_rate = self._sample_rate(private_loader, data_loader)
+        sample_rate = getattr(private_loader, "sample_rate", data_loader.batch_size / len(data_loader.dataset))
         self.plan = resolve(privacy, sample_rate=sample_rate, params=count_trainable_parameters(module))
         self.mechanism = mech
         if privacy.secure_mode:
@@ -272,7 +257,8 @@ class PrivacyEngine:
                                         f"{self.setup.accountant})")
         private_module, private_optimizer, source = wrap_private(
             module, optimizer, mechanism=mech, event=self.plan.step_event.event, clip=self.setup.clip,
-            release=self._release(execution.noise_shares) if mech.needs_per_sample_gradients else None,
+            release=step_release(mech, self.setup.noise, self.setup.clip, self.noise_generator, self.secure_plan, group,
+                                 execution.noise_shares) if mech.needs_per_sample_gradients else None,
             expected_batch_size=sample_rate * len(data_loader.dataset), grad_sample_mode=execution.grad_sample_mode,
             gate=self.ledger, batches=self.step_batches, group=group, noise_shares=execution.noise_shares,
             generator=self.noise_generator,
@@ -303,25 +289,11 @@ class PrivacyEngine:
         """The number of ranks K training together (1 in one process)."""
         return 1 if self.group is None else self.group.world_size
 
-    private_randomness: str = _Forwarded(
+    private_randomness: str = Forwarded(
         "randomness", "source", None, '"secret" (seeded from the OS\'s entropy, the default) or "noise_seed" (reproducible).')
-    noise_generator: Optional[torch.Generator] = _Forwarded("randomness", "noise", None, "The noise generator.")
-    sampling_generator: Optional[torch.Generator] = _Forwarded(
+    noise_generator: Optional[torch.Generator] = Forwarded("randomness", "noise", None, "The noise generator.")
+    sampling_generator: Optional[torch.Generator] = Forwarded(
         "randomness", "sampling", None, "The Poisson sampler's generator.")
-
-    def _release(self, noise_shares: str) -> Release:
-        """How each step's clipped sums are noised: secure mode's grid release, else the mechanism's float
-        noise from the engine's noise generator (this rank's share of it in a process group)."""
-        if self.secure_plan is not None:
-            return GridRelease(self.secure_plan)
-        shares, adds_share = noise_share(self.group, noise_shares)
-        return FloatRelease(self.mechanism.sample_noise, self.setup.noise, self.setup.clip, self.noise_generator,
-                            shares, adds_share)
-
-    @staticmethod
-    def _sample_rate(private_loader: DataLoader, data_loader: DataLoader) -> float:
-        """The Poisson rate the loader really uses (batch_size / N for fixed batches)."""
-        return getattr(private_loader, "sample_rate", data_loader.batch_size / len(data_loader.dataset))
 
     @property
     def step_batches(self) -> Union[BatchProvenance, LogicalBatchTracker]:
@@ -339,23 +311,16 @@ class PrivacyEngine:
 
     # ----------------------------------------------------------------------------- accounting
     # the plan's and the ledger's facts, read where they live (None or empty before make_private)
-    setup: Optional[PrivacySetup] = _Forwarded("plan", "setup", None, "The run's privacy setup.")
-    data_releases: tuple[DpEvent, ...] = _Forwarded(
-        "plan", "releases", (), "Releases of the training data composed into every accountant before the first step.")
-    planned_steps: Optional[int] = _Forwarded(
-        "plan", "planned_steps", None, "ceil(epochs / q), the steps the calibration assumed (None without epochs).")
-    calibration: Optional[CalibrationResult] = _Forwarded(
-        "plan", "calibration", None, "The calibration that chose the noise (None: the noise was given).")
-    step_event: Optional[DpEvent] = _Forwarded(
-        "ledger", "step_event", None, "The DP event of one training step, built once by ``make_private``: every "
+    setup: Optional[PrivacySetup] = _in_plan("setup", None, "The run's privacy setup.")
+    data_releases: tuple[DpEvent, ...] = _in_plan("releases", (), "Releases of the training data composed into every accountant before the first step.")
+    planned_steps: Optional[int] = _in_plan("planned_steps", None, "ceil(epochs / q), the steps the calibration assumed (None without epochs).")
+    calibration: Optional[CalibrationResult] = _in_plan("calibration", None, "The calibration that chose the noise (None: the noise was given).")
+    step_event: Optional[DpEvent] = _in_ledger("step_event", None, "The DP event of one training step, built once by ``make_private``: every "
         "accountant composes it at every step; the budget and the checkpoint checks are computed from it.")
-    steps: int = _Forwarded("ledger", "steps", 0, "Steps recorded so far.", settable=True)
-    max_steps: Optional[int] = _Forwarded(
-        "ledger", "max_steps", None, "The most steps within the target budget (None: no budget).")
-    budget_exhausted: bool = _Forwarded(
-        "ledger", "budget_exhausted", False, "Whether a step was refused (or skipped) for the budget.", settable=True)
-    budget_policy: BudgetPolicy = _Forwarded(
-        "ledger", "policy", "raise", 'What a step past the budget does: "raise" or "stop".')
+    steps: int = _in_ledger("steps", 0, "Steps recorded so far.", settable=True)
+    max_steps: Optional[int] = _in_ledger("max_steps", None, "The most steps within the target budget (None: no budget).")
+    budget_exhausted: bool = _in_ledger("budget_exhausted", False, "Whether a step was refused (or skipped) for the budget.", settable=True)
+    budget_policy: BudgetPolicy = _in_ledger("policy", "raise", 'What a step past the budget does: "raise" or "stop".')
 
     def record_step(self) -> None:
         """Compose one step (:attr:`step_event`) into every accountant (what the optimizers do per step)."""
@@ -363,7 +328,7 @@ class PrivacyEngine:
 
     def _set_up_ledger(self) -> StepLedger:
         if self.ledger is None:
-            raise EngineStateError("the engine has no steps before make_private")
+            raise _no_steps_yet()
         return self.ledger
 
     @property
@@ -376,28 +341,15 @@ class PrivacyEngine:
         return self.accountant.get_epsilon(self.setup.delta if delta is None else delta)
 
     def get_quick_epsilon(self, delta: Optional[float] = None) -> float:
-        """A sound upper bound on :meth:`get_epsilon`, cheap enough for every step (progress, logs).
-
-        Equal to it for RDP accountants; for the default minimum accountants it uses their RDP
-        routes only (see ``PrivacyAccountant.get_quick_epsilon``).
-        """
+        """A sound upper bound on :meth:`get_epsilon`, cheap enough for every step (progress, logs): equal to it
+        for RDP accountants, the RDP routes only for the default minimum accountants."""
         return self.accountant.get_quick_epsilon(self.setup.delta if delta is None else delta)
 
     def epsilon_by_accountant(self, delta: Optional[float] = None) -> dict[str, float]:
-        """Epsilon so far under every applicable accountant, e.g. ``{"lap2": .., "lap2-paper": ..}``.
-
-        An unsound accountant warns only when it is the primary one, which the user chose
-        (``accountant=``); recorded side by side, its value comes without a warning
-        (``ACCOUNTANTS[name].sound`` says which values are proven bounds).
-        """
-        delta = self.setup.delta if delta is None else delta
-        by_accountant = {}
-        for name, acc in self.accountants.items():
-            with warnings.catch_warnings():
-                if name != self.setup.accountant:
-                    warnings.simplefilter("ignore", UnsoundAccountantWarning)
-                by_accountant[name] = acc.get_epsilon(delta)
-        return by_accountant
+        """Epsilon so far under every applicable accountant, e.g. ``{"lap2": .., "lap2-paper": ..}``
+        (:meth:`StepLedger.epsilon_by_accountant`: ``ACCOUNTANTS[name].sound`` says which are proven bounds)."""
+        return self._set_up_ledger().epsilon_by_accountant(self.setup.delta if delta is None else delta,
+                                                          primary=self.setup.accountant)
 
     @property
     def scope_statement(self) -> Optional[str]:
@@ -406,37 +358,19 @@ class PrivacyEngine:
 
     # ----------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Run identity, setup, seed, step count, budget flag, accountant states (plain data, JSON-able) and,
-        with a ``noise_seed``, every rank's generator states (byte tensors) with their tags (for checkpoints;
-        secret randomness is not saved).  In a process group it gathers the ranks' generators: call it on
-        every rank."""
+        """The engine's checkpoint state (:func:`~dpnoise.training.engine_state.capture_engine_state`).  In a
+        process group it gathers the ranks' generators: call it on every rank."""
         own = self.randomness.saved(self.rank)
         ranks = [own] if self.group is None else self.group.gather_objects(own, "gathering the ranks' generators")
-        return {
-            "run_id": self.run_id,
-            "setup": asdict(self.setup),
-            "seed": self.seed,
-            "private_randomness": self.private_randomness,
-            "steps": self.steps,
-            "budget_exhausted": self.budget_exhausted,
-            "accountants": {name: acc.state_dict() for name, acc in self.accountants.items()},
-            "generators": {"device": self.device.type, "ranks": ranks},
-        }
+        return capture_engine_state(self.resuming_run(), self.run_id, self._set_up_ledger(), ranks)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state saved by a run of this engine's setup and seed, after checking it.
-
-        Refused with :class:`CheckpointMismatchError` (one line naming the field), changing nothing, unless
-        the state is this run's (:func:`~dpnoise.training.engine_state.check_engine_state` lists the checks).
-
-        The run identity (:attr:`run_id`) becomes the checkpoint's: the resumed run is the same run.
-        Each rank restores its own generators.  Saved on another kind of device (CPU vs CUDA, whose
-        generators differ), they cannot be restored: the generators are then re-seeded from the
-        seed, the rank and the step (:func:`~dpnoise.training.distributed.generator_seeds`), a
-        fresh stream, and a warning says that the run continues with other draws than an
-        uninterrupted one.  Checkpoints written before distributed training (no ``generators``)
-        hold one CPU rank's ``noise_generator`` and ``sampling_generator``.
-        """
+        """Restore a state saved by a run of this engine's setup and seed, after checking it: refused with
+        :class:`CheckpointMismatchError` (one line naming the field), changing nothing, unless the state is this
+        run's (:func:`~dpnoise.training.engine_state.check_engine_state` lists the checks).  The run identity
+        (:attr:`run_id`) becomes the checkpoint's; each rank restores its own generators
+        (:meth:`~dpnoise.training.randomness.PrivateRandomness.restore`: re-seeded, with a warning, where they
+        were saved on another kind of device)."""
         if self.setup is None:
             raise EngineStateError("load_state_dict needs an engine set up by make_private (same setup as the checkpoint)")
         state = with_discrete_steps(state, self.resuming_run())
@@ -458,9 +392,7 @@ class PrivacyEngine:
         steps_taken = check_count("steps_taken", steps_taken, 0)
         if steps_taken < self.steps:
             raise EngineStateError(f"steps_taken ({steps_taken}) is fewer than the steps restored ({self.steps})")
-        for accountant in self.accountants.values():
-            accountant.compose(self.step_event, steps_taken - self.steps)
-        self.steps = steps_taken
+        self._set_up_ledger().account_later_steps(steps_taken)
         self.randomness.start(self.device, self.rank, self.world_size, resumed_at=steps_taken)
 
     def resuming_run(self) -> ResumingRun:

@@ -1,5 +1,9 @@
-"""An engine's checkpoint state checked as plain data: what a resumed run must agree with, and the
-forms older checkpoints wrote.
+"""An engine's checkpoint state as plain data: how it is captured, what a resumed run must agree with, and
+the forms older checkpoints wrote.
+
+:func:`capture_engine_state` writes the state (run identity, setup, seeds, step counter, budget flag,
+accountant states and, with a ``noise_seed``, every rank's generator states with their tags; secret
+randomness is never saved).
 
 :func:`check_engine_state` takes the saved state and the facts of the run resuming it (:class:`ResumingRun`:
 its setup, seed, private randomness, budget, accountants, data releases, step event, process count and
@@ -21,6 +25,7 @@ from dpnoise.accounting.events import DiscreteGaussianStepEvent, DpEvent, Poisso
 from dpnoise.training.errors import CheckpointMismatchError
 from dpnoise.training.privacy_plan import PrivacySetup
 from dpnoise.training.randomness import generator_state_tag
+from dpnoise.training.step_ledger import StepLedger
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,21 @@ class ResumingRun:
     world_size: int
     noise_seed: Optional[int]
     device: torch.device
+
+
+def capture_engine_state(run: ResumingRun, run_id: str, ledger: StepLedger, generator_ranks: list[dict]) -> dict:
+    """The engine state of ``run`` (plain, JSON-able data but the generators' byte tensors) after the steps of
+    ``ledger``; ``generator_ranks`` holds every rank's saved generators (empty dictionaries when secret)."""
+    return {
+        "run_id": run_id,
+        "setup": asdict(run.setup),
+        "seed": run.seed,
+        "private_randomness": run.private_randomness,
+        "steps": ledger.steps,
+        "budget_exhausted": ledger.budget_exhausted,
+        "accountants": {name: accountant.state_dict() for name, accountant in ledger.accountants.items()},
+        "generators": {"device": run.device.type, "ranks": generator_ranks},
+    }
 
 
 def check_engine_state(state: Any, run: ResumingRun) -> None:
@@ -257,4 +277,4 @@ def _ledger_steps(name: str, state: Any) -> Optional[int]:
         return None
 
 
-__all__ = ["ResumingRun", "check_engine_state", "with_discrete_steps"]
+__all__ = ["ResumingRun", "capture_engine_state", "check_engine_state", "with_discrete_steps"]

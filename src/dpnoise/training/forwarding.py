@@ -1,8 +1,9 @@
-"""What a private module forwards to the model it wraps, so that it is used as the model is."""
+"""Forwarded attributes: what a private module forwards to the model it wraps, so that it is used as the
+model is, and the engine's attributes that live in its plan or step ledger."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Optional
 
 from torch import nn
 
@@ -26,3 +27,28 @@ class ModelForwarding:
             if wrapped is None or name.startswith("__"):
                 raise
             return getattr(wrapped, name)
+
+
+class Forwarded:
+    """An attribute kept for users that lives in the object's ``owner`` attribute (e.g. the engine's plan or
+    step ledger): ``getattr(obj.<owner>, name)``, or ``empty`` while the owner is None; ``settable`` ones are
+    set on the owner (refused with the error ``refusal()`` while it is None)."""
+
+    def __init__(self, owner: str, name: str, empty: Any, doc: str, settable: bool = False,
+                 refusal: Optional[Callable[[], Exception]] = None) -> None:
+        self.owner, self.name, self.empty, self.settable, self.refusal = owner, name, empty, settable, refusal
+        self.__doc__ = doc
+
+    def __get__(self, obj: Any, kind: Optional[type] = None) -> Any:
+        if obj is None:
+            return self
+        holder = getattr(obj, self.owner)
+        return self.empty if holder is None else getattr(holder, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        if not self.settable:
+            raise AttributeError(f"{self.name} is read-only: it belongs to the {self.owner}")
+        holder = getattr(obj, self.owner)
+        if holder is None:
+            raise self.refusal() if self.refusal else AttributeError(f"{self.name} cannot be set without a {self.owner}")
+        setattr(holder, self.name, value)

@@ -6,7 +6,9 @@ regenerate both can subtract the noise from a released intermediate model, and t
 epsilon then protects nothing.  So by default both are drawn from generators seeded from the
 operating system's entropy (:func:`secrets.randbits`), separately on every rank, and their seeds
 are never stored: not in the engine, the records or the checkpoints.  A resumed run draws fresh
-seeds.  The public ``seed`` of a run drives model initialisation and data-loader workers only.
+seeds.  The public ``seed`` of a run drives model initialisation and data-loader workers only.  The
+generators are torch generators (Mersenne Twister), not cryptographically secure; secure mode draws
+the batches and the noise from the operating system's CSPRNG.
 
 A reproducible private stream exists only on explicit request (``noise_seed``; the reproductions
 use it for bit-identical re-runs), with :class:`ReproducibleNoiseWarning`.  Its checkpoints carry

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Optional
+import warnings
 
-from dpnoise.accounting import PrivacyAccountant
+from dpnoise.accounting import PrivacyAccountant, UnsoundAccountantWarning
 from dpnoise.accounting.events import DpEvent
 from dpnoise.training.errors import PrivacyBudgetExceededError
 
@@ -60,3 +61,21 @@ class StepLedger:
         for accountant in self.accountants.values():
             accountant.compose(self.step_event)
         self.steps += 1
+
+    def account_later_steps(self, steps_taken: int) -> None:
+        """Move the counter and every accountant on to ``steps_taken`` (>= :attr:`steps`): steps a run took
+        that the state it was restored from does not hold."""
+        for accountant in self.accountants.values():
+            accountant.compose(self.step_event, steps_taken - self.steps)
+        self.steps = steps_taken
+
+    def epsilon_by_accountant(self, delta: float, primary: str) -> dict[str, float]:
+        """Epsilon so far at ``delta`` under every accountant.  An unsound accountant warns only when it is
+        the ``primary`` one, which the user chose; beside it, its value comes without a warning."""
+        by_accountant = {}
+        for name, accountant in self.accountants.items():
+            with warnings.catch_warnings():
+                if name != primary:
+                    warnings.simplefilter("ignore", UnsoundAccountantWarning)
+                by_accountant[name] = accountant.get_epsilon(delta)
+        return by_accountant

@@ -20,7 +20,8 @@ from torch.optim import Optimizer
 
 from dpnoise.mechanisms.clipping import ClippingRule
 from dpnoise.mechanisms.registry import Mechanism
-from dpnoise.mechanisms.release import Release
+from dpnoise.mechanisms.release import FloatRelease, GridRelease, Release
+from dpnoise.mechanisms.secure_noise import Plan
 
 from dpnoise.training.bookkeeping import (
     BookkeepingModule,
@@ -38,6 +39,7 @@ from dpnoise.training.optimizers import (
     DistributedOutputPrivateOptimizer,
     NoisyGradientOptimizer,
     OutputPrivateOptimizer,
+    noise_share,
 )
 
 
@@ -116,6 +118,16 @@ def choose_gradient_source(module: nn.Module, grad_sample_mode: GradSampleMode) 
     private_module, _ = wrap_for_per_example_gradients(module, resolved)
     return GradientSource(private_module, resolved, sources)
 
+
+
+def step_release(mechanism: Mechanism, noise: float, clip: float, generator: torch.Generator,
+                 secure_plan: Optional[Plan], group: Optional[RankGroup], noise_shares: str) -> Release:
+    """How each step's clipped sums are noised: secure mode's grid release (``secure_plan``), else the
+    mechanism's float noise from ``generator`` (this rank's share of it in a process ``group``)."""
+    if secure_plan is not None:
+        return GridRelease(secure_plan)
+    shares, adds_share = noise_share(group, noise_shares)
+    return FloatRelease(mechanism.sample_noise, noise, clip, generator, shares, adds_share)
 
 
 def wrap_private(module: nn.Module, optimizer: Optimizer, *, mechanism: Mechanism, event: Any, clip: float,
