@@ -32,6 +32,7 @@ from dpnoise.accounting import (
     CalibrationResult,
     PrivacyAccountant,
     accountant_holding,
+    get_mechanism_spec,
     MechanismOptions,
     noise_from_keywords,
 )
@@ -51,7 +52,6 @@ from dpnoise.training.randomness import PrivateRandomness, ReproducibleNoiseWarn
 from dpnoise.training.errors import EngineStateError
 from dpnoise.training.privacy_plan import (
     PrivacyOptions,
-    option_keywords,
     PrivacyPlan,
     PrivacySetup,
     resolve,
@@ -201,7 +201,7 @@ class PrivacyEngine:
             clipping=clipping, clipping_gamma=clipping_gamma,
             accountant=accountant, calibrate_with=calibrate_with, data_releases=data_releases,
             on_budget_exhausted=on_budget_exhausted, secure_mode=secure_mode,
-            options=option_keywords(options, alpha=alpha, num_classes=num_classes),
+            options=get_mechanism_spec(mechanism).make_options(options, alpha=alpha, num_classes=num_classes),
             noise=noise_from_keywords(mechanism, required=False, noise=noise, noise_multiplier=noise_multiplier,
                                       laplace_scale=laplace_scale, concentration=concentration),
         )

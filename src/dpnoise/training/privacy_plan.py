@@ -259,16 +259,6 @@ class PrivacyOptions:
             object.__setattr__(self, name, value)
 
 
-def option_keywords(options: Optional[MechanismOptions], **fields: Any) -> Any:
-    """What ``make_private`` passes as :attr:`PrivacyOptions.options`: ``options``, or the option fields given
-    as keywords (not None); both are refused."""
-    given = {name: value for name, value in fields.items() if value is not None}
-    if options is not None and given:
-        raise InvalidTrainingOptionError(f"give the mechanism's options either as options= or as "
-                                         f"{', '.join(given)}, not both")
-    return given if options is None else options
-
-
 def mechanism_options(spec: MechanismSpec, options: Any, naming: Callable[[str], str] = str) -> MechanismOptions:
     """``options`` (the mechanism's options dataclass, or a mapping of its fields) as ``spec``'s options
     dataclass; ``naming`` names a field in an error."""
