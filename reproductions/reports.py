@@ -43,6 +43,15 @@ def table2_report(results_dir: Path, figures_dir: Path) -> list[Path]:
                                 "Lap2 paper, Table II: accuracy vs epsilon (ours solid, the paper's dashed)")]
 
 
+def clipping_report(results_dir: Path, figures_dir: Path) -> list[Path]:
+    """Clipping rules against flat clipping on Table II's CNN (the flat runs are Table II's records)."""
+    rows = aggregate(load_records(results_dir, "clipping"))
+    flat = aggregate(load_records(results_dir, "table2"))
+    return [write_markdown(figures_dir / "summary_clipping.md", "Clipping rules on Table II's CNN: accuracy in %, "
+                           "mean ± std over seeds, and each rule minus flat clipping paired by seed",
+                           tables.clipping_markdown(rows, flat))]
+
+
 def comparison_figures(records: list[dict], rows: list[dict], experiment: str, columns: tuple[plans.Column, ...],
                        published: dict, figures_dir: Path, title: str) -> list[Path]:
     """Accuracy vs epsilon (all datasets) and one convergence figure per dataset."""
@@ -253,4 +262,5 @@ REPORTS: dict[str, Callable[[Path, Path], list[Path]]] = {
     "finetune": finetune_report,
     "finetune-full": finetune_full_report,
     "scatternet": scatternet_report,
+    "clipping": clipping_report,
 }

@@ -112,3 +112,25 @@ def test_figures_name_the_split_each_dataset_was_evaluated_on():
     assert evaluation_split(rows, "sst2") == "dev"
     assert evaluation_split(rows, "mnist") == evaluation_split(rows, "cifar10-jpeg") == "test"
     assert evaluation_split(rows, "fashion-mnist") == "test"
+
+
+def test_clipping_table_pairs_each_rule_with_table2s_flat_run_of_the_same_cell():
+    from reproductions.records import aggregate
+    from reproductions.tables import clipping_markdown
+
+    def record(column, seed, accuracy, **extra):
+        return dict(experiment="x", dataset="fashion-mnist", model="cnn", mechanism=column.mechanism,
+                    calibrated_with=column.calibrated_with, target_epsilon=0.88, steps_planned=5860, optimizer="adam",
+                    status="ok", seed=seed, accuracy=accuracy, noise=1.0, noise_unit="sigma", lr=1e-3,
+                    epsilon_by_accountant={}, steps=5860, wall_time_s=1.0, git_commit="abc", git_src_dirty=False,
+                    command="dpnoise train", **extra)
+
+    # Table II's records were written before the clipping field existed: they count as flat
+    flat = aggregate([record(GAUSSIAN, s, a) for s, a in ((0, 0.80), (1, 0.78))]
+                     + [record(GAUSSIAN, 0, 0.10, target_epsilon_note=None) | {"steps_planned": 20}])
+    automatic = aggregate([record(GAUSSIAN, s, a, clipping="automatic") for s, a in ((0, 0.81), (1, 0.77))])
+    assert {row["clipping"] for row in flat} == {"flat"}
+    text = clipping_markdown(automatic, flat)
+    assert "**fashion-mnist, ε = 0.88** (T = 5860" in text
+    assert "| Gaussian (RDP) | 79.00 ± 1.41 (n=2) | 79.00 ± 2.83 (n=2) | +0.00 ± 1.41 (ahead in 1 of 2 seeds) |" in text
+    assert "| Lap2 (b from sound lap2-rdp) | — | — | — |" in text
