@@ -91,6 +91,7 @@ from dpnoise.training.per_example_gradients import (
     DenseRows,
     MaterialisedGradients,
     ParameterGradients,
+    UnitGrouping,
     compute_dtype,
     dense_clipped_sum,
 )
@@ -442,6 +443,8 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         #: book-kept parameters that received a gradient other than through their layer's recorded forward
         self._untracked: set[nn.Parameter] = set()
         self._gradients: Optional[tuple[int, dict[nn.Parameter, ParameterGradients]]] = None
+        #: the same per privacy unit, with the grouping they were summed by
+        self._unit_gradients: Optional[tuple[UnitGrouping, tuple[int, dict[nn.Parameter, ParameterGradients]]]] = None
         self._paused = False
         #: the layers whose per-example gradients come from re-running them alone (decided once, here)
         self._rerun = {layer for layer in layers if _rerun_per_example(layer)}
@@ -492,7 +495,7 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         use = LayerUse(layer, rule, tuple(x.detach() for x in inputs), self._layer_inputs.forward_passes,
                        _call_batch_size(layer, inputs, {}), keywords)
         self._uses.append(use)
-        self._gradients = None
+        self._gradients = self._unit_gradients = None
         return use
 
     def _watch_output(self, layer: nn.Module, inputs: tuple, keywords: dict, output: Any) -> None:
@@ -506,8 +509,18 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         if output.requires_grad:
             output.register_hook(self.record_use(layer, None, inputs, keywords).receive)
 
-    def _parameter_gradients(self) -> tuple[int, dict[nn.Parameter, ParameterGradients]]:
-        """(batch size, per-example gradients of every reached trainable parameter) of this step."""
+    def _parameter_gradients(self, units: Optional[UnitGrouping] = None
+                             ) -> tuple[int, dict[nn.Parameter, ParameterGradients]]:
+        """(batch size, per-example gradients of every reached trainable parameter) of this step; ``units``:
+        per privacy unit (:meth:`~dpnoise.training.per_example_gradients.ParameterGradients.by_unit`)."""
+        if units is not None:
+            if self._unit_gradients is None or self._unit_gradients[0] is not units:
+                batch, gradients = self._parameter_gradients()
+                if batch and batch != len(units.of_example):
+                    raise EngineStateError(f"the batch has {batch} examples but its privacy units name "
+                                           f"{len(units.of_example)}")
+                self._unit_gradients = units, (batch, {p: g.by_unit(units) for p, g in gradients.items()})
+            return self._unit_gradients[1]
         if self._gradients is not None:
             return self._gradients
         if self._untracked:
@@ -564,19 +577,22 @@ class BookkeepingModule(ModelForwarding, nn.Module):
                            for p, g in GRAD_SAMPLERS[type(layer)](layer, [activations], output_grad).items()}
         return {p: g for p, g in samples.items() if p is not None and p.requires_grad}
 
-    def per_example_norms(self, norm_ord: int) -> torch.Tensor:
-        """``(batch,)`` L1 or L2 norm of each example's gradient over all trainable parameters."""
+    def per_example_norms(self, norm_ord: int, units: Optional[UnitGrouping] = None) -> torch.Tensor:
+        """``(batch,)`` L1 or L2 norm of each example's gradient over all trainable parameters (``units``: the
+        ``(units.count,)`` norms of each privacy unit's gradient, the sum of its examples')."""
         _check_norm_ord(norm_ord)
-        batch, gradients = self._parameter_gradients()
+        batch, gradients = self._parameter_gradients(units)
         if not gradients:
-            return torch.zeros(batch, device=next(self._module.parameters()).device)
+            return torch.zeros(batch if units is None else units.count, device=next(self._module.parameters()).device)
         power = sum(g.norm_power(norm_ord) for g in gradients.values())
         return power.pow(1 / norm_ord) * batch  # the per-example loss is batch * (its share of the mean)
 
-    def clipped_sums(self, params: list[nn.Parameter], factors: torch.Tensor) -> list[torch.Tensor]:
-        """``sum_i factors[i] * grad_i`` for each of ``params``; consumes this step's records."""
+    def clipped_sums(self, params: list[nn.Parameter], factors: torch.Tensor,
+                     units: Optional[UnitGrouping] = None) -> list[torch.Tensor]:
+        """``sum_i factors[i] * grad_i`` for each of ``params`` (``units``: over the units, ``grad_i`` a unit's
+        gradient); consumes this step's records."""
         try:
-            return self._weighted_sums(params, factors)
+            return self._weighted_sums(params, factors, units)
         finally:
             self.clear()
 
@@ -590,10 +606,11 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         return [torch.stack([gradients[p].of_examples([i]).clipped_sum(scale) if p in gradients else
                              torch.zeros_like(p) for i in examples]) for p in params]
 
-    def _weighted_sums(self, params: list[nn.Parameter], factors: torch.Tensor) -> list[torch.Tensor]:
-        """``sum_i factors[i] * grad_i`` for each of ``params``, ``grad_i`` the gradient of example i's own
-        loss: the recorded gradients are of the batch's mean loss, so they are scaled by the batch size."""
-        batch, gradients = self._parameter_gradients()
+    def _weighted_sums(self, params: list[nn.Parameter], factors: torch.Tensor,
+                       units: Optional[UnitGrouping] = None) -> list[torch.Tensor]:
+        """``sum_i factors[i] * grad_i`` for each of ``params``, ``grad_i`` the gradient of example (or unit) i's
+        own loss: the recorded gradients are of the batch's mean loss, so they are scaled by the batch size."""
+        batch, gradients = self._parameter_gradients(units)
         self._check_layer_parameters(params)
         scaled = factors * batch
         return [gradients[p].clipped_sum(scaled) if p in gradients else torch.zeros_like(p) for p in params]
@@ -616,7 +633,7 @@ class BookkeepingModule(ModelForwarding, nn.Module):
             use.release()
         self._uses.clear()
         self._untracked.clear()
-        self._gradients = None
+        self._gradients = self._unit_gradients = None
 
     def remove_hooks(self) -> None:
         """Detach from the wrapped model (which then trains without recording anything)."""

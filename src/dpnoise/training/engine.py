@@ -19,6 +19,7 @@ import secrets
 import warnings
 from dataclasses import asdict
 from functools import partial
+from collections.abc import Hashable
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -160,6 +161,7 @@ class PrivacyEngine:
         secure_mode: bool = False,
         loss_fn: Optional[LossFunction] = None,
         per_example_check: bool = True,
+        privacy_unit: Optional[Sequence[Hashable]] = None,
     ) -> tuple[nn.Module, Optimizer, DataLoader]:
         """Return the private (module, optimizer, data loader).
 
@@ -191,6 +193,10 @@ class PrivacyEngine:
                 cross-entropy for pairs); what the per-example check differentiates.  A Hugging Face causal
                 language model needs ``loss_fn=dpnoise.training.causal_lm_loss`` (its ``outputs.loss`` is the
                 mean over the batch's tokens, which mixes the examples: refused).
+            privacy_unit: one key per example of the data set (a user or document id): the unit the epsilon
+                protects, all its examples together (:mod:`dpnoise.training.privacy_units`; units are
+                Poisson-sampled at ``batch_size`` / (number of units), and each unit's gradient clipped as
+                one).  None: each example is its own unit.
         """
         # Every argument is checked here, before any work (errors name the parameter).
         if self.setup is not None:
@@ -210,20 +216,21 @@ class PrivacyEngine:
                                      max_physical_batch_size=max_physical_batch_size,
                                      per_example_check=per_example_check)
         return self.make_private_with_options(module, optimizer, data_loader, privacy=privacy, execution=execution,
-                                              loss_fn=loss_fn)
+                                              loss_fn=loss_fn, privacy_unit=privacy_unit)
 
     def make_private_with_options(
         self, module: nn.Module, optimizer: Optimizer, data_loader: DataLoader, *, privacy: PrivacyOptions,
         execution: ExecutionOptions = ExecutionOptions(), loss_fn: Optional[LossFunction] = None,
+        privacy_unit: Optional[Sequence[Hashable]] = None,
     ) -> tuple[nn.Module, Optimizer, DataLoader]:
         """:meth:`make_private` with its options as the two checked dataclasses: what is released
         (:class:`~dpnoise.training.privacy_plan.PrivacyOptions`) and how the run executes
         (:class:`~dpnoise.training.execution.ExecutionOptions`), e.g. both built once from a
-        configuration; ``loss_fn`` as in :meth:`make_private`."""
+        configuration; ``loss_fn`` and ``privacy_unit`` as in :meth:`make_private`."""
         if self.setup is not None:
             raise EngineStateError("this PrivacyEngine already made a model private; create a new one")
         run = check_private_run(module, optimizer, data_loader, privacy=privacy, execution=execution,
-                                loss_fn=loss_fn, noise_seed=self.noise_seed)
+                                loss_fn=loss_fn, noise_seed=self.noise_seed, privacy_unit=privacy_unit)
         device, group, mech, poisson_sampling = run.device, run.group, run.mechanism, execution.poisson_sampling
         module.to(device)
         self.device, self.group = device, group
@@ -241,9 +248,10 @@ class PrivacyEngine:
             generator=self.sampling_generator, shard=shard_indices(len(data_loader.dataset), self.rank, self.world_size),
             worker_seed=generator_seeds(self.seed, self.rank, self.world_size)[2], system_random=privacy.secure_mode,
             max_physical_batch_size=execution.max_physical_batch_size, tracker=self.logical_batches,
-            provenance=self.batch_provenance, check=partial(check_keyword_batch, rules=run.batch_rules))
+            provenance=self.batch_provenance, check=partial(check_keyword_batch, rules=run.batch_rules), units=run.units)
         sample_rate = getattr(private_loader, "sample_rate", data_loader.batch_size / len(data_loader.dataset))
-        self.plan = resolve(privacy, sample_rate=sample_rate, params=count_trainable_parameters(module))
+        self.plan = resolve(privacy, sample_rate=sample_rate, params=count_trainable_parameters(module),
+                            privacy_units=None if run.units is None else run.units.count)
         self.mechanism = mech
         if privacy.secure_mode:
             self.secure_plan = secure_noise_plan(self.setup, mech, module)
@@ -265,6 +273,7 @@ class PrivacyEngine:
             clipping=clipping_rule(self.setup.clipping, self.setup.clip, self.setup.clipping_gamma))
         if source is not None:
             self.grad_sample_mode, self.gradient_sources = source.mode, source.sources
+            private_optimizer.noisy_sum.privacy_units = run.units
         if execution.per_example_check and mech.needs_per_sample_gradients:
             private_optimizer.per_example_check = partial(self._check_per_example, private_module, loss_fn)
         return private_module, private_optimizer, private_loader

@@ -106,6 +106,7 @@ def check_engine_state(state: Any, run: ResumingRun) -> None:
         raise inconsistent("setup", f"a {type(saved_setup).__name__}, not a dictionary")
     # written before data releases, secure mode or mechanism options existed: none, off, the old fields'
     saved_setup = {"data_releases": (), "secure_mode": False, "clipping": "flat", "clipping_gamma": None,
+                   "privacy_units": None,
                    **_with_options(saved_setup)}
     for field in [*current_setup, *(key for key in saved_setup if key not in current_setup)]:
         saved, current = saved_setup.get(field, _MISSING), current_setup.get(field, _MISSING)

@@ -33,7 +33,7 @@ applies the update one process would compute from the union of the ranks' batche
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol, Union
+from typing import Any, Callable, Optional, Protocol, Sequence, Union
 
 import torch
 # Opacus's processed-flag helpers guard against reusing per-sample gradients across steps.
@@ -46,7 +46,9 @@ from dpnoise.mechanisms.registry import Mechanism
 from dpnoise.mechanisms.release import Release
 from dpnoise.training.bookkeeping import BookkeepingModule
 from dpnoise.training.distributed import DistributedError, RankGroup
-from dpnoise.training.errors import InvalidTrainingOptionError, PerExampleCheckError
+from dpnoise.training.errors import EngineStateError, InvalidTrainingOptionError, PerExampleCheckError
+from dpnoise.training.per_example_gradients import UnitGrouping
+from dpnoise.training.privacy_units import PrivacyUnits
 from dpnoise.training.provenance import BatchProvenance
 from dpnoise.training.sampling import LogicalBatchTracker
 
@@ -134,6 +136,8 @@ class NoisyGradientSum:
     def __init__(self, *, mechanism: Mechanism, clip: float, release: Release,
                  bookkeeping: Optional[BookkeepingModule] = None, clipping: Optional[ClippingRule] = None):
         self.mechanism = mechanism
+        #: the privacy units of the data set (None: each example is its own unit)
+        self.privacy_units: Optional[PrivacyUnits] = None
         self.clip = clip
         #: the per-example scale factors from the norms (default: flat clipping to ``clip``)
         self.clip_factors = clipping or clipping_rule("flat", clip)
@@ -144,17 +148,19 @@ class NoisyGradientSum:
         #: the Poisson draw the step releases (its index in this process)
         self.draw = 0
 
-    def add_batch(self, params: list[torch.Tensor], batch_size: int) -> None:
-        """Add this physical batch's clipped per-example gradients to the step's sum.  An empty Poisson
-        batch adds nothing, whether or not the model ran on it (Hugging Face models cannot)."""
+    def add_batch(self, params: list[torch.Tensor], batch_size: int, indices: Optional[Sequence[int]] = None) -> None:
+        """Add this physical batch's clipped per-example (or, with :attr:`privacy_units`, per-unit) gradients to
+        the step's sum; ``indices``: the batch's examples in the data set.  An empty Poisson batch adds nothing,
+        whether or not the model ran on it (Hugging Face models cannot)."""
+        units = self._units(params, batch_size, indices)
         if batch_size == 0:
             sums = [torch.zeros_like(p) for p in params]
             self.free_batch(params)
         elif self.bookkeeping is not None:
-            norms = self.bookkeeping.per_example_norms(self.mechanism.clip_norm_ord)
-            sums = self.bookkeeping.clipped_sums(params, self.clip_factors(norms))
+            norms = self.bookkeeping.per_example_norms(self.mechanism.clip_norm_ord, units)
+            sums = self.bookkeeping.clipped_sums(params, self.clip_factors(norms), units)
         else:
-            sums = self._clipped_sums_of_grad_samples(params)
+            sums = self._clipped_sums_of_grad_samples(params, units)
         sums = [summed.to(p.dtype) for p, summed in zip(params, sums)]
         self.sums = sums if self.sums is None else [a + b for a, b in zip(self.sums, sums)]
 
@@ -165,9 +171,23 @@ class NoisyGradientSum:
         for p in params:
             p.grad_sample = None
 
-    def _clipped_sums_of_grad_samples(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Clipped sums from Opacus's ``p.grad_sample`` (each used once: processed flags)."""
+    def _units(self, params: list[torch.Tensor], batch_size: int,
+               indices: Optional[Sequence[int]]) -> Optional[UnitGrouping]:
+        """The privacy units of the batch (None: per example)."""
+        if self.privacy_units is None or batch_size == 0:
+            return None
+        if indices is None or len(indices) != batch_size:
+            raise EngineStateError("privacy units need each batch's data set indices: train on the batches of the "
+                                   "loader make_private returned")
+        return self.privacy_units.grouping(indices, params[0].device)
+
+    def _clipped_sums_of_grad_samples(self, params: list[torch.Tensor],
+                                      units: Optional[UnitGrouping] = None) -> list[torch.Tensor]:
+        """Clipped sums from Opacus's ``p.grad_sample`` (each used once: processed flags); ``units``: of the
+        units' gradients, each the sum of its examples'."""
         grad_samples = [flat_grad_sample(p) for p in params]
+        if units is not None:
+            grad_samples = [units.summed(grad_sample) for grad_sample in grad_samples]
         if len(grad_samples[0]) == 0:
             factors = torch.zeros((0,), device=grad_samples[0].device)
         else:
@@ -301,7 +321,7 @@ class NoisyGradientOptimizer(WrappedOptimizer):
                 closure()
         params = self.params
         batch = self.logical_batches.take()  # refuses a batch that is not the private loader's
-        self.noisy_sum.add_batch(params, batch.size)
+        self.noisy_sum.add_batch(params, batch.size, batch.indices)
         self.noisy_sum.free_batch(params)
         try:
             self._check_per_example(batch)  # before the budget's all-reduce: every rank checks at its first step

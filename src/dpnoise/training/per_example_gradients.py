@@ -28,6 +28,11 @@ top of the layer's rows, which the backward pass produced anyway.  The clipped s
 one matrix product over the flattened rows, ``(f * U)^T V`` (book-keeping: Bu et al.), or an
 ``index_add_`` of ``f_i v_{i,t}`` into the rows of the embedding.
 
+Privacy units (:mod:`dpnoise.training.privacy_units`): a unit's gradient is the sum of its examples'
+gradients, ``G_u = sum_{i in u} G_i``.  Rows are regrouped per unit (a unit's rows side by side, units
+of fewer examples padded with zero rows, which add nothing) and materialised gradients summed per
+unit (:meth:`ParameterGradients.by_unit`), so every rule above gives per-unit norms and sums unchanged.
+
 Everything is computed in float32 at least (float64 stays float64), whatever the dtype of the rows
 (e.g. bfloat16 under ``torch.autocast``).
 """
@@ -83,6 +88,39 @@ class MaterialisedGradients:
 Contribution = Union[DenseRows, IndexedRows, MaterialisedGradients]
 
 
+@dataclass(frozen=True)
+class UnitGrouping:
+    """The privacy units of a batch of ``B`` examples: ``of_example[i]`` in ``0..count-1`` is example i's unit,
+    ``slot[i]`` its place among its unit's examples (``0..size-1``; ``size``: the largest unit's examples)."""
+
+    of_example: torch.Tensor
+    slot: torch.Tensor
+    count: int
+    size: int
+
+    @classmethod
+    def of(cls, unit_ids: torch.Tensor) -> "UnitGrouping":
+        """The grouping of a batch whose example i belongs to the unit ``unit_ids[i]`` (any integer ids)."""
+        _, of_example, counts = torch.unique(unit_ids, return_inverse=True, return_counts=True)
+        order = torch.argsort(of_example, stable=True)
+        starts = torch.cumsum(counts, 0) - counts
+        slot = torch.empty_like(of_example)
+        slot[order] = torch.arange(len(unit_ids), device=unit_ids.device) - starts[of_example[order]]
+        return cls(of_example, slot, len(counts), int(counts.max()) if len(counts) else 0)
+
+    def summed(self, samples: torch.Tensor) -> torch.Tensor:
+        """``(B, ...)`` per-example values as ``(U, ...)`` sums over each unit's examples."""
+        return samples.new_zeros((self.count, *samples.shape[1:])).index_add_(0, self.of_example, samples)
+
+    def side_by_side(self, rows: torch.Tensor) -> torch.Tensor:
+        """``(B, R, ...)`` rows as ``(U, size * R, ...)``: each unit's examples' rows side by side, the slots of
+        smaller units zero (a zero row adds nothing to a sum of outer products; a zero id with a zero
+        right-hand row adds nothing to an embedding's)."""
+        grouped = rows.new_zeros((self.count, self.size, *rows.shape[1:]))
+        grouped[self.of_example, self.slot] = rows
+        return grouped.reshape(self.count, self.size * rows.shape[1], *rows.shape[2:])
+
+
 class ParameterGradients:
     """Every example's gradient of one parameter, from all its uses in one forward pass.
 
@@ -125,6 +163,19 @@ class ParameterGradients:
         if self.indexed is not None:
             rows = torch.as_tensor(list(examples), device=self.indexed.right.device)
             parts.append(IndexedRows(self.indexed.index[rows], self.indexed.right[rows], self.indexed.rows))
+        return ParameterGradients(self.shape, parts, self.max_chunk_elements)
+
+    def by_unit(self, units: "UnitGrouping") -> "ParameterGradients":
+        """The same gradients summed per privacy unit: ``(U, ...)`` for the ``U`` units of ``units`` (the
+        unit of each of the ``B`` examples), whose norms and clipped sums are the units'."""
+        parts: list[Contribution] = []
+        if self.materialised is not None:
+            parts.append(MaterialisedGradients(units.summed(self.materialised.samples), self.materialised.permutation))
+        if self.dense is not None:
+            parts.append(DenseRows(units.side_by_side(self.dense.left), units.side_by_side(self.dense.right)))
+        if self.indexed is not None:
+            parts.append(IndexedRows(units.side_by_side(self.indexed.index), units.side_by_side(self.indexed.right),
+                                     self.indexed.rows))
         return ParameterGradients(self.shape, parts, self.max_chunk_elements)
 
     def norm_power(self, norm_ord: int) -> torch.Tensor:

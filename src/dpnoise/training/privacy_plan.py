@@ -95,6 +95,9 @@ class PrivacySetup:
     #: the per-example clipping rule and, for automatic clipping, its gamma
     clipping: str = "flat"
     clipping_gamma: Optional[float] = None
+    #: the number of privacy units, whose examples are sampled and clipped together
+    #: (:mod:`dpnoise.training.privacy_units`; None: each example is its own unit)
+    privacy_units: Optional[int] = None
 
     @property
     def mechanism_options(self) -> MechanismOptions:
@@ -368,8 +371,10 @@ def check_step_count(epochs: Optional[float], sample_rate: float) -> None:
                                          f"of steps")
 
 
-def resolve(options: PrivacyOptions, *, sample_rate: float, params: int) -> PrivacyPlan:
-    """The run's :class:`PrivacyPlan` at sample rate ``sample_rate`` with ``params`` trained parameters.
+def resolve(options: PrivacyOptions, *, sample_rate: float, params: int,
+            privacy_units: Optional[int] = None) -> PrivacyPlan:
+    """The run's :class:`PrivacyPlan` at sample rate ``sample_rate`` with ``params`` trained parameters
+    (``privacy_units``: the number of privacy units, ``sample_rate`` a unit's).
 
     The noise is ``options.noise``, or the smallest one whose epsilon after the planned steps (and the
     data releases) meets the target under ``calibrate_with`` (default: the primary accountant); the
@@ -400,7 +405,7 @@ def resolve(options: PrivacyOptions, *, sample_rate: float, params: int) -> Priv
         target_epsilon=options.target_epsilon, accountant=options.primary, accountants=options.accountants,
         data_releases=tuple(event_to_dict(release) for release in options.data_releases),
         secure_mode=options.secure_mode, options=options.options.to_dict(), clipping=options.clipping,
-        clipping_gamma=options.clipping_gamma,
+        clipping_gamma=options.clipping_gamma, privacy_units=privacy_units,
     )
     step_event = training_step_event(options.mechanism, sample_rate=sample_rate, noise=noise,
                                      facts=RunFacts(clip=options.max_grad_norm, params=params), options=options.options)

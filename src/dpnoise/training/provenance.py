@@ -86,6 +86,11 @@ class DrawnBatch(list):
     def ends_logical_batch(self) -> bool:
         return self.piece == self.pieces - 1
 
+    @property
+    def indices(self) -> list[int]:
+        """The data set indices of its examples."""
+        return list(self)
+
 
 @dataclass(eq=False)
 class RegisteredBatch:
@@ -100,6 +105,8 @@ class RegisteredBatch:
     batch: Any
     #: every tensor the batch holds, and tensors declared as derived from them
     tensors: list[torch.Tensor] = field(default_factory=list)
+    #: the data set indices of its examples, in the batch's order
+    indices: list[int] = field(default_factory=list)
 
     @property
     def ends_logical_batch(self) -> bool:
@@ -147,7 +154,7 @@ class BatchProvenance:
     def register(self, batch: Any, drawn: DrawnBatch) -> RegisteredBatch:
         """Record a batch the private loader produced (collated from the indices ``drawn``)."""
         registered = RegisteredBatch(drawn.draw, drawn.piece, drawn.pieces, leading_size(batch) or 0, batch,
-                                     batch_tensors(batch))
+                                     batch_tensors(batch), list(drawn))
         self.pending.append(registered)
         return registered
 

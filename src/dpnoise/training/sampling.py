@@ -44,6 +44,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from dpnoise.training.devices import seeded_generator, to_device
 from dpnoise.training.errors import InvalidTrainingOptionError
+from dpnoise.training.privacy_units import PrivacyUnits
 from dpnoise.training.provenance import BatchProvenance, DrawnBatch, RegisteredBatch
 
 
@@ -104,8 +105,11 @@ class PoissonShardSampler(Sampler[list[int]]):
 
     def __init__(self, indices: torch.Tensor, sample_rate: float, generator: torch.Generator,
                  steps: Optional[int] = None, max_physical_batch_size: Optional[int] = None,
-                 tracker: Optional[LogicalBatchTracker] = None, system_random: bool = False):
+                 tracker: Optional[LogicalBatchTracker] = None, system_random: bool = False,
+                 units: Optional[PrivacyUnits] = None):
         self.indices = indices
+        #: privacy units: each unit, with all its examples, is included with probability ``sample_rate``
+        self.units = units
         self.sample_rate = sample_rate
         self.generator = generator
         self.steps = int(1 / sample_rate) if steps is None else steps
@@ -117,10 +121,14 @@ class PoissonShardSampler(Sampler[list[int]]):
         self.system_random = system_random
 
     def inclusions(self) -> torch.Tensor:
-        """One Poisson draw: whether each example of the shard is in the batch."""
+        """One Poisson draw: whether each example of the shard is in the batch (with privacy units: one draw per
+        unit, which all its examples follow)."""
+        draws = len(self.indices) if self.units is None else self.units.count
         if self.system_random:
-            return system_random_inclusions(len(self.indices), self.sample_rate)
-        return torch.rand(len(self.indices), generator=self.generator, device=self.generator.device) < self.sample_rate
+            included = system_random_inclusions(draws, self.sample_rate)
+        else:
+            included = torch.rand(draws, generator=self.generator, device=self.generator.device) < self.sample_rate
+        return included if self.units is None else included.cpu()[self.units.of_example[self.indices]]
 
     def __len__(self) -> int:
         """Logical batches per pass (the physical ones are as many or more, depending on the draws)."""
@@ -263,17 +271,19 @@ def poisson_loader(dataset: Dataset, *, sample_rate: float, shard: torch.Tensor,
                    max_physical_batch_size: Optional[int] = None,
                    tracker: Optional[LogicalBatchTracker] = None,
                    provenance: Optional[BatchProvenance] = None, system_random: bool = False,
-                   check: Optional[Callable[[Any], None]] = None) -> DeviceDataLoader:
+                   check: Optional[Callable[[Any], None]] = None,
+                   units: Optional[PrivacyUnits] = None) -> DeviceDataLoader:
     """Poisson batches of ``shard`` (indices into ``dataset``) at ``sample_rate``, on ``device``; with
     ``max_physical_batch_size``, each in physical batches of at most that size (``tracker`` says
     which one ends it); every batch registered with ``provenance`` and checked by ``check`` when given;
-    ``system_random``: the inclusions drawn from the OS's CSPRNG (secure mode), not from ``generator``.
+    ``system_random``: the inclusions drawn from the OS's CSPRNG (secure mode), not from ``generator``;
+    ``units``: Poisson sampling of privacy units (``sample_rate`` is then a unit's).
 
     ``worker_generator`` (CPU) is the one the ``DataLoader`` draws its worker base seed from at every
     new pass; it is kept apart from the sampler's, so that the draws do not depend on pass boundaries.
     """
     sampler = PoissonShardSampler(shard, sample_rate, generator, max_physical_batch_size=max_physical_batch_size,
-                                  tracker=tracker, system_random=system_random)
+                                  tracker=tracker, system_random=system_random, units=units)
     # A TensorDataset with the default collation is read a whole batch at a time (the same batches, empty
     # ones included, several times faster at batches of thousands).
     tensors_at_once = type(dataset) is TensorDataset and collate_fn in (None, default_collate)
@@ -297,14 +307,15 @@ def poisson_loader(dataset: Dataset, *, sample_rate: float, shard: torch.Tensor,
 def training_loader(data_loader: DataLoader, *, poisson_sampling: bool, device: torch.device,
                     float_dtype: Optional[torch.dtype], generator: torch.Generator, shard: torch.Tensor,
                     worker_seed: int, system_random: bool, max_physical_batch_size: Optional[int],
-                    tracker: LogicalBatchTracker, provenance: Optional[BatchProvenance], check: Callable[[Any], None]) -> DeviceDataLoader:
+                    tracker: LogicalBatchTracker, provenance: Optional[BatchProvenance], check: Callable[[Any], None],
+                    units: Optional[PrivacyUnits] = None) -> DeviceDataLoader:
     """The private loader of ``data_loader``'s data set: Poisson batches of this rank's ``shard`` at rate
     batch_size / N drawn with ``generator`` (or the OS's CSPRNG: ``system_random``, secure mode), or shuffled
     fixed-size batches (warned: the accountants do not cover them); its batches checked by ``check``, on
     ``device``, split into physical batches if asked.  ``worker_seed`` seeds the data-loader workers: a
     DataLoader draws a worker base seed from its own generator at every pass, not from the sampler's, so that
     the sampler's draws do not depend on pass boundaries (what makes a resumed run identical to an
-    uninterrupted one)."""
+    uninterrupted one).  ``units``: Poisson batches of privacy units, at rate batch_size / (number of units)."""
     dataset = data_loader.dataset
     common = dict(collate_fn=data_loader.collate_fn, num_workers=data_loader.num_workers, check=check)
     if not poisson_sampling:
@@ -312,7 +323,8 @@ def training_loader(data_loader: DataLoader, *, poisson_sampling: bool, device: 
                       "Poisson sampling; the reported epsilon does not cover this run", stacklevel=4)
         return DeviceDataLoader(dataset, device=device, float_dtype=float_dtype, batch_size=data_loader.batch_size,
                                 shuffle=True, generator=generator, **common)
-    return poisson_loader(dataset, sample_rate=data_loader.batch_size / len(dataset), shard=shard, generator=generator,
+    population = len(dataset) if units is None else units.count
+    return poisson_loader(dataset, sample_rate=data_loader.batch_size / population, shard=shard, generator=generator, units=units,
                           device=device, float_dtype=float_dtype, worker_generator=seeded_generator(worker_seed),
                           max_physical_batch_size=max_physical_batch_size, tracker=tracker, provenance=provenance,
                           system_random=system_random, **common)

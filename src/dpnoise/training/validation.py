@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
 from typing import Any, Optional
 
 import torch
@@ -28,6 +29,7 @@ from dpnoise.training.errors import (
 from dpnoise.training.execution import ExecutionOptions
 from dpnoise.training.per_example_check import refuse_token_mean_lm_loss
 from dpnoise.training.privacy_plan import PrivacyOptions, check_step_count
+from dpnoise.training.privacy_units import PrivacyUnits
 from dpnoise.training.secure_mode import check_secure_mode
 from dpnoise.training.grad_samplers import per_example_gradient_problems
 
@@ -123,11 +125,13 @@ class CheckedRun:
     group: Optional[RankGroup]
     mechanism: Mechanism
     batch_rules: Any
+    #: the privacy units of the data set (None: each example is its own)
+    units: Optional[PrivacyUnits] = None
 
 
 def check_private_run(module: nn.Module, optimizer: Optimizer, data_loader: DataLoader, *, privacy: PrivacyOptions,
                       execution: ExecutionOptions, loss_fn: Optional[LossFunction],
-                      noise_seed: Optional[int]) -> CheckedRun:
+                      noise_seed: Optional[int], privacy_unit: Optional[Sequence[Hashable]] = None) -> CheckedRun:
     """Every argument of :meth:`~dpnoise.training.PrivacyEngine.make_private_with_options` checked, before any
     work (errors name the parameter); ``noise_seed`` is the engine's (secure mode refuses one)."""
     if not isinstance(privacy, PrivacyOptions):
@@ -147,8 +151,14 @@ def check_private_run(module: nn.Module, optimizer: Optimizer, data_loader: Data
         raise InvalidTrainingOptionError("the data loader needs a batch_size (the expected batch size)")
     if len(data_loader.dataset) == 0:
         raise InvalidTrainingOptionError("the data loader's dataset is empty")
-    check_step_count(privacy.epochs, check_sample_rate("data_loader.batch_size / len(dataset)",
-                                                       data_loader.batch_size / len(data_loader.dataset)))
+    units = None if privacy_unit is None else PrivacyUnits(privacy_unit, len(data_loader.dataset))
+    if units is None:
+        check_step_count(privacy.epochs, check_sample_rate("data_loader.batch_size / len(dataset)",
+                                                           data_loader.batch_size / len(data_loader.dataset)))
+    else:
+        check_privacy_units(mech, group, execution)
+        check_step_count(privacy.epochs, check_sample_rate("data_loader.batch_size / (number of privacy units)",
+                                                           data_loader.batch_size / units.count))
     batch_rules = keyword_batch_rules(module)
     check_batch_format(data_loader, perturbs_gradients=mech.needs_per_sample_gradients, rules=batch_rules)
     check_training_mode(module, needs_per_sample_gradients=mech.needs_per_sample_gradients)
@@ -161,4 +171,21 @@ def check_private_run(module: nn.Module, optimizer: Optimizer, data_loader: Data
                           "or batch statistics would break the epsilon without a word",
                           UncheckedPerExampleGradientsWarning, stacklevel=4)
     check_secure_mode(privacy.secure_mode, mech, group, poisson_sampling, module, noise_seed)
-    return CheckedRun(device=device, group=group, mechanism=mech, batch_rules=batch_rules)
+    return CheckedRun(device=device, group=group, mechanism=mech, batch_rules=batch_rules, units=units)
+
+
+def check_privacy_units(mechanism: Mechanism, group: Optional[RankGroup], execution: ExecutionOptions) -> None:
+    """Refuse what privacy units do not support yet: output mechanisms (whose sensitivity is per example),
+    process groups (the shards split units) and physical batches (they may split a unit)."""
+    if not mechanism.needs_per_sample_gradients:
+        raise InvalidTrainingOptionError(f"privacy_unit: mechanism {mechanism.name!r} noises each example's outputs; "
+                                         f"privacy units need a gradient mechanism (a unit's gradient clipped as one)")
+    if group is not None:
+        raise InvalidTrainingOptionError("privacy_unit is not supported in a process group (each rank's shard would "
+                                         "split units): train in one process")
+    if execution.max_physical_batch_size is not None:
+        raise InvalidTrainingOptionError("privacy_unit with max_physical_batch_size: a physical batch may split a "
+                                         "unit, whose gradient must be clipped whole; leave max_physical_batch_size "
+                                         "unset")
+    if not execution.poisson_sampling:
+        raise InvalidTrainingOptionError("privacy_unit needs poisson_sampling=True (units are Poisson-sampled)")
