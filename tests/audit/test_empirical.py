@@ -57,3 +57,14 @@ def test_cli_sampler_json(capsys):
     assert main(["audit", "sampler", "--mechanism", "lap2", "--noise", "1", "--trials", "20000", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["consistent"] is True and {"claimed_epsilon", "lower_bound_epsilon", "confidence"} <= out.keys()
+
+
+def test_a_users_many_examples_as_one_canary_stay_within_the_per_unit_epsilon():
+    """Privacy units: each canary is a user of 5 examples.  Clipped per unit, the audit is consistent with the
+    claimed epsilon; clipped per example (the control), the user's 5 clipped gradients break the claim."""
+    options = dict(sample_rate=0.2, steps=10, canaries=1000, guesses=200, canary_examples=5)
+    per_unit = audit_one_run("gaussian", 2.0, **options)
+    per_example = audit_one_run("gaussian", 2.0, unit_clipping=False, **options)
+    assert per_unit["claimed_epsilon"] == per_example["claimed_epsilon"]
+    assert per_unit["consistent"], per_unit
+    assert not per_example["consistent"] and per_example["lower_bound_epsilon"] > per_example["claimed_epsilon"]

@@ -32,6 +32,9 @@ from dpnoise.audit.stats import one_run_epsilon, threshold_audit
 from dpnoise.mechanisms import DirichletOutput, get_mechanism
 from dpnoise.mechanisms.release import FloatRelease
 from dpnoise.training.optimizers import NoisyGradientOptimizer
+from dpnoise.training.privacy_units import PrivacyUnits
+from dpnoise.training.provenance import DrawnBatch
+from dpnoise.training.sampling import LogicalBatchTracker
 
 __all__ = ["audit_one_run", "audit_dirichlet_leakage"]
 
@@ -71,12 +74,19 @@ def audit_one_run(
     mechanism: str = "gaussian", noise: float = 1.0, clip: float = 1.0, sample_rate: float = 0.5,
     steps: int = 20, canaries: int = 1000, guesses: int = 200, delta: float = 1e-5,
     confidence: float = 0.95, examples: int = 200, features: int = 8, classes: int = 2,
-    lr: float = 0.5, overshoot: float = 5.0, seed: int = 0,
+    lr: float = 0.5, overshoot: float = 5.0, seed: int = 0, canary_examples: int = 1, unit_clipping: bool = True,
 ) -> dict:
-    """One-run white-box canary audit of DP-SGD training with ``mechanism`` (gaussian, lap2, laplace-l1)."""
+    """One-run white-box canary audit of DP-SGD training with ``mechanism`` (gaussian, lap2, laplace-l1).
+
+    ``canary_examples`` m > 1 audits privacy units (:mod:`dpnoise.training.privacy_units`): each canary is a
+    user of m examples with the same Dirac gradient, sampled and (``unit_clipping``) clipped together; with
+    ``unit_clipping=False`` each example is clipped alone, the control in which the per-unit claim fails.
+    """
     mech = get_mechanism(mechanism)
     if not mech.needs_per_sample_gradients:
         raise InvalidParameterError(f"one-run audit needs a gradient mechanism, got {mechanism!r}")
+    if not isinstance(canary_examples, int) or canary_examples < 1:
+        raise InvalidParameterError(f"canary_examples must be an integer >= 1, got {canary_examples!r}")
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     x_real, y_real = _generated_data(examples, features, classes, rng)
@@ -84,16 +94,21 @@ def audit_one_run(
     width = features + canaries
     canary_grads = torch.zeros(canaries, classes, width, dtype=torch.float64)
     canary_grads[torch.arange(canaries), 0, features + torch.arange(canaries)] = overshoot * clip
+    canary_grads = canary_grads.repeat_interleave(canary_examples, 0)  # canary i's m examples
     included = rng.random(canaries) < 0.5
 
     model = nn.Linear(width, classes, bias=False).double()
     gate = _CountingGate()
-    expected_batch = sample_rate * (examples + included.sum())
+    expected_batch = sample_rate * (examples + included.sum() * canary_examples)
+    batches = LogicalBatchTracker()
     opt = NoisyGradientOptimizer(
         torch.optim.SGD(model.parameters(), lr=lr), mechanism=mech,
         release=FloatRelease(mech.sample_noise, noise, clip, gen), max_grad_norm=clip,
-        expected_batch_size=expected_batch, gate=gate,
+        expected_batch_size=expected_batch, gate=gate, logical_batches=batches,
     )
+    if unit_clipping and canary_examples > 1:  # real example i is unit i, canary j's examples unit examples + j
+        units = np.concatenate([np.arange(examples), examples + np.arange(canaries).repeat(canary_examples)])
+        opt.noisy_sum.privacy_units = PrivacyUnits(units, len(units))
     coords = (0, features + np.arange(canaries))
     scores = np.zeros(canaries)
     for _ in range(steps):
@@ -102,7 +117,10 @@ def audit_one_run(
         before = model.weight.detach()[coords].clone().numpy()
         with torch.no_grad():
             per_example = _softmax_regression_grads(model.weight, x_real[real], y_real[real])
-        model.weight.grad_sample = torch.cat([per_example, canary_grads[canary]])
+        canary_rows = np.flatnonzero(canary.repeat(canary_examples))
+        model.weight.grad_sample = torch.cat([per_example, canary_grads[canary_rows]])
+        batches.queue(DrawnBatch([*np.flatnonzero(real), *(examples + canary_rows)], draw=gate.steps, piece=0, pieces=1))
+        batches.advance()
         opt.step()
         opt.zero_grad()
         after = model.weight.detach()[coords].numpy()
@@ -116,7 +134,9 @@ def audit_one_run(
     params = classes * width
     claims = claimed_epsilons(mechanism, noise, sample_rate, steps, delta, clip=clip, params=params)
     return audit_record("training", mechanism, noise, sample_rate, gate.steps, delta, claims, lower, confidence,
-                        clip=clip, params=params, canaries=canaries, guesses=2 * half, correct=correct)
+                        clip=clip, params=params, canaries=canaries, guesses=2 * half, correct=correct,
+                        **({"canary_examples": canary_examples, "unit_clipping": unit_clipping}
+                           if canary_examples > 1 else {}))
 
 
 def audit_dirichlet_leakage(
