@@ -38,7 +38,7 @@ from dpnoise.accounting import (
 )
 from dpnoise.accounting.events import DpEvent
 from dpnoise.accounting.validation import check_count
-from dpnoise.mechanisms.clipping import clipping_rule
+from dpnoise.mechanisms.clipping import AdaptiveClipping, ClippingRule, clipping_rule
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.mechanisms.release import FloatRelease, GridRelease, Release
 from dpnoise.models.registry import count_trainable_parameters
@@ -49,7 +49,7 @@ from dpnoise.training.distributed import RankGroup, generator_seeds
 from dpnoise.training.engine_state import ResumingRun, check_engine_state, with_discrete_steps
 from dpnoise.training.execution import ExecutionOptions, GradSampleMode
 from dpnoise.training.randomness import PrivateRandomness, ReproducibleNoiseWarning, reproducible_noise_warning
-from dpnoise.training.errors import EngineStateError
+from dpnoise.training.errors import EngineStateError, InvalidTrainingOptionError
 from dpnoise.training.optimizers import noise_share
 from dpnoise.training.privacy_plan import (
     PrivacyOptions,
@@ -141,6 +141,8 @@ class PrivacyEngine:
         self.secure_plan: Optional[Plan] = None
         #: the per-example check of the first batch (None: not run yet, or not run in this setting)
         self.per_example_report: Optional[PerExampleCheckReport] = None
+        #: adaptive clipping's threshold and count (None: another clipping rule)
+        self.adaptive_clipping: Optional[AdaptiveClipping] = None
 
     # ----------------------------------------------------------------------------- wrapping
     def make_private(
@@ -160,6 +162,10 @@ class PrivacyEngine:
         max_grad_norm: float = 1.0,
         clipping: str = "flat",
         clipping_gamma: Optional[float] = None,
+        target_quantile: Optional[float] = None,
+        clipping_lr: Optional[float] = None,
+        quantile_noise: Optional[float] = None,
+        quantile_noise_law: Optional[str] = None,
         options: Optional[MechanismOptions] = None,
         alpha: Optional[float] = None,
         num_classes: Optional[int] = None,
@@ -180,7 +186,8 @@ class PrivacyEngine:
 
         Every keyword but ``loss_fn`` is a field of :class:`~dpnoise.training.privacy_plan.PrivacyOptions` (what is
         released: ``mechanism``, ``delta``, the noise, ``target_epsilon``, ``epochs``, ``max_grad_norm``,
-        ``clipping``, ``clipping_gamma``, the
+        ``clipping``, ``clipping_gamma``, adaptive clipping's ``target_quantile``, ``clipping_lr``,
+        ``quantile_noise`` and ``quantile_noise_law``, the
         mechanism's ``options``, ``accountant``, ``calibrate_with``, ``on_budget_exhausted``, ``data_releases``,
         ``secure_mode``) or of :class:`~dpnoise.training.execution.ExecutionOptions` (how the run executes:
         ``poisson_sampling``, ``grad_sample_mode``, ``device``, ``noise_shares``, ``max_physical_batch_size``,
@@ -213,7 +220,8 @@ class PrivacyEngine:
         get_mechanism(mechanism)  # an unknown or unimplemented mechanism: InvalidMechanismError
         privacy = PrivacyOptions(
             mechanism=mechanism, delta=delta, target_epsilon=target_epsilon, epochs=epochs, max_grad_norm=max_grad_norm,
-            clipping=clipping, clipping_gamma=clipping_gamma,
+            clipping=clipping, clipping_gamma=clipping_gamma, target_quantile=target_quantile, clipping_lr=clipping_lr,
+            quantile_noise=quantile_noise, quantile_noise_law=quantile_noise_law,
             accountant=accountant, calibrate_with=calibrate_with, data_releases=data_releases,
             on_budget_exhausted=on_budget_exhausted, secure_mode=secure_mode,
             options=option_keywords(options, alpha=alpha, num_classes=num_classes),
@@ -258,7 +266,9 @@ class PrivacyEngine:
             max_physical_batch_size=execution.max_physical_batch_size, tracker=self.logical_batches,
             provenance=self.batch_provenance, check=partial(check_keyword_batch, rules=run.batch_rules))
         sample_rate = self._sample_rate(private_loader, data_loader)
-        self.plan = resolve(privacy, sample_rate=sample_rate, params=count_trainable_parameters(module))
+        expected_batch_size = sample_rate * len(data_loader.dataset)
+        self.plan = resolve(privacy, sample_rate=sample_rate, params=count_trainable_parameters(module),
+                            expected_batch_size=expected_batch_size)
         self.mechanism = mech
         if privacy.secure_mode:
             self.secure_plan = secure_noise_plan(self.setup, mech, module)
@@ -273,15 +283,29 @@ class PrivacyEngine:
         private_module, private_optimizer, source = wrap_private(
             module, optimizer, mechanism=mech, event=self.plan.step_event.event, clip=self.setup.clip,
             release=self._release(execution.noise_shares) if mech.needs_per_sample_gradients else None,
-            expected_batch_size=sample_rate * len(data_loader.dataset), grad_sample_mode=execution.grad_sample_mode,
+            expected_batch_size=expected_batch_size, grad_sample_mode=execution.grad_sample_mode,
             gate=self.ledger, batches=self.step_batches, group=group, noise_shares=execution.noise_shares,
-            generator=self.noise_generator,
-            clipping=clipping_rule(self.setup.clipping, self.setup.clip, self.setup.clipping_gamma))
+            generator=self.noise_generator, clipping=self._clipping(expected_batch_size))
         if source is not None:
             self.grad_sample_mode, self.gradient_sources = source.mode, source.sources
         if execution.per_example_check and mech.needs_per_sample_gradients:
             private_optimizer.per_example_check = partial(self._check_per_example, private_module, loss_fn)
         return private_module, private_optimizer, private_loader
+
+    def _clipping(self, expected_batch_size: float) -> ClippingRule:
+        """The run's per-example clipping rule; adaptive clipping's is kept (:attr:`adaptive_clipping`: its C_t
+        is checkpointed), its count noised from the run's noise generator."""
+        if self.setup.clipping != "adaptive":
+            return clipping_rule(self.setup.clipping, self.setup.clip, self.setup.clipping_gamma)
+        if self.group is not None:  # each rank would count and move C_t on its own share of the batch
+            raise InvalidTrainingOptionError("clipping adaptive is not available in a process group: train in one "
+                                             "process")
+        self.adaptive_clipping = AdaptiveClipping(
+            initial_clip=self.setup.clip, target_quantile=self.setup.target_quantile,
+            learning_rate=self.setup.clipping_lr, count_noise=self.setup.quantile_noise,
+            count_noise_law=self.setup.quantile_noise_law, expected_batch_size=expected_batch_size,
+            generator=self.noise_generator)
+        return self.adaptive_clipping
 
     def _check_per_example(self, private_module: nn.Module, loss_fn: Optional[LossFunction], batch: Any) -> None:
         """The first batch's per-example check (on the run's device), its report kept in ``per_example_report``."""
@@ -421,6 +445,7 @@ class PrivacyEngine:
             "budget_exhausted": self.budget_exhausted,
             "accountants": {name: acc.state_dict() for name, acc in self.accountants.items()},
             "generators": {"device": self.device.type, "ranks": ranks},
+            **({} if self.adaptive_clipping is None else {"adaptive_clip": self.adaptive_clipping.clip}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -446,6 +471,8 @@ class PrivacyEngine:
         self.budget_exhausted = state["budget_exhausted"]
         for name, acc_state in state["accountants"].items():
             self.accountants[name].load_state_dict(acc_state)
+        if self.adaptive_clipping is not None:  # the resumed run clips where the saved one stopped
+            self.adaptive_clipping.clip = float(state["adaptive_clip"])
         reseeded = self.randomness.restore(state["generators"], self.device, self.rank, self.world_size, self.steps)
         if reseeded:
             warnings.warn(reseeded, stacklevel=2)
