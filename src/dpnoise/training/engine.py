@@ -33,6 +33,7 @@ from dpnoise.accounting import (
     PrivacyAccountant,
     UnsoundAccountantWarning,
     accountant_holding,
+    epsilon_of_events,
     MechanismOptions,
     noise_from_keywords,
 )
@@ -422,6 +423,20 @@ class PrivacyEngine:
                     warnings.simplefilter("ignore", UnsoundAccountantWarning)
                 by_accountant[name] = acc.get_epsilon(delta)
         return by_accountant
+
+    def adaptive_clipping_report(self, delta: Optional[float] = None) -> Optional[dict[str, float]]:
+        """Adaptive clipping: the current C_t and, under the primary accountant at ``delta`` (default: the
+        target's), the epsilon of this run's steps without their count releases (the data releases included)
+        and that of the count releases alone (None for another clipping rule).  :meth:`get_epsilon` covers the
+        two together, on the same Poisson batches, and is at least each of them."""
+        if self.adaptive_clipping is None:
+            return None
+        delta = self.setup.delta if delta is None else delta
+        gradients, count = self.plan.step_parts
+        return {"final_clip": self.adaptive_clipping.clip,
+                "epsilon_without_count": epsilon_of_events(self.setup.accountant, gradients, steps=self.steps,
+                                                           delta=delta, releases=self.data_releases),
+                "epsilon_of_count": epsilon_of_events(self.setup.accountant, count, steps=self.steps, delta=delta)}
 
     @property
     def scope_statement(self) -> Optional[str]:
