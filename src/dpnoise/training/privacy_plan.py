@@ -68,8 +68,9 @@ CLIPPING = ("flat", "automatic", "adaptive")
 #: automatic clipping's gamma where none is given (Bu et al.'s)
 DEFAULT_CLIPPING_GAMMA = 0.01
 #: adaptive clipping's defaults where none is given (Andrew et al., arXiv 1905.03871): the median, the learning
-#: rate eta_C of the geometric update, a Gaussian count; its noise sigma_b: the expected batch size over this
+#: rate eta_C of the geometric update, a Gaussian count
 ADAPTIVE_DEFAULTS = {"target_quantile": 0.5, "clipping_lr": 0.2, "quantile_noise_law": "gaussian"}
+#: the count's default noise sigma_b is the expected batch size over this (Andrew et al.'s recommendation)
 QUANTILE_NOISE_BATCH_DIVISOR = 20
 #: the options of adaptive clipping only
 ADAPTIVE_OPTIONS = ("target_quantile", "clipping_lr", "quantile_noise", "quantile_noise_law")
@@ -141,8 +142,7 @@ class PrivacyOptions:
             ``penultimate-gaussian``; unused by ``dirichlet``).
         clipping: gradient mechanisms: ``"flat"`` (default: each example's gradient scaled by
             min(1, C / ||g||)) or ``"automatic"`` (C g / (||g|| + gamma), Bu et al., arXiv 2206.07136): both
-            bound each example's contribution by C, so the accountants are the same.
-            ``"adaptive"`` (Andrew et al., arXiv 1905.03871): flat clipping to a C_t that follows a quantile of
+            bound each example's contribution by C, so the accountants are the same.  Or ``"adaptive"`` (Andrew et al., arXiv 1905.03871): flat clipping to a C_t that follows a quantile of
             the gradient norms, C_{t+1} = C_t exp(-clipping_lr (b_t - target_quantile)), b_t the noisy fraction
             of each batch's examples with norm <= C_t; the noise follows C_t (std sigma C_t, Laplace scale
             b C_t / C_0) and ``max_grad_norm`` is C_0.  Every step then also releases that noisy count,
@@ -237,7 +237,10 @@ class PrivacyOptions:
                            help="gradient mechanisms: flat (default: each example's gradient scaled by min(1, C / "
                            "||g||)) or automatic (every gradient normalised, C g / (||g|| + gamma): no threshold to "
                            "tune but C, which then only scales the learning rate; Bu et al. 2022); both bound each "
-                           "example's contribution by C, so the epsilon is the same")
+                           "example's contribution by C, so the epsilon is the same. Or adaptive (flat clipping to a "
+                           "C that follows --target-quantile of the gradient norms through a noisy count each step, "
+                           "the noise following C; --clip is the starting C; Andrew et al. 2021): the counts are "
+                           "accounted with the gradients")
     #: automatic clipping only; None: DEFAULT_CLIPPING_GAMMA
     clipping_gamma: Optional[float] = option(None, flag="--clipping-gamma", group=PRIVACY, check=("check_positive",),
                                              help="automatic clipping: the gamma of C g / (||g|| + gamma) (default "
