@@ -361,12 +361,16 @@ class PldAccountant(PrivacyAccountant):
         its PLD exists for some parameters only (the Dirichlet mechanism's, for two classes), the
         route answers +inf with the reason for the others (so that the minimum it is a route of
         answers by its other routes); so does a tuning job's best trial of repeated ones
-        (:class:`~dpnoise.accounting.events.RepeatAndSelectEvent`) whose trial it could account."""
+        (:class:`~dpnoise.accounting.events.RepeatAndSelectEvent`) whose trial it could account, and a
+        jointly subsampled composition (adaptive clipping's step where it is no single mechanism,
+        :mod:`dpnoise.accounting.adaptive_clipping`), which has no PLD route."""
         own_events = get_mechanism_spec(self.spec.mechanism).event_type
         for sampled, _ in flat_ledger([(event, 1)]):
             reason = pld_unavailable(sampled.event)
             if isinstance(sampled.event, RepeatAndSelectEvent):  # tuning: +inf with the reason, a minimum's RDP answers
                 self._check_supported(sampled.event.event)
+            elif isinstance(sampled.event, ComposedEvent):  # adaptive clipping's joint step: likewise
+                continue
             elif reason is not None and not isinstance(sampled.event, own_events):
                 raise InvalidParameterError(f"accountant {self.name!r}: {reason}")
 

@@ -21,6 +21,7 @@ from dpnoise.accounting.accountant import (
     epsilon_of_events,
     flat_ledger,
 )
+from dpnoise.accounting.adaptive_clipping import CountEvent, adaptive_step_event
 from dpnoise.accounting.events import DpEvent, PoissonSampledEvent
 from dpnoise.accounting.mechanisms import MechanismOptions, NoOptions, RunFacts, get_mechanism_spec
 from dpnoise.accounting.rdp.curve import InvalidPrivacyCurveError
@@ -96,17 +97,21 @@ StepEventFactory = Callable[[float], DpEvent]
 
 
 def step_event_factory(mechanism: str, sample_rate: float, *, facts: RunFacts = RunFacts(),
-                       options: Optional[MechanismOptions] = None) -> StepEventFactory:
+                       options: Optional[MechanismOptions] = None,
+                       count_release: Optional[CountEvent] = None) -> StepEventFactory:
     """``noise -> PoissonSampledEvent(sample_rate, the mechanism's event at that noise)`` for a run with
     these facts and options (:meth:`~dpnoise.accounting.mechanisms.MechanismSpec.build_event`, checked once
-    here)."""
+    here); with ``count_release`` (adaptive clipping's noisy count, a fixed noise), the step releases both on
+    the same subsample (:func:`~dpnoise.accounting.adaptive_clipping.adaptive_step_event`)."""
     spec = get_mechanism_spec(mechanism)
     q = check_sample_rate("sample_rate", sample_rate)
     options = spec.make_options(options)
     spec.build_event(1.0, options, facts)  # refuses facts the mechanism cannot use (lap2 without params)
 
     def step_event(noise: float) -> DpEvent:
-        return PoissonSampledEvent(q, spec.build_event(noise, options, facts))
+        gradient = spec.build_event(noise, options, facts)
+        return PoissonSampledEvent(q, gradient) if count_release is None else \
+            adaptive_step_event(q, gradient, count_release)
 
     return step_event
 
@@ -150,8 +155,12 @@ def calibrate_noise(
     compare: bool = True,
     releases: Sequence[DpEvent] = (),
     options: Optional[MechanismOptions] = None,
+    count_release: Optional[CountEvent] = None,
 ) -> CalibrationResult:
     """Smallest noise reaching the target, in the mechanism's unit (:attr:`CalibrationResult.noise_keyword`).
+
+    ``count_release``: adaptive clipping's noisy count, released with every step's gradient sum (its noise
+    given): the gradient noise is calibrated so that the steps releasing both meet the target.
 
     ``options``: the mechanism's side parameters (default: theirs).
     ``compare``: also give the epsilon of that noise under the mechanism's other reported
@@ -170,7 +179,8 @@ def calibrate_noise(
         warnings.warn(spec.warning or "", UnsoundAccountantWarning, stacklevel=2)
     clip = check_positive("clip", clip)
     options = get_mechanism_spec(spec.mechanism).make_options(options)
-    step_event = step_event_factory(spec.mechanism, q, facts=RunFacts(clip=clip, params=params), options=options)
+    step_event = step_event_factory(spec.mechanism, q, facts=RunFacts(clip=clip, params=params), options=options,
+                                    count_release=count_release)
     if releases:
         spent = epsilon_at_noise(accountant, step_event, 1.0, 0, delta, releases)  # no step
         if spent >= eps_t:
@@ -241,22 +251,25 @@ def calibrate(
     params: Optional[int] = None,
     options: Optional[MechanismOptions] = None,
     releases: Sequence[DpEvent] = (),
+    count_release: Optional[CountEvent] = None,
     **option_fields: Any,
 ) -> CalibrationResult:
     """The noise of ``accountant``'s mechanism reaching (target_epsilon, delta) after ``steps`` steps,
     by the mechanism's own calibrator where its spec has one (the Dirichlet r), else
     :func:`calibrate_noise`.  The mechanism's side parameters are ``options`` or its fields as keywords
     (``alpha=``, ``num_classes=``), refused by a mechanism that does not take them; ``releases`` (events
-    before the steps) by one with its own calibrator."""
+    before the steps) and ``count_release`` (adaptive clipping's count, :func:`calibrate_noise`) by one with its
+    own calibrator."""
     mechanism = get_mechanism_spec(get_spec(accountant).mechanism)
     options = mechanism.make_options(options, **option_fields)
     facts = RunFacts(clip=clip, params=params)
     mechanism.build_event(1.0, options, facts)  # refuses facts the mechanism cannot use (lap2 without params)
     if mechanism.calibrate is None:
         return calibrate_noise(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params,
-                               releases=releases, options=options)
-    if releases:
-        raise InvalidParameterError(f"releases before training are not accounted for mechanism {mechanism.name!r}")
+                               releases=releases, options=options, count_release=count_release)
+    if releases or count_release is not None:
+        raise InvalidParameterError(f"releases before training and adaptive clipping's count are not accounted "
+                                    f"for mechanism {mechanism.name!r}")
     return mechanism.calibrate(accountant, target_epsilon, delta, sample_rate, steps, options)
 
 

@@ -21,6 +21,7 @@ def calibrate_training_noise(
     params: int,
     options: Optional[MechanismOptions] = None,
     releases: Sequence[DpEvent] = (),
+    count_release: Optional[DpEvent] = None,
 ) -> CalibrationResult:
     """Smallest noise meeting (target_epsilon, delta) after ``steps`` steps, in the mechanism's units.
 
@@ -28,10 +29,11 @@ def calibrate_training_noise(
     Algorithm 1 for ``lap2``); a mechanism with its own calibrator (the Dirichlet r) by that
     (:func:`dpnoise.accounting.calibrate`).  Raises ``dpnoise.accounting.UnreachableTargetError``
     when the target is below the reachable floor.  ``releases``: events composed before the steps
-    (gradient mechanisms only), covered by the target too.
+    (gradient mechanisms only), covered by the target too; ``count_release``: adaptive clipping's noisy count,
+    released with every step (:func:`dpnoise.accounting.calibration.calibrate_noise`).
     """
     return calibrate(accountant, target_epsilon, delta, sample_rate, steps, clip=clip, params=params,
-                     options=options, releases=releases)
+                     options=options, releases=releases, count_release=count_release)
 
 
 def steps_within_budget(accountant: str, step_event: DpEvent, target_epsilon: float, delta: float,

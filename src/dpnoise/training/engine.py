@@ -34,12 +34,13 @@ from dpnoise.accounting import (
     PrivacyAccountant,
     accountant_holding,
     get_mechanism_spec,
+    epsilon_of_events,
     MechanismOptions,
     noise_from_keywords,
 )
 from dpnoise.accounting.events import DpEvent
 from dpnoise.accounting.validation import check_count
-from dpnoise.mechanisms.clipping import clipping_rule
+from dpnoise.mechanisms.clipping import AdaptiveClipping
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.models.registry import count_trainable_parameters
 from dpnoise.mechanisms.secure_noise import Plan
@@ -63,7 +64,7 @@ from dpnoise.training.secure_mode import secure_noise_plan, secure_noise_record
 from dpnoise.training.sampling import LogicalBatchTracker, shard_indices, training_loader
 from dpnoise.training.step_ledger import BudgetPolicy, StepLedger
 from dpnoise.training.validation import check_private_run
-from dpnoise.training.wrapping import step_release, wrap_private
+from dpnoise.training.wrapping import run_clipping, step_release, wrap_private
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,8 @@ class PrivacyEngine:
         self.secure_plan: Optional[Plan] = None
         #: the per-example check of the first batch (None: not run yet, or not run in this setting)
         self.per_example_report: Optional[PerExampleCheckReport] = None
+        #: adaptive clipping's threshold and count (None: another clipping rule)
+        self.adaptive_clipping: Optional[AdaptiveClipping] = None
 
     # ----------------------------------------------------------------------------- wrapping
     def make_private(
@@ -146,6 +149,10 @@ class PrivacyEngine:
         max_grad_norm: float = 1.0,
         clipping: str = "flat",
         clipping_gamma: Optional[float] = None,
+        target_quantile: Optional[float] = None,
+        clipping_lr: Optional[float] = None,
+        quantile_noise: Optional[float] = None,
+        quantile_noise_law: Optional[str] = None,
         options: Optional[MechanismOptions] = None,
         alpha: Optional[float] = None,
         num_classes: Optional[int] = None,
@@ -167,7 +174,8 @@ class PrivacyEngine:
 
         Every keyword but ``loss_fn`` is a field of :class:`~dpnoise.training.privacy_plan.PrivacyOptions` (what is
         released: ``mechanism``, ``delta``, the noise, ``target_epsilon``, ``epochs``, ``max_grad_norm``,
-        ``clipping``, ``clipping_gamma``, the
+        ``clipping``, ``clipping_gamma``, adaptive clipping's ``target_quantile``, ``clipping_lr``,
+        ``quantile_noise`` and ``quantile_noise_law``, the
         mechanism's ``options``, ``accountant``, ``calibrate_with``, ``on_budget_exhausted``, ``data_releases``,
         ``secure_mode``) or of :class:`~dpnoise.training.execution.ExecutionOptions` (how the run executes:
         ``poisson_sampling``, ``grad_sample_mode``, ``device``, ``noise_shares``, ``max_physical_batch_size``,
@@ -204,7 +212,8 @@ class PrivacyEngine:
         get_mechanism(mechanism)  # an unknown or unimplemented mechanism: InvalidMechanismError
         privacy = PrivacyOptions(
             mechanism=mechanism, delta=delta, target_epsilon=target_epsilon, epochs=epochs, max_grad_norm=max_grad_norm,
-            clipping=clipping, clipping_gamma=clipping_gamma,
+            clipping=clipping, clipping_gamma=clipping_gamma, target_quantile=target_quantile, clipping_lr=clipping_lr,
+            quantile_noise=quantile_noise, quantile_noise_law=quantile_noise_law,
             accountant=accountant, calibrate_with=calibrate_with, data_releases=data_releases,
             on_budget_exhausted=on_budget_exhausted, secure_mode=secure_mode,
             options=get_mechanism_spec(mechanism).make_options(options, alpha=alpha, num_classes=num_classes),
@@ -250,7 +259,9 @@ class PrivacyEngine:
             max_physical_batch_size=execution.max_physical_batch_size, tracker=self.logical_batches,
             provenance=self.batch_provenance, check=partial(check_keyword_batch, rules=run.batch_rules), units=run.units)
         sample_rate = getattr(private_loader, "sample_rate", data_loader.batch_size / len(data_loader.dataset))
+        expected_batch_size = sample_rate * len(data_loader.dataset)
         self.plan = resolve(privacy, sample_rate=sample_rate, params=count_trainable_parameters(module),
+                            expected_batch_size=expected_batch_size,
                             privacy_units=None if run.units is None else run.units.count)
         self.mechanism = mech
         if privacy.secure_mode:
@@ -263,14 +274,15 @@ class PrivacyEngine:
                                  privacy.on_budget_exhausted,
                                  budget=f"epsilon={privacy.target_epsilon} (delta={self.setup.delta}, accountant "
                                         f"{self.setup.accountant})")
+        clipping = run_clipping(self.setup, group, expected_batch_size, self.noise_generator)
+        self.adaptive_clipping = clipping if isinstance(clipping, AdaptiveClipping) else None
         private_module, private_optimizer, source = wrap_private(
             module, optimizer, mechanism=mech, event=self.plan.step_event.event, clip=self.setup.clip,
             release=step_release(mech, self.setup.noise, self.setup.clip, self.noise_generator, self.secure_plan, group,
                                  execution.noise_shares) if mech.needs_per_sample_gradients else None,
-            expected_batch_size=sample_rate * len(data_loader.dataset), grad_sample_mode=execution.grad_sample_mode,
+            expected_batch_size=expected_batch_size, grad_sample_mode=execution.grad_sample_mode,
             gate=self.ledger, batches=self.step_batches, group=group, noise_shares=execution.noise_shares,
-            generator=self.noise_generator,
-            clipping=clipping_rule(self.setup.clipping, self.setup.clip, self.setup.clipping_gamma))
+            generator=self.noise_generator, clipping=clipping)
         if source is not None:
             self.grad_sample_mode, self.gradient_sources = source.mode, source.sources
             private_optimizer.noisy_sum.privacy_units = run.units
@@ -360,6 +372,20 @@ class PrivacyEngine:
         return self._set_up_ledger().epsilon_by_accountant(self.setup.delta if delta is None else delta,
                                                           primary=self.setup.accountant)
 
+    def adaptive_clipping_report(self, delta: Optional[float] = None) -> Optional[dict[str, float]]:
+        """Adaptive clipping: the current C_t and, under the primary accountant at ``delta`` (default: the
+        target's), the epsilon of this run's steps without their count releases (the data releases included)
+        and that of the count releases alone (None for another clipping rule).  :meth:`get_epsilon` covers the
+        two together, on the same Poisson batches, and is at least each of them."""
+        if self.adaptive_clipping is None:
+            return None
+        delta = self.setup.delta if delta is None else delta
+        gradients, count = self.plan.step_parts
+        return {"final_clip": self.adaptive_clipping.clip,
+                "epsilon_without_count": epsilon_of_events(self.setup.accountant, gradients, steps=self.steps,
+                                                           delta=delta, releases=self.data_releases),
+                "epsilon_of_count": epsilon_of_events(self.setup.accountant, count, steps=self.steps, delta=delta)}
+
     @property
     def scope_statement(self) -> Optional[str]:
         """What the epsilon covers when it is not the trained parameters (output mechanisms)."""
@@ -371,7 +397,8 @@ class PrivacyEngine:
         process group it gathers the ranks' generators: call it on every rank."""
         own = self.randomness.saved(self.rank)
         ranks = [own] if self.group is None else self.group.gather_objects(own, "gathering the ranks' generators")
-        return capture_engine_state(self.resuming_run(), self.run_id, self._set_up_ledger(), ranks)
+        state = capture_engine_state(self.resuming_run(), self.run_id, self._set_up_ledger(), ranks)
+        return state if self.adaptive_clipping is None else {**state, "adaptive_clip": self.adaptive_clipping.clip}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state saved by a run of this engine's setup and seed, after checking it: refused with
@@ -389,6 +416,8 @@ class PrivacyEngine:
         self.budget_exhausted = state["budget_exhausted"]
         for name, acc_state in state["accountants"].items():
             self.accountants[name].load_state_dict(acc_state)
+        if self.adaptive_clipping is not None:  # the resumed run clips where the saved one stopped
+            self.adaptive_clipping.clip = float(state["adaptive_clip"])
         reseeded = self.randomness.restore(state["generators"], self.device, self.rank, self.world_size, self.steps)
         if reseeded:
             warnings.warn(reseeded, stacklevel=2)

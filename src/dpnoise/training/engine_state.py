@@ -14,6 +14,7 @@ model, optimizer or engine, so every rule is testable on dictionaries
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, Sequence
 
@@ -23,7 +24,7 @@ import torch
 from dpnoise.accounting import InvalidParameterError, accountant_holding, get_accountant, get_mechanism_spec
 from dpnoise.accounting.events import DiscreteGaussianStepEvent, DpEvent, PoissonSampledEvent, event_to_dict
 from dpnoise.training.errors import CheckpointMismatchError
-from dpnoise.training.privacy_plan import PrivacySetup
+from dpnoise.training.privacy_plan import ADAPTIVE_OPTIONS, PrivacySetup
 from dpnoise.training.randomness import generator_state_tag
 from dpnoise.training.step_ledger import StepLedger
 
@@ -106,8 +107,7 @@ def check_engine_state(state: Any, run: ResumingRun) -> None:
         raise inconsistent("setup", f"a {type(saved_setup).__name__}, not a dictionary")
     # written before data releases, secure mode or mechanism options existed: none, off, the old fields'
     saved_setup = {"data_releases": (), "secure_mode": False, "clipping": "flat", "clipping_gamma": None,
-                   "privacy_units": None,
-                   **_with_options(saved_setup)}
+                   "privacy_units": None, **dict.fromkeys(ADAPTIVE_OPTIONS), **_with_options(saved_setup)}
     for field in [*current_setup, *(key for key in saved_setup if key not in current_setup)]:
         saved, current = saved_setup.get(field, _MISSING), current_setup.get(field, _MISSING)
         if _normalized(saved) != _normalized(current):
@@ -117,6 +117,11 @@ def check_engine_state(state: Any, run: ResumingRun) -> None:
     if state["private_randomness"] != run.private_randomness:
         raise differs("private randomness", state["private_randomness"], run.private_randomness)
 
+    if run.setup.clipping == "adaptive":  # without C_t the resumed run would clip elsewhere than the saved one
+        clip = state.get("adaptive_clip")
+        if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip <= 0:
+            raise inconsistent("adaptive_clip", "adaptive clipping's threshold C_t is missing or not a positive "
+                                                f"number ({clip!r})")
     steps = state["steps"]
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise inconsistent("steps", f"{steps!r} is not a step count (an integer >= 0)")

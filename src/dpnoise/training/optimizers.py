@@ -41,7 +41,7 @@ from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processe
 from torch.optim import Optimizer
 
 from dpnoise.errors import DpnoiseError
-from dpnoise.mechanisms.clipping import ClippingRule, clipped_sum, clipping_rule, per_example_norms
+from dpnoise.mechanisms.clipping import AdaptiveClipping, ClippingRule, clipped_sum, clipping_rule, per_example_norms
 from dpnoise.mechanisms.registry import Mechanism
 from dpnoise.mechanisms.release import Release
 from dpnoise.training.bookkeeping import BookkeepingModule
@@ -207,11 +207,16 @@ class NoisyGradientSum:
         """The step's clipped sums plus the mechanism's noise, shaped as ``params`` (units: see the
         registry); the next :meth:`add_batch` starts a new sum."""
         sums, self.sums = self.sums, None
-        return [value.view_as(p) for p, value in zip(params, self.release_sums(sums))]
+        released = self.release_sums(sums)
+        if isinstance(self.clip_factors, AdaptiveClipping):  # released at C_0: to C_t, and C_t moves
+            released = self.clip_factors.release(released)
+        return [value.view_as(p) for p, value in zip(params, released)]
 
     def discard(self) -> None:
-        """Forget the step's sum (a refused step)."""
+        """Forget the step's sum (a refused step), and adaptive clipping's count with it."""
         self.sums = None
+        if isinstance(self.clip_factors, AdaptiveClipping):
+            self.clip_factors.discard()
 
 
 class DistributedNoisyGradientSum(NoisyGradientSum):

@@ -38,6 +38,8 @@ from dpnoise.accounting import (
     steps_from_epochs,
     training_step_event,
 )
+from dpnoise import checks
+from dpnoise.accounting.adaptive_clipping import COUNT_NOISE_LAWS, adaptive_step_event, count_event
 from dpnoise.accounting.events import (
     EVENT_TYPES,
     ComposedEvent,
@@ -60,10 +62,18 @@ from dpnoise.training.errors import InvalidTrainingOptionError, PrivacyBudgetExc
 from dpnoise.training.options import OPTIMISATION, PRIVACY, RUN, FieldValue, Rule, broken_rule, option
 from dpnoise.training.step_ledger import BudgetPolicy
 
-#: the per-example clipping rules (:func:`~dpnoise.mechanisms.clipping.clipping_rule`)
-CLIPPING = ("flat", "automatic")
+#: the per-example clipping rules (:func:`~dpnoise.mechanisms.clipping.clipping_rule`; adaptive:
+#: :class:`~dpnoise.mechanisms.clipping.AdaptiveClipping`)
+CLIPPING = ("flat", "automatic", "adaptive")
 #: automatic clipping's gamma where none is given (Bu et al.'s)
 DEFAULT_CLIPPING_GAMMA = 0.01
+#: adaptive clipping's defaults where none is given (Andrew et al., arXiv 1905.03871): the median, the learning
+#: rate eta_C of the geometric update, a Gaussian count
+ADAPTIVE_DEFAULTS = {"target_quantile": 0.5, "clipping_lr": 0.2, "quantile_noise_law": "gaussian"}
+#: the count's default noise sigma_b is the expected batch size over this (Andrew et al.'s recommendation)
+QUANTILE_NOISE_BATCH_DIVISOR = 20
+#: the options of adaptive clipping only
+ADAPTIVE_OPTIONS = ("target_quantile", "clipping_lr", "quantile_noise", "quantile_noise_law")
 
 #: the mechanisms secure mode serves (``secure_mode``: exact integer noise from the OS's CSPRNG,
 #: :mod:`dpnoise.mechanisms.secure_noise`): the gradient mechanisms whose noise is added to the clipped sum, those
@@ -98,6 +108,12 @@ class PrivacySetup:
     #: the number of privacy units, whose examples are sampled and clipped together
     #: (:mod:`dpnoise.training.privacy_units`; None: each example is its own unit)
     privacy_units: Optional[int] = None
+    #: adaptive clipping's target quantile, learning rate, count noise and its law (None: another rule);
+    #: ``clip`` is then the initial C_0, the one the noise is calibrated to
+    target_quantile: Optional[float] = None
+    clipping_lr: Optional[float] = None
+    quantile_noise: Optional[float] = None
+    quantile_noise_law: Optional[str] = None
 
     @property
     def mechanism_options(self) -> MechanismOptions:
@@ -129,8 +145,17 @@ class PrivacyOptions:
             ``penultimate-gaussian``; unused by ``dirichlet``).
         clipping: gradient mechanisms: ``"flat"`` (default: each example's gradient scaled by
             min(1, C / ||g||)) or ``"automatic"`` (C g / (||g|| + gamma), Bu et al., arXiv 2206.07136): both
-            bound each example's contribution by C, so the accountants are the same.
+            bound each example's contribution by C, so the accountants are the same.  Or ``"adaptive"`` (Andrew et al., arXiv 1905.03871): flat clipping to a C_t that follows a quantile of
+            the gradient norms, C_{t+1} = C_t exp(-clipping_lr (b_t - target_quantile)), b_t the noisy fraction
+            of each batch's examples with norm <= C_t; the noise follows C_t (std sigma C_t, Laplace scale
+            b C_t / C_0) and ``max_grad_norm`` is C_0.  Every step then also releases that noisy count,
+            accounted with the gradient sum (docs/ACCOUNTING.md, "Adaptive clipping").
         clipping_gamma: automatic clipping's gamma (default 0.01).
+        target_quantile: adaptive clipping's target quantile of the gradient norms, in (0, 1) (default 0.5).
+        clipping_lr: adaptive clipping's learning rate eta_C > 0 of C's geometric update (default 0.2).
+        quantile_noise: adaptive clipping's count noise: the std sigma_b of a Gaussian count, or the scale of a
+            Laplace one (the count has sensitivity 1); default: expected batch size / 20 (Andrew et al.).
+        quantile_noise_law: ``"gaussian"`` (default) or ``"laplace"`` (for ``lap2`` and ``laplace-l1``).
         options: the mechanism's side parameters, as its options dataclass
             (:attr:`~dpnoise.accounting.MechanismSpec.options`, e.g. ``DirichletOptions(alpha=0.5)``) or a
             mapping of its fields (``{"alpha": 0.5}``), stored as the dataclass (default: its defaults);
@@ -215,11 +240,31 @@ class PrivacyOptions:
                            help="gradient mechanisms: flat (default: each example's gradient scaled by min(1, C / "
                            "||g||)) or automatic (every gradient normalised, C g / (||g|| + gamma): no threshold to "
                            "tune but C, which then only scales the learning rate; Bu et al. 2022); both bound each "
-                           "example's contribution by C, so the epsilon is the same")
+                           "example's contribution by C, so the epsilon is the same. Or adaptive (flat clipping to a "
+                           "C that follows --target-quantile of the gradient norms through a noisy count each step, "
+                           "the noise following C; --clip is the starting C; Andrew et al. 2021): the counts are "
+                           "accounted with the gradients")
     #: automatic clipping only; None: DEFAULT_CLIPPING_GAMMA
     clipping_gamma: Optional[float] = option(None, flag="--clipping-gamma", group=PRIVACY, check=("check_positive",),
                                              help="automatic clipping: the gamma of C g / (||g|| + gamma) (default "
                                              "0.01)")
+    #: adaptive clipping only (Andrew et al., arXiv 1905.03871); None: ADAPTIVE_DEFAULTS
+    target_quantile: Optional[float] = option(None, flag="--target-quantile", group=PRIVACY, check=("open_fraction",),
+                                              help="adaptive clipping: the quantile of the per-example gradient "
+                                              "norms C follows, in (0, 1) (default 0.5, the median)")
+    clipping_lr: Optional[float] = option(None, flag="--clipping-lr", group=PRIVACY, check=("check_positive",),
+                                          help="adaptive clipping: the learning rate eta_C of C <- C exp(-eta_C "
+                                          "(b - quantile)), b the noisy fraction of the batch with norm <= C "
+                                          "(default 0.2)")
+    quantile_noise: Optional[float] = option(None, flag="--quantile-noise", group=PRIVACY, check=("check_positive",),
+                                             help="adaptive clipping: the noise on each step's count of examples "
+                                             "with norm <= C (sensitivity 1): the std sigma_b of a Gaussian count, "
+                                             "or the scale of a Laplace one; accounted with the gradient noise "
+                                             "(default: expected batch size / 20)")
+    quantile_noise_law: Optional[str] = option(None, flag="--quantile-noise-law", group=PRIVACY,
+                                               choices=COUNT_NOISE_LAWS,
+                                               help="adaptive clipping: the count's noise, gaussian (default) or "
+                                               "laplace (lap2 and laplace-l1 only)")
     #: the command line's flags for these are generated from every mechanism's options dataclass
     #: (:func:`~dpnoise.accounting.mechanisms.option_fields`)
     options: Any = field(default_factory=dict)
@@ -250,6 +295,8 @@ class PrivacyOptions:
             raise InvalidTrainingOptionError(str(err)) from None
         if self.clipping == "automatic" and self.clipping_gamma is None:
             checked["clipping_gamma"] = DEFAULT_CLIPPING_GAMMA
+        if self.clipping == "adaptive":
+            checked.update(checked_adaptive_options(self))
         if self.on_budget_exhausted not in ("raise", "stop"):
             raise InvalidTrainingOptionError(
                 f"on_budget_exhausted must be 'raise' or 'stop', got {self.on_budget_exhausted!r}")
@@ -293,11 +340,42 @@ PRIVACY_RULES: tuple[Rule, ...] = (
     _inapplicable_accountant("calibrate_with"),
     Rule(lambda v: v("clipping") not in CLIPPING,
          lambda n, v: f"{n('clipping')} must be one of {', '.join(CLIPPING)}, got {v('clipping')!r}"),
-    Rule(lambda v: v("clipping") == "automatic" and MECHANISMS[v("mechanism")].perturbs != "gradients",
-         lambda n, v: f"{n('clipping')} automatic applies to the gradient mechanisms, not to {v('mechanism')}"),
+    Rule(lambda v: v("clipping") != "flat" and MECHANISMS[v("mechanism")].perturbs != "gradients",
+         lambda n, v: f"{n('clipping')} {v('clipping')} applies to the gradient mechanisms, not to {v('mechanism')}"),
     Rule(lambda v: v("clipping_gamma") is not None and v("clipping") != "automatic",
          lambda n, v: f"{n('clipping_gamma')} applies to {n('clipping')} automatic only"),
+    *(Rule(lambda v, name=name: v(name) is not None and v("clipping") != "adaptive",
+           lambda n, v, name=name: f"{n(name)} applies to {n('clipping')} adaptive only") for name in ADAPTIVE_OPTIONS),
+    Rule(lambda v: v("quantile_noise_law") == "laplace" and MECHANISMS[v("mechanism")].noise_distribution != "laplace",
+         lambda n, v: f"{n('quantile_noise_law')} laplace applies to the Laplace mechanisms (lap2, laplace-l1), not "
+                      f"to {v('mechanism')}: its count is released with Gaussian noise"),
+    # the count's noise is drawn from the float noise generator, which secure mode replaces
+    Rule(lambda v: v("clipping") == "adaptive" and v("secure_mode"),
+         lambda n, v: f"{n('clipping')} adaptive is not available with {n('secure_mode')}"),
 )
+
+
+def checked_adaptive_options(options: "PrivacyOptions") -> dict[str, Any]:
+    """Adaptive clipping's options, checked (each error names its option) and defaulted
+    (:data:`ADAPTIVE_DEFAULTS`; the count noise stays None until the expected batch size is known)."""
+    checked = {name: getattr(options, name) if getattr(options, name) is not None else default
+               for name, default in ADAPTIVE_DEFAULTS.items()}
+    try:
+        checked["target_quantile"] = checks.open_fraction("target_quantile", checked["target_quantile"])
+        checked["clipping_lr"] = check_positive("clipping_lr", checked["clipping_lr"])
+        if options.quantile_noise is not None:
+            checked["quantile_noise"] = check_positive("quantile_noise", options.quantile_noise)
+    except InvalidParameterError as err:
+        raise InvalidTrainingOptionError(str(err)) from None
+    return checked
+
+
+def default_quantile_noise(expected_batch_size: Optional[float]) -> float:
+    """Andrew et al.'s count noise sigma_b = expected batch size / 20 (arXiv 1905.03871, Sec. 3)."""
+    if expected_batch_size is None:
+        raise InvalidTrainingOptionError("adaptive clipping needs quantile_noise (Andrew et al. recommend the "
+                                         "expected batch size / 20)")
+    return check_positive("expected batch size", expected_batch_size) / QUANTILE_NOISE_BATCH_DIVISOR
 
 
 def chosen_accountants(mechanism: str, accountant: Optional[str]) -> tuple[str, tuple[str, ...]]:
@@ -358,6 +436,9 @@ class PrivacyPlan:
     #: the most steps within the target budget (None: no target)
     max_steps: Optional[int]
     on_budget_exhausted: BudgetPolicy
+    #: adaptive clipping: the step's two releases, each alone on the step's Poisson subsample (the gradient
+    #: sum's, then the count's), for reporting the count's own cost; None: one release per step
+    step_parts: Optional[tuple[DpEvent, DpEvent]] = None
 
 
 def _discrete_gaussian(mechanism: str, secure_mode: bool) -> bool:
@@ -372,9 +453,14 @@ def check_step_count(epochs: Optional[float], sample_rate: float) -> None:
 
 
 def resolve(options: PrivacyOptions, *, sample_rate: float, params: int,
-            privacy_units: Optional[int] = None) -> PrivacyPlan:
+            expected_batch_size: Optional[float] = None, privacy_units: Optional[int] = None) -> PrivacyPlan:
     """The run's :class:`PrivacyPlan` at sample rate ``sample_rate`` with ``params`` trained parameters
     (``privacy_units``: the number of privacy units, ``sample_rate`` a unit's).
+
+    Adaptive clipping: every step also releases the noisy count (its noise ``quantile_noise``, default
+    ``expected_batch_size`` / 20), so the step event is the two releases on one Poisson subsample
+    (:func:`~dpnoise.accounting.adaptive_clipping.adaptive_step_event`), which the calibration and the budget
+    cover.
 
     The noise is ``options.noise``, or the smallest one whose epsilon after the planned steps (and the
     data releases) meets the target under ``calibrate_with`` (default: the primary accountant); the
@@ -389,6 +475,12 @@ def resolve(options: PrivacyOptions, *, sample_rate: float, params: int,
     sample_rate = check_sample_rate("sample_rate", sample_rate)
     check_step_count(options.epochs, sample_rate)
     planned_steps = None if options.epochs is None else steps_from_epochs(options.epochs, sample_rate)
+    adaptive = {}
+    if options.clipping == "adaptive":
+        adaptive = {name: getattr(options, name) for name in ADAPTIVE_OPTIONS}
+        if adaptive["quantile_noise"] is None:
+            adaptive["quantile_noise"] = default_quantile_noise(expected_batch_size)
+    count = count_event(adaptive["quantile_noise_law"], adaptive["quantile_noise"]) if adaptive else None
     noise, calibration = options.noise, None
     if noise is None:
         target = (options.target_epsilon, options.delta)
@@ -397,7 +489,7 @@ def resolve(options: PrivacyOptions, *, sample_rate: float, params: int,
         calibration = calibrate_training_noise(
             options.calibrate_with or options.primary, target_epsilon=target[0], delta=target[1],
             sample_rate=sample_rate, steps=planned_steps, clip=options.max_grad_norm, params=params,
-            options=options.options, releases=options.data_releases)
+            options=options.options, releases=options.data_releases, count_release=count)
         noise = calibration.noise
     setup = PrivacySetup(
         mechanism=options.mechanism, noise=float(noise), clip=float(options.max_grad_norm),
@@ -405,14 +497,18 @@ def resolve(options: PrivacyOptions, *, sample_rate: float, params: int,
         target_epsilon=options.target_epsilon, accountant=options.primary, accountants=options.accountants,
         data_releases=tuple(event_to_dict(release) for release in options.data_releases),
         secure_mode=options.secure_mode, options=options.options.to_dict(), clipping=options.clipping,
-        clipping_gamma=options.clipping_gamma, privacy_units=privacy_units,
+        clipping_gamma=options.clipping_gamma, privacy_units=privacy_units, **adaptive,
     )
     step_event = training_step_event(options.mechanism, sample_rate=sample_rate, noise=noise,
                                      facts=RunFacts(clip=options.max_grad_norm, params=params), options=options.options)
+    step_parts = None
+    if count is not None:
+        step_parts = (step_event, PoissonSampledEvent(step_event.sampling_probability, count))
+        step_event = adaptive_step_event(step_event.sampling_probability, step_event.event, count)
     if _discrete_gaussian(options.mechanism, options.secure_mode):  # released on a grid: its accountants correct
         step_event = DiscreteGaussianStepEvent(step_event, params, SMOOTHING)
     plan = PrivacyPlan(setup, step_event, options.data_releases, planned_steps, calibration, None,
-                       options.on_budget_exhausted)
+                       options.on_budget_exhausted, step_parts)
     if options.target_epsilon is None:
         return plan
     max_steps = steps_within_budget(options.primary, step_event, options.target_epsilon, options.delta,

@@ -103,6 +103,9 @@ class TrainingResult:
     per_example_check: Optional[str] = None
     #: why the epsilon does not cover the run (None: it does): batches that are not Poisson samples
     epsilon_not_covered: Optional[str] = None
+    #: adaptive clipping's final threshold C_t and the count releases' cost
+    #: (``PrivacyEngine.adaptive_clipping_report``); None for another clipping rule
+    adaptive_clipping: Optional[dict[str, float]] = None
     #: files written into the output folder
     files: tuple[Path, ...] = ()
 
@@ -146,7 +149,7 @@ class TrainingResult:
         if self.gradient_sources and not all(source.startswith("book-keeping")
                                              for source in self.gradient_sources.values()):
             summary["gradient_sources"] = self.gradient_sources
-        for name in ("per_example_check", "epsilon_not_covered"):
+        for name in ("per_example_check", "epsilon_not_covered", "adaptive_clipping"):
             if getattr(self, name) is not None:
                 summary[name] = getattr(self, name)
         if self.files:
@@ -222,6 +225,7 @@ def summarize(
         calibrated_with=engine.calibration.accountant if engine.calibration is not None else None,
         private_randomness=engine.private_randomness,
         secure_noise=engine.secure_noise,
+        adaptive_clipping=engine.adaptive_clipping_report(),
         history=history,
     )
 
@@ -271,6 +275,12 @@ def report_lines(summary: dict[str, Any]) -> list[str]:
         if summary["scope"] and summary["sound_by_accountant"][name]:
             validity += " for the released outputs only, see scope"
         lines.append(f"  {name:>22}: {decimals(eps, 4, 'up')}  ({role}; {validity})")
+    if "adaptive_clipping" in summary:
+        adaptive = summary["adaptive_clipping"]
+        lines.append(f"adaptive clipping: C from {significant_digits(summary['clip'], 6, 'down')} to "
+                     f"{adaptive['final_clip']:.6g}; the epsilon above covers the gradients and the noisy counts "
+                     f"together, the gradients alone {decimals(adaptive['epsilon_without_count'], 4, 'up')}, the "
+                     f"counts alone {decimals(adaptive['epsilon_of_count'], 4, 'up')} ({summary['accountant']})")
     if summary["budget_exhausted"]:
         lines.append(f"stopped at the privacy budget epsilon={summary['target_epsilon']:g} after {summary['steps']} steps")
     if summary["scope"]:

@@ -134,7 +134,8 @@ def trial_curve(fields: Mapping[str, Any], trial_epsilon: float, orders: np.ndar
     check_against_registries(config)
     train_size = config.data.limit or dataset_info(config.data.name).train_size
     params = _parameter_count(config, model_for_dataset, count_trainable_parameters)
-    plan = resolve(config.privacy, sample_rate=config.schedule.batch_size / train_size, params=params)
+    plan = resolve(config.privacy, sample_rate=config.schedule.batch_size / train_size, params=params,
+                   expected_batch_size=config.schedule.batch_size)
     accountant = _rdp_accountant(config.privacy.mechanism)
     route = ACCOUNTANTS[accountant].rdp_route_key
     curve = event_rdp(SelfComposedEvent(plan.step_event, plan.planned_steps), orders, route)

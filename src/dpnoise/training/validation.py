@@ -156,7 +156,7 @@ def check_private_run(module: nn.Module, optimizer: Optimizer, data_loader: Data
         check_step_count(privacy.epochs, check_sample_rate("data_loader.batch_size / len(dataset)",
                                                            data_loader.batch_size / len(data_loader.dataset)))
     else:
-        check_privacy_units(mech, group, execution)
+        check_privacy_units(mech, group, execution, privacy.clipping)
         check_step_count(privacy.epochs, check_sample_rate("data_loader.batch_size / (number of privacy units)",
                                                            data_loader.batch_size / units.count))
     batch_rules = keyword_batch_rules(module)
@@ -174,9 +174,14 @@ def check_private_run(module: nn.Module, optimizer: Optimizer, data_loader: Data
     return CheckedRun(device=device, group=group, mechanism=mech, batch_rules=batch_rules, units=units)
 
 
-def check_privacy_units(mechanism: Mechanism, group: Optional[RankGroup], execution: ExecutionOptions) -> None:
+def check_privacy_units(mechanism: Mechanism, group: Optional[RankGroup], execution: ExecutionOptions,
+                        clipping: str) -> None:
     """Refuse what privacy units do not support yet: output mechanisms (whose sensitivity is per example),
-    process groups (the shards split units) and physical batches (they may split a unit)."""
+    process groups (the shards split units), physical batches (they may split a unit) and adaptive clipping
+    (its count is over the expected examples)."""
+    if clipping == "adaptive":
+        raise InvalidTrainingOptionError("privacy_unit with clipping adaptive is not supported: its quantile is "
+                                         "estimated per example; use flat or automatic clipping")
     if not mechanism.needs_per_sample_gradients:
         raise InvalidTrainingOptionError(f"privacy_unit: mechanism {mechanism.name!r} noises each example's outputs; "
                                          f"privacy units need a gradient mechanism (a unit's gradient clipped as one)")

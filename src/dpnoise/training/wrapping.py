@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from dpnoise.mechanisms.clipping import ClippingRule
+from dpnoise.mechanisms.clipping import AdaptiveClipping, ClippingRule, clipping_rule
 from dpnoise.mechanisms.registry import Mechanism
 from dpnoise.mechanisms.release import FloatRelease, GridRelease, Release
 from dpnoise.mechanisms.secure_noise import Plan
@@ -29,11 +29,12 @@ from dpnoise.training.bookkeeping import (
     gradient_sources,
     unsupported_bookkeeping_layers,
 )
-from dpnoise.training.errors import GradientSourceWarning
+from dpnoise.training.errors import GradientSourceWarning, InvalidTrainingOptionError
 from dpnoise.training.execution import GradSampleMode, check_grad_sample_mode
 from dpnoise.training.distributed import RankGroup
 from dpnoise.training.forwarding import ModelForwarding
 from dpnoise.training.grad_samplers import ExactGradSampleModule
+from dpnoise.training.privacy_plan import PrivacySetup
 from dpnoise.training.optimizers import (
     DistributedNoisyGradientOptimizer,
     DistributedOutputPrivateOptimizer,
@@ -118,6 +119,20 @@ def choose_gradient_source(module: nn.Module, grad_sample_mode: GradSampleMode) 
     private_module, _ = wrap_for_per_example_gradients(module, resolved)
     return GradientSource(private_module, resolved, sources)
 
+
+
+def run_clipping(setup: PrivacySetup, group: Optional[RankGroup], expected_batch_size: float,
+                 generator: torch.Generator) -> ClippingRule:
+    """The run's per-example clipping rule: flat or automatic, or adaptive clipping's (an
+    :class:`AdaptiveClipping`, whose C_t the engine checkpoints, its count noised from ``generator``)."""
+    if setup.clipping != "adaptive":
+        return clipping_rule(setup.clipping, setup.clip, setup.clipping_gamma)
+    if group is not None:  # each rank would count and move C_t on its own share of the batch
+        raise InvalidTrainingOptionError("clipping adaptive is not available in a process group: train in one process")
+    return AdaptiveClipping(initial_clip=setup.clip, target_quantile=setup.target_quantile,
+                            learning_rate=setup.clipping_lr, count_noise=setup.quantile_noise,
+                            count_noise_law=setup.quantile_noise_law, expected_batch_size=expected_batch_size,
+                            generator=generator)
 
 
 def step_release(mechanism: Mechanism, noise: float, clip: float, generator: torch.Generator,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp
 
-from dpnoise.accounting.rdp.curve import monotone_envelope
 from dpnoise.accounting.rdp.gaussian import gaussian_base_log_moments
 from dpnoise.accounting.rdp.laplace import (
     laplace_moment_excess_grid,
@@ -25,8 +24,7 @@ from dpnoise.accounting.rdp.majorization import majorization_rule
 from dpnoise.accounting.rdp.orders import on_integer_orders
 from dpnoise.accounting.rdp.subsampling import (
     log_moment_add_direction,
-    log_moment_remove_direction_bound,
-    log_moment_zhu_wang_general,
+    sound_subsampled_rdp,
 )
 
 # Points with (max_order - 1) * t above this are summed in log space (linear space would overflow).
@@ -82,22 +80,11 @@ def lap2_add_only_rdp(
 def lap2_sound_rdp(
     q: float, noise_multiplier: float, num_params: int, orders: np.ndarray
 ) -> np.ndarray:
-    """The default, sound Lap2 accountant (docs/theory/lap2.md §4), both adjacency directions.
-
-    Per order: min( max(add-direction expansion, remove-direction lemma), Zhu-Wang general bound ),
-    each fed with R(eta) = min(majorization, Gaussian domination).  Each of the three is a proven
-    upper bound on the subsampled log-moment for every shift with ||v||_2 <= C, hence so is the min.
-    """
-
-    def compute(ints: np.ndarray) -> np.ndarray:
-        base = lap2_base_log_moments(noise_multiplier, num_params, int(ints.max()))
-        add = log_moment_add_direction(q, ints, base)
-        remove = log_moment_remove_direction_bound(q, ints, base[2])
-        general = log_moment_zhu_wang_general(q, ints, base)
-        return np.minimum(np.maximum(add, remove), general) / (ints - 1)
-
-    # Every order's value is a proven bound, so the running min from the right is too.
-    return monotone_envelope(orders, on_integer_orders(orders, compute))
+    """The default, sound Lap2 accountant (docs/theory/lap2.md §4), both adjacency directions:
+    :func:`~dpnoise.accounting.rdp.subsampling.sound_subsampled_rdp` fed with R(eta) = min(majorization,
+    Gaussian domination), a bound for every shift with ||v||_2 <= C."""
+    return sound_subsampled_rdp(q, orders, lambda max_order: lap2_base_log_moments(noise_multiplier, num_params,
+                                                                                    max_order))
 
 
 def _paper_log_moments(q: float, t: np.ndarray, orders: np.ndarray) -> np.ndarray:

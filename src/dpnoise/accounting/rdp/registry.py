@@ -21,6 +21,7 @@ from dpnoise.accounting.events import (
     RepeatAndSelectEvent,
     SelfComposedEvent,
 )
+from dpnoise.accounting.rdp.composed import jointly_subsampled_rdp
 from dpnoise.accounting.rdp.curve import checked_rdp_curve
 from dpnoise.accounting.rdp.repeat_and_select import repeat_and_select_rdp
 from dpnoise.accounting.validation import InvalidParameterError
@@ -98,11 +99,22 @@ def _mechanism_rdp(event: DpEvent, q: float, orders: tuple[float, ...], route: R
     return out
 
 
+@lru_cache(maxsize=64)
+def _jointly_subsampled_rdp(event: ComposedEvent, q: float, orders: tuple[float, ...]) -> np.ndarray:
+    """Every accountant's RDP of a jointly subsampled composition: its one sound route
+    (:mod:`dpnoise.accounting.rdp.composed`), whatever route the accountant names for single mechanisms."""
+    out = checked_rdp_curve(orders, jointly_subsampled_rdp(q, event.events, np.asarray(orders)), f"{event} at q={q:g}")
+    out.setflags(write=False)
+    return out
+
+
 def event_rdp(event: DpEvent, orders: np.ndarray, route: RdpRoute = None) -> np.ndarray:
     """RDP curve (Renyi divergence at each order) of an arbitrary composed / subsampled event, the
     mechanism events of ``route``'s type by that route, every other one by its default route."""
     key = tuple(float(a) for a in np.asarray(orders, dtype=float))
     if isinstance(event, PoissonSampledEvent):
+        if isinstance(event.event, ComposedEvent):  # one subsample, several releases (adaptive clipping's step)
+            return _jointly_subsampled_rdp(event.event, event.sampling_probability, key)
         if type(event.event) not in _RDP_ROUTES:
             raise NotImplementedError(f"no RDP accountant registered for {type(event.event).__name__} (Poisson "
                                       f"sampling is accounted around a single mechanism event)")

@@ -8,10 +8,14 @@ return the log-moment ``M(a) = (a - 1) * D_a`` of the subsampled mechanism at in
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from scipy.special import gammaln
 
+from dpnoise.accounting.rdp.curve import monotone_envelope
 from dpnoise.accounting.rdp.logmath import log_binomial_mixture, log_expm1
+from dpnoise.accounting.rdp.orders import on_integer_orders
 
 _LOG3 = float(np.log(3.0))
 #: below this, e^R - 1 is finite in double precision
@@ -124,3 +128,24 @@ def log_moment_remove_direction_bound(
         return np.full(orders.shape, np.inf)
     log_c = log_negative_binomial_excess(q, orders - 1.0)
     return np.logaddexp(0.0, log_c + log_expm1(np.asarray(log_second_moment, dtype=float)))
+
+
+def sound_subsampled_rdp(q: float, orders: np.ndarray, base_log_moments: Callable[[int], np.ndarray]) -> np.ndarray:
+    """RDP of a Poisson-subsampled mechanism in both add/remove directions, at the integer orders of
+    ``orders`` (+inf at the others), from ``base_log_moments(max_order)``: R[eta] >= sup log E_Q[(P/Q)^eta]
+    over the mechanism's neighbouring pairs, eta = 0..max_order, for a mechanism whose noise is symmetric
+    (so that R bounds both directions of the pair).
+
+    Per order: min(max(add-direction expansion, remove-direction lemma), Zhu-Wang general bound)
+    (docs/theory/lap2.md §4); each is a proven upper bound on the subsampled log-moment given R, hence so
+    is the min, and so is the running min from the right (the monotone envelope).
+    """
+
+    def compute(ints: np.ndarray) -> np.ndarray:
+        base = base_log_moments(int(ints.max()))
+        add = log_moment_add_direction(q, ints, base)
+        remove = log_moment_remove_direction_bound(q, ints, base[2])
+        general = log_moment_zhu_wang_general(q, ints, base)
+        return np.minimum(np.maximum(add, remove), general) / (ints - 1)
+
+    return monotone_envelope(orders, on_integer_orders(orders, compute))
