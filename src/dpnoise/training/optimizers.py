@@ -49,6 +49,7 @@ from dpnoise.training.distributed import DistributedError, RankGroup
 from dpnoise.training.errors import InvalidTrainingOptionError, PerExampleCheckError
 from dpnoise.training.provenance import BatchProvenance
 from dpnoise.training.sampling import LogicalBatchTracker
+from dpnoise.training.sharding import full_like, full_zeros, parameter_gradient
 
 
 class StepGate(Protocol):
@@ -148,7 +149,7 @@ class NoisyGradientSum:
         """Add this physical batch's clipped per-example gradients to the step's sum.  An empty Poisson
         batch adds nothing, whether or not the model ran on it (Hugging Face models cannot)."""
         if batch_size == 0:
-            sums = [torch.zeros_like(p) for p in params]
+            sums = [full_zeros(p) for p in params]
             self.free_batch(params)
         elif self.bookkeeping is not None:
             norms = self.bookkeeping.per_example_norms(self.mechanism.clip_norm_ord)
@@ -187,7 +188,7 @@ class NoisyGradientSum:
         """The step's clipped sums plus the mechanism's noise, shaped as ``params`` (units: see the
         registry); the next :meth:`add_batch` starts a new sum."""
         sums, self.sums = self.sums, None
-        return [value.view_as(p) for p, value in zip(params, self.release_sums(sums))]
+        return [value.view(p.shape) for p, value in zip(params, self.release_sums(sums))]
 
     def discard(self) -> None:
         """Forget the step's sum (a refused step)."""
@@ -215,7 +216,8 @@ class DistributedNoisyGradientSum(NoisyGradientSum):
 
     def admit(self, gate: StepGate, params: list[torch.Tensor]) -> bool:
         """The engine's decision, taken with the other ranks (:func:`admit_with_the_other_ranks`)."""
-        return admit_with_the_other_ranks(gate, self.group, [*params, params[0].reshape(-1)[:1]], self.draw)
+        like = [full_like(p) for p in params]  # the step sums full-shape tensors, also for shards
+        return admit_with_the_other_ranks(gate, self.group, [*like, like[0].reshape(-1)[:1]], self.draw)
 
     def release(self, params: list[torch.Tensor], gate: StepGate) -> list[torch.Tensor]:
         """The sum over the ranks of (local clipped sum + noise share); checks the share count."""
@@ -322,7 +324,7 @@ class NoisyGradientOptimizer(WrappedOptimizer):
         if not admitted:
             return None
         for p, released in zip(params, self.noisy_sum.release(params, self.gate)):
-            p.grad = released / self.expected_batch_size
+            p.grad = parameter_gradient(p, released / self.expected_batch_size)
         self.gate.record_step()
         return self.original_optimizer.step()
 
