@@ -21,9 +21,14 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from dpnoise.training import endless_batches, make_private, train_step, train_steps
+from dpnoise.training import endless_batches, make_private, save_checkpoint, train_step, train_steps
 from dpnoise.training.distributed import current_group
-from dpnoise.training.errors import UncheckedPerExampleGradientsWarning, UnsupportedLayerError
+from dpnoise.training.errors import (
+    CheckpointError,
+    EngineStateError,
+    UncheckedPerExampleGradientsWarning,
+    UnsupportedLayerError,
+)
 from dpnoise.training.sampling import LogicalBatchTracker
 
 #: token ids (13: the embedding's rows split 7 / 6 between 2 ranks), sequence length, width, classes
@@ -62,10 +67,17 @@ class TinyModel(nn.Module):
         return self.head(self.blocks(self.embedding(ids).mean(1)))
 
 
-def tiny_model(sharded: bool) -> TinyModel:
+class HeadWeightUsedDirectly(TinyModel):
+    """The model, whose loss also reaches the head's weight outside the head's forward."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids) + 0.0 * self.head.weight.sum()
+
+
+def tiny_model(sharded: bool, model_class: type = TinyModel) -> TinyModel:
     """The model, seeded alike everywhere; ``sharded``: given to ``fully_shard`` per block, and at the root."""
     torch.manual_seed(0)
-    model = TinyModel()
+    model = model_class()
     if sharded:
         for block in model.blocks:
             fully_shard(block)
@@ -120,10 +132,24 @@ def noisy_run() -> dict:
     return dict(steps=engine.steps, epsilon=engine.get_epsilon(), params=full_parameters(model))
 
 
-def refusals() -> dict:
+def refusals(out: Path) -> dict:
     """The messages of what is refused: a rank's own failure inside a collective (a DTensor the backend cannot
-    broadcast), the per-example check and an output mechanism on a sharded model."""
+    broadcast), the per-example check and an output mechanism on a sharded model, a gradient that reaches a
+    sharded parameter outside book-keeping, and a checkpoint of a sharded model."""
     messages = {}
+    data = dataset()
+    model = tiny_model(sharded=True, model_class=HeadWeightUsedDirectly)
+    module, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                        DataLoader(data, batch_size=BATCH), **OPTIONS)
+    optimizer.logical_batches = LogicalBatchTracker()
+    try:
+        train_step(module, optimizer, (data.tensors[0][:4], data.tensors[1][:4]), F.cross_entropy)
+    except EngineStateError as err:
+        messages["untracked"] = str(err)
+    try:
+        save_checkpoint(out / "checkpoint.pt", module=module, optimizer=optimizer, engine=optimizer.privacy_engine)
+    except CheckpointError as err:
+        messages["checkpoint"] = str(err)
     model = tiny_model(sharded=True)
     group = current_group(torch.device("cpu"))
     try:  # what make_private did before sharded models were supported
@@ -148,6 +174,6 @@ if __name__ == "__main__":
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     torch.set_num_threads(1)
     RANK = dist.get_rank()
-    results = {"updates": updates(RANK), "noisy": noisy_run(), "refusals": refusals()}
+    results = {"updates": updates(RANK), "noisy": noisy_run(), "refusals": refusals(Path(sys.argv[1]))}
     torch.save(results, Path(sys.argv[1]) / f"rank{RANK}.pt")
     dist.destroy_process_group()
