@@ -50,10 +50,13 @@ def full_like(p: torch.Tensor) -> torch.Tensor:
 
 def parameter_gradient(p: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
     """The gradient ``p`` takes from the full-shape gradient ``full``, which every rank holds alike: ``full``
-    itself, or for a shard this rank's chunk of it, cut as the shard is (no communication)."""
+    itself, or for a shard a copy of this rank's chunk of it, cut as the shard is (no communication)."""
     if not is_sharded(p):
         return full
-    return distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
+    chunk = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
+    # the chunk is a view of ``full``: copied, so that the full tensor is freed instead of living on in p.grad
+    return DTensor.from_local(chunk.to_local().clone(), p.device_mesh, p.placements, run_check=False,
+                              shape=p.shape, stride=p.stride())
 
 
 def layer_type(layer: nn.Module) -> type:
