@@ -3,8 +3,7 @@
 A stack of residual blocks (``Linear(width, width)`` + ``LayerNorm``) between an input and an output
 ``Linear``, trained privately (gaussian, book-keeping, Adam) on random data for a few steps: in one process
 unsharded, then on K gloo ranks with ``fully_shard`` per layer (input, blocks, output) and at the root
-(docs/DISTRIBUTED.md).  Each
-process reports, after its last step:
+(docs/DISTRIBUTED.md).  Each process reports, after its last step:
 
 * the bytes of the parameters it holds (a rank: its chunk of every parameter, ``to_local()``);
 * the bytes of its optimizer state (Adam's two moments and step counters; a rank: its chunks);

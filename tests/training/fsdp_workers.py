@@ -3,7 +3,7 @@
     RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python tests/training/fsdp_workers.py OUT
 
 joins the gloo process group from the environment, runs every scenario in order (all ranks in step) on a
-small model given to ``fully_shard`` per block and at the root, and saves what it saw to ``OUT/rank<r>.pt``
+small model given to ``fully_shard`` per block, the head itself and at the root, and saves what it saw to ``OUT/rank<r>.pt``
 for the test to compare with one process.
 """
 
@@ -67,20 +67,22 @@ class TinyModel(nn.Module):
         return self.head(self.blocks(self.embedding(ids).mean(1)))
 
 
-class HeadWeightUsedDirectly(TinyModel):
-    """The model, whose loss also reaches the head's weight outside the head's forward."""
+class EmbeddingUsedDirectly(TinyModel):
+    """The model, whose loss also reaches the embedding's weight outside the embedding's forward (the weight
+    is all-gathered with the root's, for the root's forward)."""
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return super().forward(ids) + 0.0 * self.head.weight.sum()
+        return super().forward(ids) + 0.0 * self.embedding.weight.sum()
 
 
 def tiny_model(sharded: bool, model_class: type = TinyModel) -> TinyModel:
-    """The model, seeded alike everywhere; ``sharded``: given to ``fully_shard`` per block, and at the root."""
+    """The model, seeded alike everywhere; ``sharded``: given to ``fully_shard`` per block, the head itself (its
+    class becomes FSDP's ``FSDPLinear``), and at the root."""
     torch.manual_seed(0)
     model = model_class()
     if sharded:
-        for block in model.blocks:
-            fully_shard(block)
+        for layer in (*model.blocks, model.head):
+            fully_shard(layer)
         fully_shard(model)
     return model
 
@@ -138,7 +140,7 @@ def refusals(out: Path) -> dict:
     sharded parameter outside book-keeping, and a checkpoint of a sharded model."""
     messages = {}
     data = dataset()
-    model = tiny_model(sharded=True, model_class=HeadWeightUsedDirectly)
+    model = tiny_model(sharded=True, model_class=EmbeddingUsedDirectly)
     module, optimizer, _ = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                                         DataLoader(data, batch_size=BATCH), **OPTIONS)
     optimizer.logical_batches = LogicalBatchTracker()

@@ -38,7 +38,7 @@ from dpnoise.training.execution import ExecutionOptions
 from dpnoise.training.per_example_check import refuse_token_mean_lm_loss
 from dpnoise.training.privacy_plan import PrivacyOptions, check_step_count
 from dpnoise.training.secure_mode import check_secure_mode
-from dpnoise.training.sharding import sharded_model_problems
+from dpnoise.training.sharding import sharded_model_problems, sharded_parameters
 from dpnoise.training.grad_samplers import per_example_gradient_problems
 
 
@@ -125,10 +125,13 @@ def check_training_mode(module: nn.Module, *, needs_per_sample_gradients: bool) 
 
 
 def check_sharded_model(module: nn.Module, group: Optional[RankGroup], mechanism: Mechanism,
-                        execution: ExecutionOptions, *, keyword_batches: bool) -> None:
+                        execution: ExecutionOptions, data_loader: DataLoader) -> None:
     """Raise :class:`UnsupportedLayerError` naming each reason a ``fully_shard`` model (DTensor parameters)
     cannot train exactly in this run (:func:`~dpnoise.training.sharding.sharded_model_problems`); nothing for
     an unsharded model."""
+    if not sharded_parameters(module):
+        return
+    keyword_batches = is_keyword_batch(first_example_batch(data_loader))
     problems = sharded_model_problems(
         module, None if group is None else group.world_size,
         needs_per_sample_gradients=mechanism.needs_per_sample_gradients,
@@ -187,6 +190,5 @@ def check_private_run(module: nn.Module, optimizer: Optimizer, data_loader: Data
                           "or batch statistics would break the epsilon without a word",
                           UncheckedPerExampleGradientsWarning, stacklevel=4)
     check_secure_mode(privacy.secure_mode, mech, group, poisson_sampling, module, noise_seed)
-    check_sharded_model(module, group, mech, execution,
-                        keyword_batches=is_keyword_batch(first_example_batch(data_loader)))
+    check_sharded_model(module, group, mech, execution, data_loader)
     return CheckedRun(device=device, group=group, mechanism=mech, batch_rules=batch_rules)
