@@ -14,7 +14,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -62,35 +61,11 @@ from dpnoise.training.distributed import (
 from dpnoise.training.sampling import LogicalBatchTracker
 
 import distributed_workers as workers
-from training_helpers import digits_loader, mlp
+from training_helpers import digits_loader, finish, launch, mlp
 
 WORKERS = Path(__file__).with_name("distributed_workers.py")
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def launch(argv: list[str], world_size: int = 2) -> list[subprocess.Popen]:
-    """``python argv`` once per rank, joined through the environment as ``torchrun`` would set it."""
-    port = free_port()
-    processes = []
-    for rank in range(world_size):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
-               "RANK": str(rank), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"}
-        processes.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
-    return processes
-
-
-def finish(processes: list[subprocess.Popen], timeout: float = 120) -> list[tuple[int, str, str]]:
-    """(exit status, stdout, stderr) of each process."""
-    outputs = [p.communicate(timeout=timeout) for p in processes]
-    return [(p.returncode, *output) for p, output in zip(processes, outputs)]
 
 
 #: ``dpnoise train`` for the interrupted (2 ranks) and resumed runs (2 ranks under torchrun, and 1 rank)
@@ -257,14 +232,29 @@ def test_values_checked_across_ranks_survive_their_sum_exactly_in_every_dtype(dt
             count_digits(bad, dtype, torch.device("cpu"))
 
 
-def test_a_failed_collective_becomes_a_rank_lost_error_naming_it():
-    def reset(*args):
+class FailingWork:
+    """What ``dist.all_reduce(..., async_op=True)`` returns when a peer closed its connection: its wait fails."""
+
+    def wait(self) -> None:
         raise RuntimeError("[pair.cc:537] Read error [127.0.0.1]:19879: Connection reset by peer\nmore")
 
+
+def test_a_failed_collective_becomes_a_rank_lost_error_naming_it():
     with pytest.raises(RankLostError, match=r"^rank 1 of 2: summing failed: another rank died or stalled .*"
                                             r"\(\[pair.cc:537\] Read error .* peer\)$") as raised:
-        RankGroup(rank=1, world_size=2, device=torch.device("cpu"))._collective("summing", reset)
+        RankGroup(rank=1, world_size=2, device=torch.device("cpu"))._collective("summing", lambda async_op: FailingWork())
     assert isinstance(raised.value, DistributedError) and isinstance(raised.value, ProcessGroupLostError)
+
+
+def test_a_ranks_own_error_issuing_a_collective_is_raised_as_itself():
+    """An error raised before the collective reaches the other ranks (what broadcasting a DTensor raised) is this
+    rank's: it keeps its type and text, with a note naming the rank, instead of blaming another rank."""
+    def refuse(async_op):
+        raise NotImplementedError("Operator c10d.broadcast_.default does not have a sharding strategy registered.")
+
+    with pytest.raises(NotImplementedError, match="^Operator c10d.broadcast_.default does not have") as raised:
+        RankGroup(rank=1, world_size=2, device=torch.device("cpu"))._collective("broadcasting", refuse)
+    assert raised.value.__notes__ == ["rank 1 of 2: raised by this rank while broadcasting"]
 
 
 def test_every_rank_and_role_gets_its_own_seed():

@@ -89,14 +89,19 @@ def batch_labels(batch: Any) -> torch.Tensor:
     return batch[LABELS]
 
 
+def first_example_batch(data_loader: DataLoader) -> Any:
+    """The loader's first example, collated as the loader collates its batches (a batch of one)."""
+    collate: Callable[[list], Any] = data_loader.collate_fn or default_collate
+    return collate([data_loader.dataset[0]])
+
+
 def check_batch_format(data_loader: DataLoader, *, perturbs_gradients: bool, rules: KeywordBatchRules) -> None:
     """Refuse, before any step, a data loader whose examples collate into a dict batch without labels,
     or that breaks ``rules`` (:func:`check_keyword_batch`, on its first example), or into any dict batch
     for a mechanism that perturbs the model's outputs (``perturbs_gradients`` False): those mechanisms
     replace the logits a model returns, and a Hugging Face model given the labels would compute its own
     loss from the unperturbed ones."""
-    collate: Callable[[list], Any] = data_loader.collate_fn or default_collate
-    batch = collate([data_loader.dataset[0]])
+    batch = first_example_batch(data_loader)
     if not is_keyword_batch(batch):
         return
     if not perturbs_gradients:

@@ -85,6 +85,7 @@ from dpnoise.training.grad_samplers import (
     per_example_gradient_problems,
 )
 from dpnoise.training.layer_functorch import layer_per_example_gradients
+from dpnoise.training.sharding import full_zeros
 from dpnoise.training.per_example_gradients import (
     MAX_CHUNK_ELEMENTS,
     Contribution,
@@ -412,6 +413,7 @@ class _BookkeptForward:
         layer = self.layer
         if args or kwargs or not self.keeper.records(layer):
             return type(layer).forward(layer, inputs, *args, **kwargs)
+        self.keeper.watch_swapped_parameters(layer)
         use = self.keeper.record_use(layer, self.rule, (inputs,))
         return _BookkeptCall.apply(use, inputs, *(p for p in layer.parameters(recurse=False) if p.requires_grad))
 
@@ -439,6 +441,11 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         self._parameter_names = _parameter_names(module)
         self._layer_names = {layer: layer_path(name, layer) for name, layer in trainable_modules(module)}
         self._layer_parameters = {p for layer in layers for p in layer.parameters(recurse=False)}
+        #: each layer's parameters by attribute name, as registered now: the ones the optimizer steps (under
+        #: fully_shard the sharded DTensors, which FSDP swaps for all-gathered ones around each pass)
+        self._registered = {layer: dict(layer.named_parameters(recurse=False)) for layer in layers}
+        #: (layer, name) -> the swapped-in parameter whose gradients are watched (:meth:`watch_swapped_parameters`)
+        self._watched: dict[tuple[nn.Module, str], torch.Tensor] = {}
         self._uses: list[LayerUse] = []
         #: book-kept parameters that received a gradient other than through their layer's recorded forward
         self._untracked: set[nn.Parameter] = set()
@@ -481,6 +488,18 @@ class BookkeepingModule(ModelForwarding, nn.Module):
             yield
         finally:
             self._paused = self._layer_inputs.paused = previous
+
+    def watch_swapped_parameters(self, layer: nn.Module) -> None:
+        """Watch the gradients of the parameters ``layer`` holds in place of its registered ones (FSDP's
+        all-gathered parameters during a pass) as :meth:`_check_untracked` watches the registered ones: a
+        gradient reaching them outside book-keeping would otherwise escape the check (FSDP turns it into a
+        gradient of the shard by assignment, which fires no hook).  FSDP keeps one all-gathered parameter per
+        shard for the whole run, so each is hooked once."""
+        for name, registered in self._registered[layer].items():
+            current = getattr(layer, name)
+            if current is not registered and current.requires_grad and self._watched.get((layer, name)) is not current:
+                self._watched[layer, name] = current
+                self._hooks.append(current.register_hook(partial(self._check_untracked, registered)))
 
     def _check_untracked(self, p: nn.Parameter, grad: Optional[torch.Tensor]) -> None:
         """A gradient hook of a rule layer's parameter: the rule's calls give it none (None); while
@@ -555,10 +574,11 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         return self._gradients
 
     def _use_gradients(self, use: LayerUse) -> dict[nn.Parameter, Contribution]:
-        """Per-example gradients (of the mean loss) of ``use``'s trainable parameters."""
+        """Per-example gradients (of the mean loss) of ``use``'s trainable parameters, keyed by the registered
+        parameters (those the optimizer steps)."""
         layer, inputs, output_grad = use.layer, use.inputs, use.output_grad
         if use.rule is not None:
-            return use.rule.gradients(layer, inputs[0], output_grad)
+            return self._registered_keys(layer, use.rule.gradients(layer, inputs[0], output_grad))
         if layer in self._rerun:
             with self.paused():  # the re-run records nothing and checks no input
                 gradients = layer_per_example_gradients(layer, inputs[0], use.keywords or {}, output_grad)
@@ -576,6 +596,13 @@ class BookkeepingModule(ModelForwarding, nn.Module):
                 samples = {p: MaterialisedGradients(g)
                            for p, g in GRAD_SAMPLERS[type(layer)](layer, [activations], output_grad).items()}
         return {p: g for p, g in samples.items() if p is not None and p.requires_grad}
+
+    def _registered_keys(self, layer: nn.Module,
+                         gradients: dict[nn.Parameter, Contribution]) -> dict[nn.Parameter, Contribution]:
+        """``gradients`` keyed by ``layer``'s registered parameters: a rule reads ``layer.weight``, which is
+        FSDP's all-gathered parameter while the layer is unsharded (e.g. ``reshard_after_backward=False``)."""
+        registered = {getattr(layer, name): p for name, p in self._registered[layer].items()}
+        return {registered.get(p, p): g for p, g in gradients.items()}
 
     def per_example_norms(self, norm_ord: int, units: Optional[UnitGrouping] = None) -> torch.Tensor:
         """``(batch,)`` L1 or L2 norm of each example's gradient over all trainable parameters (``units``: the
@@ -604,7 +631,7 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         self._check_layer_parameters(params)
         scale = torch.full((1,), float(batch), device=params[0].device if params else None)
         return [torch.stack([gradients[p].of_examples([i]).clipped_sum(scale) if p in gradients else
-                             torch.zeros_like(p) for i in examples]) for p in params]
+                             full_zeros(p) for i in examples]) for p in params]
 
     def _weighted_sums(self, params: list[nn.Parameter], factors: torch.Tensor,
                        units: Optional[UnitGrouping] = None) -> list[torch.Tensor]:
@@ -613,7 +640,8 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         batch, gradients = self._parameter_gradients(units)
         self._check_layer_parameters(params)
         scaled = factors * batch
-        return [gradients[p].clipped_sum(scaled) if p in gradients else torch.zeros_like(p) for p in params]
+        # a shard's clipped sum has the full parameter's shape (the rank's examples' full gradients)
+        return [gradients[p].clipped_sum(scaled) if p in gradients else full_zeros(p) for p in params]
 
     def _check_layer_parameters(self, params: list[nn.Parameter]) -> None:
         """Refuse parameters that belong to no trainable layer of the wrapped model (no per-example gradients)."""

@@ -31,6 +31,7 @@ from dpnoise.training.per_example_gradients import (
     MaterialisedGradients,
     compute_dtype,
 )
+from dpnoise.training.sharding import layer_type
 
 
 class BookkeepingRule:
@@ -73,17 +74,18 @@ def register_bookkeeping_rule(*layer_types: Union[type, str]) -> Callable[[type]
 
     def register(rule_class: type) -> type:
         rule = rule_class()
-        for layer_type in layer_types:
-            BOOKKEEPING_RULES[layer_type] = rule
+        for registered_type in layer_types:
+            BOOKKEEPING_RULES[registered_type] = rule
         return rule_class
 
     return register
 
 
 def bookkeeping_rule(layer: nn.Module) -> Optional[BookkeepingRule]:
-    """The rule registered for ``type(layer)`` (None: no rule)."""
-    layer_type = type(layer)
-    rule = BOOKKEEPING_RULES.get(layer_type) or BOOKKEEPING_RULES.get(f"{layer_type.__module__}.{layer_type.__qualname__}")
+    """The rule registered for the layer's type (None: no rule); a layer given to ``fully_shard`` itself
+    takes its own class's rule (:func:`~dpnoise.training.sharding.layer_type`)."""
+    own_type = layer_type(layer)
+    rule = BOOKKEEPING_RULES.get(own_type) or BOOKKEEPING_RULES.get(f"{own_type.__module__}.{own_type.__qualname__}")
     return rule if rule is not None and rule.applies(layer) else None
 
 

@@ -76,6 +76,7 @@ from dpnoise.training.errors import (
     UnkeyedCheckpointWarning,
 )
 from dpnoise.training.run_record import RUN_RECORD_NAME, record_steps, recorded_steps
+from dpnoise.training.sharding import sharded_parameters
 
 CHECKPOINT_FORMAT = 3
 #: Environment variables that give the checkpoint key (the key itself, or a file holding it).
@@ -164,8 +165,10 @@ def save_checkpoint(
     of the checkpoint's folder (``run-record.json``) is updated after the checkpoint is in place, so
     that a process killed in between leaves a record no newer than the checkpoint.  ``extra`` must be
     plain data (see :func:`write_checkpoint_state`).
-    In a process group call it on every rank: only rank 0 writes.
+    In a process group call it on every rank: only rank 0 writes.  A ``fully_shard`` model is refused
+    (:func:`refuse_sharded_model`).
     """
+    refuse_sharded_model(module, "save_checkpoint")
     engine_state = engine.state_dict()
     state = {
         "format": CHECKPOINT_FORMAT,
@@ -191,6 +194,17 @@ def save_checkpoint(
             f"{RUN_RECORD_NAME} together, or put back an older checkpoint with its record, and a resume will not "
             f"notice. Set ${KEY_VARIABLE} or ${KEY_FILE_VARIABLE} (a secret of at least {MIN_KEY_BYTES} bytes) to "
             f"have any edit refused. (Shown once per run.)", UnkeyedCheckpointWarning, stacklevel=2)
+
+
+def refuse_sharded_model(module: nn.Module, what: str) -> None:
+    """Raise :class:`CheckpointError` for a ``fully_shard`` model: a checkpoint holds rank 0's model and
+    optimizer state, of which rank 0 holds one chunk of each sharded parameter; the other ranks' chunks would be
+    lost without a word."""
+    sharded = sharded_parameters(module)
+    if sharded:
+        raise CheckpointError(
+            f"{what}: parameter {sharded[0][0]} is sharded by fully_shard, and a checkpoint holds rank 0's model "
+            f"and optimizer state, which hold one chunk of it: checkpoints of sharded models are not supported")
 
 
 def write_checkpoint_state(path: str | os.PathLike, state: dict[str, Any], key: CheckpointKey = None) -> None:
@@ -319,6 +333,7 @@ def load_checkpoint(
 
     Returns the checkpoint's ``extra`` dictionary, with ``"steps"`` (steps already taken) added.
     """
+    refuse_sharded_model(module, "load_checkpoint")
     key = checkpoint_key(key)
     state = read_checkpoint(path, key=key)
     _check_module_state(state["module"], module)

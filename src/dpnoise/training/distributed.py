@@ -25,6 +25,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from dpnoise.errors import DpnoiseError, ProcessGroupLostError
 
@@ -52,15 +53,38 @@ class RankGroup:
     #: where the collectives' tensors live (CUDA for nccl)
     device: torch.device
 
-    def _collective(self, what: str, operation, *args, **kwargs) -> Any:
-        """Run ``operation``; a failure of the group becomes a :class:`RankLostError` naming ``what``."""
+    def _collective(self, what: str, operation, *args, **kwargs) -> None:
+        """Run the tensor collective ``operation`` (issued with ``async_op=True``, then waited for).
+
+        Only a failure of the group becomes a :class:`RankLostError` naming ``what``: one raised while
+        waiting for the other ranks (gloo raises a plain ``RuntimeError`` for a peer that closed its
+        connection or timed out), or torch's ``DistError`` at any point.  Anything this rank raises while
+        issuing the collective (a tensor the backend cannot take, a DTensor without a sharding strategy
+        for it) never reached the other ranks: it is raised as itself, with a note naming the rank and
+        ``what``, so that the rank's own error is the one reported, not a lost peer.
+        """
         try:
-            return operation(*args, **kwargs)
+            work = operation(*args, async_op=True, **kwargs)
+        except dist.DistError as err:
+            raise self._lost(what, err) from None
+        except Exception as err:
+            err.add_note(f"rank {self.rank} of {self.world_size}: raised by this rank while {what}")
+            raise
+        self._wait(what, work.wait)
+
+    def _wait(self, what: str, waiting, *args) -> Any:
+        """``waiting(*args)``, a step that waits for the other ranks: a ``RuntimeError`` in it is a failure of
+        the group (:class:`RankLostError` naming ``what``)."""
+        try:
+            return waiting(*args)
         except RuntimeError as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise RankLostError(
-                f"rank {self.rank} of {self.world_size}: {what} failed: another rank died or stalled for more "
-                f"than the process group's timeout ({first})") from None
+            raise self._lost(what, err) from None
+
+    def _lost(self, what: str, err: BaseException) -> RankLostError:
+        """The :class:`RankLostError` of a collective ``what`` that failed with ``err`` (its first line kept)."""
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return RankLostError(f"rank {self.rank} of {self.world_size}: {what} failed: another rank died or stalled "
+                             f"for more than the process group's timeout ({first})")
 
     def all_reduce_sum(self, tensors: Sequence[torch.Tensor], what: str,
                        same: Optional[Mapping[str, int]] = None) -> None:
@@ -95,7 +119,8 @@ class RankGroup:
     def gather_objects(self, value: Any, what: str) -> list[Any]:
         """Every rank's ``value`` (picklable), in rank order, on every rank."""
         gathered: list[Any] = [None] * self.world_size
-        self._collective(what, dist.all_gather_object, gathered, value)
+        # all_gather_object has no async form; its local failures (pickling) are not RuntimeErrors
+        self._wait(what, dist.all_gather_object, gathered, value)
         return gathered
 
     def check_same_setup(self, setup: dict[str, Any]) -> None:
@@ -109,10 +134,13 @@ class RankGroup:
                                        f"rank {rank} and {setup[key]!r} on rank {self.rank}")
 
     def broadcast_module(self, module: torch.nn.Module) -> None:
-        """Give every rank rank 0's parameters and buffers (the ranks train one model)."""
+        """Give every rank rank 0's parameters and buffers (the ranks train one model).  The shards of a
+        ``fully_shard`` model's parameters (DTensors) stay as they are: each rank holds another chunk of the
+        one model, there is no copy to agree on."""
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
-                self._collective("broadcasting rank 0's model", dist.broadcast, tensor, 0)
+                if not isinstance(tensor, DTensor):
+                    self._collective("broadcasting rank 0's model", dist.broadcast, tensor, 0)
 
 
 def count_digits(value: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

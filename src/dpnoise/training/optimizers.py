@@ -51,6 +51,7 @@ from dpnoise.training.per_example_gradients import UnitGrouping
 from dpnoise.training.privacy_units import PrivacyUnits
 from dpnoise.training.provenance import BatchProvenance
 from dpnoise.training.sampling import LogicalBatchTracker
+from dpnoise.training.sharding import full_like, full_zeros, parameter_gradient
 
 
 class StepGate(Protocol):
@@ -154,7 +155,7 @@ class NoisyGradientSum:
         whether or not the model ran on it (Hugging Face models cannot)."""
         units = self._units(params, batch_size, indices)
         if batch_size == 0:
-            sums = [torch.zeros_like(p) for p in params]
+            sums = [full_zeros(p) for p in params]
             self.free_batch(params)
         elif self.bookkeeping is not None:
             norms = self.bookkeeping.per_example_norms(self.mechanism.clip_norm_ord, units)
@@ -210,7 +211,7 @@ class NoisyGradientSum:
         released = self.release_sums(sums)
         if isinstance(self.clip_factors, AdaptiveClipping):  # released at C_0: to C_t, and C_t moves
             released = self.clip_factors.release(released)
-        return [value.view_as(p) for p, value in zip(params, released)]
+        return [value.view(p.shape) for p, value in zip(params, released)]
 
     def discard(self) -> None:
         """Forget the step's sum (a refused step), and adaptive clipping's count with it."""
@@ -240,7 +241,8 @@ class DistributedNoisyGradientSum(NoisyGradientSum):
 
     def admit(self, gate: StepGate, params: list[torch.Tensor]) -> bool:
         """The engine's decision, taken with the other ranks (:func:`admit_with_the_other_ranks`)."""
-        return admit_with_the_other_ranks(gate, self.group, [*params, params[0].reshape(-1)[:1]], self.draw)
+        like = [full_like(p) for p in params]  # the step sums full-shape tensors, also for shards
+        return admit_with_the_other_ranks(gate, self.group, [*like, like[0].reshape(-1)[:1]], self.draw)
 
     def release(self, params: list[torch.Tensor], gate: StepGate) -> list[torch.Tensor]:
         """The sum over the ranks of (local clipped sum + noise share); checks the share count."""
@@ -347,7 +349,7 @@ class NoisyGradientOptimizer(WrappedOptimizer):
         if not admitted:
             return None
         for p, released in zip(params, self.noisy_sum.release(params, self.gate)):
-            p.grad = released / self.expected_batch_size
+            p.grad = parameter_gradient(p, released / self.expected_batch_size)
         self.gate.record_step()
         return self.original_optimizer.step()
 

@@ -18,7 +18,16 @@ from torch.utils.data import DataLoader
 
 from dpnoise.accounting.validation import check_sample_rate
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
-from dpnoise.training.batches import LossFunction, check_batch_format, check_loss_fn, keyword_batch_rules
+from dpnoise.training.batches import (
+    LossFunction,
+    check_batch_format,
+    check_loss_fn,
+    first_example_batch,
+    is_keyword_batch,
+    keyword_batch_rules,
+)
+from dpnoise.training.bookkeeping import layer_path
+from dpnoise.training.bookkeeping_rules import bookkeeping_rule
 from dpnoise.training.devices import module_device, resolve_device
 from dpnoise.training.distributed import RankGroup, current_group
 from dpnoise.training.errors import (
@@ -31,6 +40,7 @@ from dpnoise.training.per_example_check import refuse_token_mean_lm_loss
 from dpnoise.training.privacy_plan import PrivacyOptions, check_step_count
 from dpnoise.training.privacy_units import PrivacyUnits
 from dpnoise.training.secure_mode import check_secure_mode
+from dpnoise.training.sharding import sharded_model_problems, sharded_parameters
 from dpnoise.training.grad_samplers import per_example_gradient_problems
 
 
@@ -116,6 +126,25 @@ def check_training_mode(module: nn.Module, *, needs_per_sample_gradients: bool) 
             f"returns models in eval mode, in which no per-example gradient is recorded)")
 
 
+def check_sharded_model(module: nn.Module, group: Optional[RankGroup], mechanism: Mechanism,
+                        execution: ExecutionOptions, data_loader: DataLoader) -> None:
+    """Raise :class:`UnsupportedLayerError` naming each reason a ``fully_shard`` model (DTensor parameters)
+    cannot train exactly in this run (:func:`~dpnoise.training.sharding.sharded_model_problems`); nothing for
+    an unsharded model."""
+    if not sharded_parameters(module):
+        return
+    keyword_batches = is_keyword_batch(first_example_batch(data_loader))
+    problems = sharded_model_problems(
+        module, None if group is None else group.world_size,
+        needs_per_sample_gradients=mechanism.needs_per_sample_gradients,
+        grad_sample_mode=execution.grad_sample_mode, per_example_check=execution.per_example_check,
+        max_physical_batch_size=execution.max_physical_batch_size, keyword_batches=keyword_batches,
+        unruled_layers=[layer_path(name, layer) for name, layer in trainable_modules(module)
+                        if bookkeeping_rule(layer) is None])
+    if problems:
+        raise UnsupportedLayerError("this fully_shard (FSDP2) model cannot train privately:\n  " + "\n  ".join(problems))
+
+
 @dataclass(frozen=True)
 class CheckedRun:
     """What the checks of a private run found out: where it runs, with whom, under which mechanism, and how
@@ -171,6 +200,7 @@ def check_private_run(module: nn.Module, optimizer: Optimizer, data_loader: Data
                           "or batch statistics would break the epsilon without a word",
                           UncheckedPerExampleGradientsWarning, stacklevel=4)
     check_secure_mode(privacy.secure_mode, mech, group, poisson_sampling, module, noise_seed)
+    check_sharded_model(module, group, mech, execution, data_loader)
     return CheckedRun(device=device, group=group, mechanism=mech, batch_rules=batch_rules, units=units)
 
 
