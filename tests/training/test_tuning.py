@@ -39,6 +39,15 @@ def test_the_plan_spends_the_total_on_the_best_of_a_random_number_of_trials(shap
     assert more > plan.total_epsilon  # more trials on average cost more
 
 
+def test_a_total_whose_thousandth_no_trial_reaches_is_planned():
+    """The search starts at total / 1000; where a trial cannot reach that at any noise (an RDP accountant's floor,
+    log(1/delta) / (largest order - 1)), it starts higher instead of failing."""
+    few_steps = {**BASE, "privacy.epochs": 0.1, "schedule.batch_size": 8, "privacy.accountant": "gaussian-rdp",
+                 "privacy.calibrate_with": "gaussian-rdp"}
+    plan = quietly(lambda: plan_tuning(few_steps, GRID, total_epsilon=0.88, trials_mean=2))
+    assert 0.87 <= plan.total_epsilon <= 0.88 and 0.00088 < plan.trial_epsilon < 0.88
+
+
 def test_an_unreachable_total_is_refused():
     with pytest.raises(InvalidParameterError, match="unreachable"):
         quietly(lambda: plan_tuning(BASE, GRID, total_epsilon=0.05, trials_mean=50))

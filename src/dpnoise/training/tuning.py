@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from dpnoise.accounting.rdp.orders import DEFAULT_ORDERS
 from dpnoise.accounting.rdp.registry import event_rdp
 from dpnoise.accounting.rdp.repeat_and_select import repeat_and_select_rdp, truncated_negative_binomial_gamma
 from dpnoise.accounting.registry import ACCOUNTANTS, accountants_for_mechanism
+from dpnoise.accounting.solvers import UnreachableTargetError
 from dpnoise.accounting.validation import InvalidParameterError, check_positive
 from dpnoise.training.config import TrainingConfig
 
@@ -179,7 +180,12 @@ def plan_tuning(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], *, t
         return tuned_epsilon(candidates, trial, delta, trials_mean, trials_shape)
 
     low, high = total_epsilon * 1e-3, total_epsilon
-    if total(low)[0] > total_epsilon:
+    while (lowest := _reachable(total, low)) is None:  # below the trials' floor no noise reaches it: start higher
+        low *= 2
+        if low >= total_epsilon:
+            raise InvalidParameterError(f"total_epsilon {total_epsilon} is unreachable: a single trial cannot reach "
+                                        f"it at any noise; raise it, or lower the steps or the sample rate")
+    if lowest[0] > total_epsilon:
         raise InvalidParameterError(f"total_epsilon {total_epsilon} is unreachable with {trials_mean:g} trials on "
                                     f"average: even trials of epsilon {low:.3g} cost more in total; raise it or use "
                                     f"fewer trials")
@@ -195,6 +201,14 @@ def plan_tuning(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], *, t
     return TuningPlan(trial_epsilon=low, total_epsilon=reached, delta=delta, trials_mean=float(trials_mean),
                       trials_shape=float(trials_shape), candidates=candidates, rdp_accountant=accountant, noises=noises,
                       grid=tuple(grid))
+
+
+def _reachable(total: Callable[[float], Any], trial_epsilon: float) -> Any:
+    """``total(trial_epsilon)``, or None where a candidate's noise cannot be calibrated to ``trial_epsilon``."""
+    try:
+        return total(trial_epsilon)
+    except UnreachableTargetError:
+        return None
 
 
 def draw_trial_count(mean: float, shape: float, entropy: Optional[int] = None) -> int:
