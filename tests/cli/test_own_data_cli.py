@@ -60,3 +60,22 @@ def test_an_image_folder_trains_the_cnn_sized_for_it(tmp_path, capsys):
 def test_own_data_options_are_checked_and_name_the_flag(capsys, argv, message):
     code, out = run(capsys, *argv, "--model", "cnn", *COMMON)
     assert code == 2 and message in out.err and len(out.err.strip().splitlines()) == 1, out.err
+
+
+def test_a_user_column_makes_the_epsilon_per_user(tmp_path, capsys):
+    rows = ["opinion,stars,user"] + [f"{'great good' if i % 2 else 'bad awful'} film,{'pos' if i % 2 else 'neg'},"
+                                     f"u{i % 30}" for i in range(240)]
+    (tmp_path / "reviews.csv").write_text("\n".join(rows) + "\n")
+    data = ["--dataset", f"csv:{tmp_path / 'reviews.csv'}", "--text-column", "opinion", "--label-column", "stars",
+            "--model", "minilm-features", "--lr", "0.1"]
+    options = ["--mechanism", "gaussian", "--epsilon", "3", "--delta", "1e-5", "--epochs", "3", "--batch-size", "6",
+               "--threads", "1", "--no-progress", "--seed", "0"]
+    code, out = run(capsys, *data, "--privacy-unit", "user", *options, "--json")
+    assert code == 0, out.err
+    summary = json.loads(out.out)
+    assert summary["privacy_units"] == 30 and summary["sample_rate"] == pytest.approx(6 / 30)
+    assert summary["epsilon"] <= 3
+    code, out = run(capsys, *data, "--privacy-unit", "user", *options)
+    assert "per privacy unit (each of the 30 units with all its examples)" in out.out
+    code, out = run(capsys, *data, "--privacy-unit", "account", *options)
+    assert code == 2 and "no privacy-unit column 'account'" in out.err

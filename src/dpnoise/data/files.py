@@ -52,13 +52,20 @@ class FileSplits:
     train_labels: torch.Tensor
     test_labels: torch.Tensor
     label_names: tuple[str, ...]
+    #: each training example's privacy unit (a user or document id; None: no unit column)
+    train_units: Optional[list[Any]] = None
 
 
 def read_source(source: Source, *, text_column: Optional[str] = None, text_pair_column: Optional[str] = None,
-                label_column: str = "label", eval_fraction: float = DEFAULT_EVAL_FRACTION) -> FileSplits:
-    """The examples of ``source`` (module docstring)."""
+                label_column: str = "label", eval_fraction: float = DEFAULT_EVAL_FRACTION,
+                unit_column: Optional[str] = None) -> FileSplits:
+    """The examples of ``source`` (module docstring); ``unit_column``: the column naming each example's privacy
+    unit (every row must have one)."""
     splits = _read_tables(source)
     first = splits["train"]
+    if unit_column is not None and unit_column not in first.column_names:
+        raise InvalidDatasetError(f"{source.name}: no privacy-unit column {unit_column!r} (columns: "
+                                  f"{', '.join(first.column_names)})")
     modality = "image" if source.kind == "imagefolder" or _image_column(first) is not None else "text"
     if label_column not in first.column_names:
         raise InvalidDatasetError(f"{source.name}: no label column {label_column!r} (columns: "
@@ -102,7 +109,10 @@ def read_source(source: Source, *, text_column: Optional[str] = None, text_pair_
         examples = [(_strings(table, text, rows, source),
                      None if text_pair_column is None else _strings(table, text_pair_column, rows, source))
                     for table, rows in zip(tables, (train_rows, test_rows))]
-    return FileSplits(modality, examples[0], examples[1], encode(train_labels), encode(test_labels), tuple(names))
+    all_units = None if unit_column is None else _column(first, unit_column, source)
+    units = None if all_units is None else [all_units[row] for row in train_rows]
+    return FileSplits(modality, examples[0], examples[1], encode(train_labels), encode(test_labels), tuple(names),
+                      units)
 
 
 def _read_tables(source: Source) -> dict[str, Any]:

@@ -79,7 +79,8 @@ _FILE_SPLITS: dict[str, FileSplits] = {}
 
 
 def register_file_dataset(name: str, *, text_column: str | None = None, text_pair_column: str | None = None,
-                          label_column: str = "label", eval_fraction: float = DEFAULT_EVAL_FRACTION) -> DatasetInfo:
+                          label_column: str = "label", eval_fraction: float = DEFAULT_EVAL_FRACTION,
+                          unit_column: str | None = None) -> DatasetInfo:
     """Read a user's data set named by its source (``csv:PATH``, ``imagefolder:PATH``, ...;
     :mod:`dpnoise.data.files`) and register it under that name in :data:`DATASETS`, so that
     :func:`load_dataset` and :func:`dataset_info` serve it (its splits: ``train`` and ``test``, the
@@ -89,7 +90,7 @@ def register_file_dataset(name: str, *, text_column: str | None = None, text_pai
         raise InvalidDatasetError(f"{name!r} is not a file source (kind:PATH, kind one of csv, json, parquet, "
                                   f"imagefolder, disk)")
     splits = read_source(source, text_column=text_column, text_pair_column=text_pair_column,
-                         label_column=label_column, eval_fraction=eval_fraction)
+                         label_column=label_column, eval_fraction=eval_fraction, unit_column=unit_column)
     image = splits.modality == "image"
     channels = splits.train[0].shape[1] if image else 0
     info = DatasetInfo(name, str(source.path), splits.modality, len(splits.label_names),
@@ -104,6 +105,13 @@ def label_names(name: str) -> tuple[str, ...] | None:
     """The label of each class id of a data set registered from files (None for a packaged data set)."""
     splits = _FILE_SPLITS.get(name)
     return None if splits is None else splits.label_names
+
+
+def privacy_units_of(name: str) -> list | None:
+    """Each training example's privacy unit of a data set registered from files with a unit column (None
+    otherwise)."""
+    splits = _FILE_SPLITS.get(name)
+    return None if splits is None else splits.train_units
 
 
 def _check_split(split: str, info: DatasetInfo) -> str:

@@ -139,6 +139,13 @@ class DataConfig:
     eval_fraction: Optional[float] = option(None, flag="--eval-fraction", group=WHAT, check=("fraction",),
                                             help="your own data without an evaluation split: the fraction of each "
                                             "class held out for evaluation, deterministically (default 0.1)")
+    unit_column: Optional[str] = option(None, flag="--privacy-unit", group=WHAT, metavar="COLUMN",
+                                        help="your own data: the column naming each example's privacy unit (a user "
+                                        "or document id): the epsilon then protects a unit with all its examples; "
+                                        "units are Poisson-sampled whole (--batch-size is the expected number of "
+                                        "units per batch) and each unit's gradient is clipped as one (gradient "
+                                        "mechanisms, flat or automatic clipping, one process, no --limit or "
+                                        "--physical-batch-size)")
 
     def __post_init__(self) -> None:
         _as_path(self, "root")
@@ -467,7 +474,11 @@ RULES: tuple[Rule, ...] = (
     *(Rule(lambda v, path=path: v(path) is not None and checks.parse_source(v("data.name")) is None,
            lambda n, v, path=path: f"{n(path)} applies to your own data ({n('data.name')} kind:PATH), not to "
                                    f"{v('data.name')}")
-      for path in ("data.text_column", "data.text_pair_column", "data.label_column", "data.eval_fraction")),
+      for path in ("data.text_column", "data.text_pair_column", "data.label_column", "data.eval_fraction",
+                   "data.unit_column")),
+    Rule(lambda v: v("data.unit_column") is not None and v("data.limit") is not None,
+         lambda n, v: f"{n('data.unit_column')} and {n('data.limit')}: a subset of the examples would cut units; "
+                      f"leave {n('data.limit')} out"),
     Rule(lambda v: bool(v("output.resume_older")) and v("output.resume") is None,
          lambda n, v: f"{n('output.resume_older')} applies with {n('output.resume')} only"),
 )

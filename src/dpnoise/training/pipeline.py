@@ -189,9 +189,9 @@ def make_private_from_config(
 ) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
     """The engine's ``make_private`` with the configuration's own options (the one call): its privacy section
     with the training data's ``releases`` made before it and a stop at the budget, its execution section on
-    ``device``."""
+    ``device``, and the privacy units of the data's unit column."""
     from dpnoise.accounting import MECHANISMS
-    from dpnoise.data import dataset_info
+    from dpnoise.data import dataset_info, privacy_units_of
 
     privacy = dataclasses.replace(config.privacy, data_releases=releases, on_budget_exhausted="stop")
     options = privacy.options
@@ -201,7 +201,7 @@ def make_private_from_config(
         privacy = dataclasses.replace(privacy, options=options)
     return engine.make_private_with_options(model, optimizer, loader, privacy=privacy,
                                             execution=dataclasses.replace(config.execution, device=device),
-                                            loss_fn=training_loss(config))
+                                            loss_fn=training_loss(config), privacy_unit=privacy_units_of(config.data.name))
 
 
 def training_loss(config: TrainingConfig) -> Optional[LossFunction]:

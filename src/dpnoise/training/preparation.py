@@ -105,7 +105,8 @@ def register_own_data(config: TrainingConfig) -> None:
     try:
         register_file_dataset(data.name, text_column=data.text_column, text_pair_column=data.text_pair_column,
                               label_column=data.label_column or "label",
-                              eval_fraction=DEFAULT_EVAL_FRACTION if data.eval_fraction is None else data.eval_fraction)
+                              eval_fraction=DEFAULT_EVAL_FRACTION if data.eval_fraction is None else data.eval_fraction,
+                              unit_column=data.unit_column)
     except InvalidDatasetError as err:
         problem = str(err)
         raise InvalidConfigError(lambda n: f"{n('data.name')} {problem}") from None

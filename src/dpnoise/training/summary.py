@@ -106,6 +106,8 @@ class TrainingResult:
     #: adaptive clipping's final threshold C_t and the count releases' cost
     #: (``PrivacyEngine.adaptive_clipping_report``); None for another clipping rule
     adaptive_clipping: Optional[dict[str, float]] = None
+    #: the number of privacy units the epsilon protects whole (None: each example is its own unit)
+    privacy_units: Optional[int] = None
     #: files written into the output folder
     files: tuple[Path, ...] = ()
 
@@ -149,7 +151,7 @@ class TrainingResult:
         if self.gradient_sources and not all(source.startswith("book-keeping")
                                              for source in self.gradient_sources.values()):
             summary["gradient_sources"] = self.gradient_sources
-        for name in ("per_example_check", "epsilon_not_covered", "adaptive_clipping"):
+        for name in ("per_example_check", "epsilon_not_covered", "adaptive_clipping", "privacy_units"):
             if getattr(self, name) is not None:
                 summary[name] = getattr(self, name)
         if self.files:
@@ -226,6 +228,7 @@ def summarize(
         private_randomness=engine.private_randomness,
         secure_noise=engine.secure_noise,
         adaptive_clipping=engine.adaptive_clipping_report(),
+        privacy_units=setup.privacy_units,
         history=history,
     )
 
@@ -268,7 +271,9 @@ def report_lines(summary: dict[str, Any]) -> list[str]:
                      f"2^{math.log2(secure['grid']):.0f}; the clipped sum's rounding inflates the clip to "
                      f"{significant_digits(secure['inflated_clip'], 6, 'up')}, the noise is raised by the factor "
                      f"{significant_digits(secure['inflation'], 8, 'up')}")
-    lines.append(f"epsilon at delta={summary['delta']:g}:")
+    units = summary.get("privacy_units")
+    lines.append(f"epsilon at delta={summary['delta']:g}" + ("" if units is None else
+                 f", per privacy unit (each of the {units} units with all its examples)") + ":")
     for name, eps in summary["epsilon_by_accountant"].items():
         role = "primary" if name == summary["accountant"] else "side by side"
         validity = "proven upper bound" if summary["sound_by_accountant"][name] else "NOT a valid privacy bound"
