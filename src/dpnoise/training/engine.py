@@ -31,6 +31,7 @@ from dpnoise import checks
 from dpnoise.accounting import (
     ACCOUNTANTS,
     CalibrationResult,
+    InvalidParameterError,
     PrivacyAccountant,
     accountant_holding,
     get_mechanism_spec,
@@ -51,7 +52,7 @@ from dpnoise.training.engine_state import ResumingRun, capture_engine_state, che
 from dpnoise.training.forwarding import Forwarded
 from dpnoise.training.execution import ExecutionOptions, GradSampleMode
 from dpnoise.training.randomness import PrivateRandomness, ReproducibleNoiseWarning, reproducible_noise_warning
-from dpnoise.training.errors import EngineStateError
+from dpnoise.training.errors import EngineStateError, InvalidTrainingOptionError
 from dpnoise.training.privacy_plan import (
     PrivacyOptions,
     PrivacyPlan,
@@ -67,6 +68,15 @@ from dpnoise.training.validation import check_private_run
 from dpnoise.training.wrapping import run_clipping, step_release, wrap_private
 
 logger = logging.getLogger(__name__)
+
+
+def _options(mechanism: str, options: Optional[MechanismOptions], **fields: Any) -> MechanismOptions:
+    """The mechanism's options from ``options`` or its fields as keywords (not both), refused as an option of
+    ``make_private``."""
+    try:
+        return get_mechanism_spec(mechanism).make_options(options, **fields)
+    except InvalidParameterError as err:
+        raise InvalidTrainingOptionError(str(err)) from None
 
 
 def _no_steps_yet() -> EngineStateError:
@@ -216,7 +226,7 @@ class PrivacyEngine:
             quantile_noise=quantile_noise, quantile_noise_law=quantile_noise_law,
             accountant=accountant, calibrate_with=calibrate_with, data_releases=data_releases,
             on_budget_exhausted=on_budget_exhausted, secure_mode=secure_mode,
-            options=get_mechanism_spec(mechanism).make_options(options, alpha=alpha, num_classes=num_classes),
+            options=_options(mechanism, options, alpha=alpha, num_classes=num_classes),
             noise=noise_from_keywords(mechanism, required=False, noise=noise, noise_multiplier=noise_multiplier,
                                       laplace_scale=laplace_scale, concentration=concentration),
         )
