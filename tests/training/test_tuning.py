@@ -93,3 +93,56 @@ def test_the_command_line_takes_lists_as_the_grid(capsys):
     assert all(row["noise"] > 0 for row in summary["candidate_noise"])  # the calibration: each candidate's noise
     assert summary["trials"]["law"] == "logarithmic, mean 1.5"
     assert summary["best"] is None or set(summary["best"]) == {"optimizer.lr"}
+
+
+class FakeRun:
+    """What a trial's train_private returns, scored by its learning rate (no training: the job's logic only)."""
+
+    def __init__(self, config):
+        self.test_accuracy = config.optimizer.lr * 100
+        self.summary = lambda: {"lr": config.optimizer.lr}
+
+
+def test_a_killed_tuning_job_resumes_without_drawing_again_or_repeating_a_trial(tmp_path, monkeypatch):
+    import dpnoise.training.pipeline as pipeline
+
+    calls = []
+
+    def killed_at_the_third(config):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(config.optimizer.lr)
+        return FakeRun(config)
+
+    state = tmp_path / "job.json"
+    job = dict(total_epsilon=3.0, trials_mean=6, entropy=11, state_file=state)
+    monkeypatch.setattr(pipeline, "train_private", killed_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        quietly(lambda: tune_private(BASE, GRID, **job))
+    saved = json.loads(state.read_text())
+    assert saved["done"] == 2 and not saved["finished"] and saved["trials"] > 2
+
+    def the_rest(config):
+        calls.append(config.optimizer.lr)
+        return FakeRun(config)
+
+    monkeypatch.setattr(pipeline, "train_private", the_rest)
+    result = quietly(lambda: tune_private(BASE, GRID, **{**job, "entropy": 99}))  # no new draw: the state's
+    assert len(calls) == saved["trials"]  # each trial once, the killed one run again
+    uninterrupted = []
+    monkeypatch.setattr(pipeline, "train_private", lambda config: uninterrupted.append(config.optimizer.lr)
+                        or FakeRun(config))
+    fresh = quietly(lambda: tune_private(BASE, GRID, **{**job, "state_file": tmp_path / "fresh.json"}))
+    assert uninterrupted == calls and result.best == fresh.best  # the same trials as a job never killed
+    again = quietly(lambda: tune_private(BASE, GRID, **job))  # a finished job: no new search
+    assert len(uninterrupted) == len(calls) and again.best == result.best and again.best_score == result.best_score
+
+
+def test_another_jobs_state_is_refused(tmp_path, monkeypatch):
+    import dpnoise.training.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "train_private", FakeRun)
+    state = tmp_path / "job.json"
+    quietly(lambda: tune_private(BASE, GRID, total_epsilon=3.0, trials_mean=2, entropy=1, state_file=state))
+    with pytest.raises(InvalidParameterError, match="another tuning job's"):
+        quietly(lambda: tune_private(BASE, GRID, total_epsilon=2.0, trials_mean=2, entropy=1, state_file=state))

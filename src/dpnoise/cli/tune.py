@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 from dpnoise import checks
 from dpnoise.cli.common import emit
@@ -39,6 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="the law of the number of trials: inf (default) Poisson; 0 logarithmic, 1 geometric, any "
                         "other >= 0 the truncated negative binomial of that shape (a smaller shape costs less epsilon "
                         "for the same mean; its tail is longer)")
+    tuning.add_argument("--tuning-state", type=Path, default=None, metavar="FILE",
+                        help="keep the job's progress in FILE (the secret number of trials, the trials done, the best so "
+                        "far: keep it as private as the data); run the same command again after a kill and it resumes "
+                        "without drawing the number of trials again or repeating a finished trial; a finished job's "
+                        "FILE releases the same best trial again")
     p.set_defaults(func=run)
 
 
@@ -65,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = tune_private(base, _options_grid(grid), total_epsilon=checks.check_positive("--epsilon", total[0]),
                               trials_mean=checks.check_positive("--trials-mean", args.trials_mean),
-                              trials_shape=args.trials_shape, output_folder=folder)
+                              trials_shape=args.trials_shape, output_folder=folder,
+                              state_file=args.tuning_state, progress=base.get("output.progress", True))
     except InvalidConfigError as err:
         raise checks.InvalidParameterError(err.named(option_flag_of)) from err
     summary = result.summary()

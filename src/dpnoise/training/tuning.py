@@ -23,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import json
 import math
+import os
 import secrets
 import shutil
 import tempfile
@@ -227,13 +229,17 @@ def draw_trial_count(mean: float, shape: float, entropy: Optional[int] = None) -
 
 def tune_private(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], *, total_epsilon: float,
                  trials_mean: float, trials_shape: float = math.inf, output_folder: Optional[Path] = None,
-                 entropy: Optional[int] = None) -> TuningResult:
+                 entropy: Optional[int] = None, state_file: Optional[Path] = None,
+                 progress: bool = False) -> TuningResult:
     """Tune the grid's hyperparameters privately (module docstring) and release the best trial.
 
     ``base``: the configuration fields every trial shares (dotted paths, :meth:`TrainingConfig.from_fields`;
     ``privacy.target_epsilon`` is set per trial); ``grid``: the values tried per field; ``output_folder``:
     where the best trial's outputs go (the other trials' are deleted); ``entropy``: seeds the number of trials
-    and the candidates drawn (default: the OS's entropy; a seed makes them known to whoever knows it).
+    and the candidates drawn (default: the OS's entropy; a seed makes them known to whoever knows it);
+    ``state_file``: where the job keeps its progress (:func:`load_tuning_state`), so that a killed job run again
+    with it resumes: the trials done are kept, K is not drawn again, and a finished job releases the same best
+    trial again instead of running another search; ``progress``: count the finished trials on standard error.
     """
     from dpnoise.checks import parse_source
     from dpnoise.training.pipeline import train_private
@@ -243,33 +249,100 @@ def tune_private(base: Mapping[str, Any], grid: Mapping[str, Sequence[Any]], *, 
                                     "held out of your own data file is private (noisy scores are not implemented)")
     plan = plan_tuning(base, grid, total_epsilon=total_epsilon, trials_mean=trials_mean, trials_shape=trials_shape)
     rng = np.random.default_rng(secrets.randbits(128) if entropy is None else entropy + 1)
-    trials = draw_trial_count(trials_mean, trials_shape, entropy)
-    best: Optional[tuple[float, dict, dict, Optional[Path]]] = None
-    work = Path(tempfile.mkdtemp(prefix="dpnoise-tune-"))
+    state = None if state_file is None else load_tuning_state(Path(state_file), plan)
+    if state is None:
+        state = {"plan": _fingerprint(plan), "trials": draw_trial_count(trials_mean, trials_shape, entropy), "done": 0,
+                 "rng": rng.bit_generator.state, "best": None, "finished": False}
+    rng.bit_generator.state = state["rng"]
+    work = Path(tempfile.mkdtemp(prefix="dpnoise-tune-")) if state_file is None else Path(f"{state_file}.trials")
+    work.mkdir(parents=True, exist_ok=True)
+    counter = _trial_counter(state["done"], progress)
     try:
-        for trial in range(trials):
+        while state["done"] < state["trials"]:
             fields = plan.candidates[int(rng.integers(len(plan.candidates)))]
-            folder = work / f"trial-{trial}" if output_folder is not None else None
+            folder = work / f"trial-{state['done']}" if output_folder is not None else None
+            if folder is not None and folder.exists():  # a trial a killed job did not finish: run it again
+                shutil.rmtree(folder)
             config = TrainingConfig.from_fields({**fields, "privacy.target_epsilon": plan.trial_epsilon,
                                                  "output.progress": False,
                                                  **({"output.folder": folder} if folder else {})})
             with contextlib.redirect_stderr(io.StringIO()):  # a trial's progress and scores are not released
                 result = train_private(config)
             score = -math.inf if result.test_accuracy is None else result.test_accuracy
-            if best is None or score > best[0]:
-                best = (score, {path: fields[path] for path in grid}, result.summary(), folder)
-        if best is None:
-            return TuningResult(plan=plan, best=None, best_score=None, best_summary=None, best_folder=None)
-        best_folder = None
-        if output_folder is not None and best[3] is not None:
-            best_folder = Path(output_folder)
-            if best_folder.exists():
-                shutil.rmtree(best_folder)
-            shutil.copytree(best[3], best_folder)
-        return TuningResult(plan=plan, best=best[1], best_score=best[0], best_summary=best[2], best_folder=best_folder)
+            if state["best"] is None or score > state["best"]["score"]:
+                state["best"] = {"score": score, "fields": {path: fields[path] for path in grid},
+                                 "summary": result.summary(), "folder": None if folder is None else str(folder)}
+            state.update(done=state["done"] + 1, rng=rng.bit_generator.state)
+            _save_tuning_state(state_file, state)
+            counter.update()
+        best_folder = _release_best_folder(state, output_folder)
+        _save_tuning_state(state_file, state)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        counter.close()
+        if state_file is None or state["finished"]:
+            shutil.rmtree(work, ignore_errors=True)
+    best = state["best"]
+    if best is None:
+        return TuningResult(plan=plan, best=None, best_score=None, best_summary=None, best_folder=None)
+    return TuningResult(plan=plan, best=best["fields"], best_score=best["score"], best_summary=best["summary"],
+                        best_folder=best_folder)
 
 
-__all__ = ["TuningPlan", "TuningResult", "draw_trial_count", "grid_candidates", "plan_tuning", "trial_curve",
+def load_tuning_state(path: Path, plan: TuningPlan) -> Optional[dict[str, Any]]:
+    """The saved progress of the tuning job ``plan`` (None: no file yet).  The file holds the secret number of
+    trials K, the trials done, the candidate draws' generator state and the best trial so far: keep it as
+    private as the training data.  A file of another job (other candidates, epsilons or law of K) is refused."""
+    if not path.exists():
+        return None
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise InvalidParameterError(f"state_file {path}: not a tuning state ({err})") from None
+    if not isinstance(state, dict) or state.get("plan") != _fingerprint(plan):
+        raise InvalidParameterError(f"state_file {path} is another tuning job's (its candidates, epsilons or law of "
+                                    f"the number of trials differ): give a new file, or this job's options")
+    return state
+
+
+def _fingerprint(plan: TuningPlan) -> dict[str, Any]:
+    """What identifies a tuning job, as JSON reads it back."""
+    return json.loads(json.dumps({"candidates": plan.candidates, "trial_epsilon": plan.trial_epsilon,
+                                  "total_epsilon": plan.total_epsilon, "delta": plan.delta,
+                                  "trials_mean": plan.trials_mean, "trials_shape": plan.trials_shape}, default=str))
+
+
+def _save_tuning_state(path: Optional[Path], state: dict[str, Any]) -> None:
+    """Write ``state`` to ``path`` at once (a file replaced whole: a kill leaves the old state or the new)."""
+    if path is None:
+        return
+    partial = Path(f"{path}.partial")
+    partial.write_text(json.dumps(state, default=str))
+    os.replace(partial, path)
+
+
+def _release_best_folder(state: dict[str, Any], output_folder: Optional[Path]) -> Optional[Path]:
+    """Copy the best trial's outputs to ``output_folder`` once (a finished job's copy is kept); mark the job
+    finished; the folder released (None: no output folder, or no trial)."""
+    best = state["best"]
+    if output_folder is None or best is None or best["folder"] is None:
+        state["finished"] = True
+        return None
+    output_folder = Path(output_folder)
+    if not state["finished"]:
+        if output_folder.exists():
+            shutil.rmtree(output_folder)
+        shutil.copytree(best["folder"], output_folder)
+        state["finished"] = True
+    return output_folder
+
+
+def _trial_counter(done: int, shown: bool) -> Any:
+    """A count of the finished trials on standard error (the job's operator sees it; nothing released shows it)."""
+    from tqdm import tqdm
+
+    return tqdm(initial=done, desc="tuning", unit="trial", disable=not shown)
+
+
+__all__ = ["TuningPlan", "TuningResult", "draw_trial_count", "grid_candidates", "load_tuning_state", "plan_tuning",
+           "trial_curve",
            "trials_law", "tune_private", "tuned_epsilon"]
