@@ -148,6 +148,26 @@ def test_transposed_convolutions(dims, geometry, groups, bias, source):
     assert set(gradient_sources(layer, "hooks").values()) == {"hooks, grad sampler"}
 
 
+class SizedUpsampling(nn.Module):
+    """A transposed convolution told its output size (which sets its output padding) by keyword."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(3, 2, 3, stride=(2, 3), padding=1)
+
+    def forward(self, x):
+        return self.up(x, output_size=[2 * x.shape[2], 3 * x.shape[3]])
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_transposed_convolution_given_its_output_size(source):
+    torch.manual_seed(10)
+    model = SizedUpsampling()
+    model, losses = layer_case(model, torch.randn(BATCH, 3, 3, 4, dtype=torch.float64))
+    assert model(torch.randn(1, 3, 3, 4, dtype=torch.float64)).shape == (1, 2, 6, 12)  # output padding (1, 2)
+    assert_exact(source, model, losses)
+
+
 @pytest.mark.parametrize("source", SOURCES)
 def test_a_transposed_convolution_with_a_frozen_weight_and_a_trained_bias(source):
     torch.manual_seed(10)

@@ -4,8 +4,9 @@ Book-keeping (Bu et al., "Differentially private optimization on large model at 
 arXiv 2210.00038): during the one backward pass, every trainable layer's input and output gradient
 are kept; the per-example norms and the clipped sum over the batch are then computed from them,
 exactly.  A layer with a registered rule (:mod:`dpnoise.training.bookkeeping_rules`: ``nn.Linear``,
-Hugging Face's ``Conv1D``, ``nn.Embedding``, ``nn.LayerNorm``) runs its forward pass through a
-function that back-propagates to its input only, so that autograd never computes the batch's
+Hugging Face's ``Conv1D``, ``nn.Embedding``, ``nn.LayerNorm``, Hugging Face's RMSNorms, and the elementwise
+layers of :mod:`dpnoise.layers`: ``Scale``, ``Shift``, ``ClsToken``, ``PositionEmbedding``) runs its forward
+pass through a function that back-propagates to its input only, so that autograd never computes the batch's
 summed parameter gradients that DP training discards; its per-example gradients stay factorised
 (:mod:`dpnoise.training.per_example_gradients`: ghost norms of sequences, the outer-product
 factorisation of 2-D inputs, token-id sums of embeddings).  The calls of the other supported
@@ -17,14 +18,21 @@ layers (:data:`RECORDED_LAYERS`) are recorded as they run:
 * ``nn.EmbeddingBag`` (modes "sum", "mean", "max"; 1-D ids with offsets or 2-D ids;
   ``per_sample_weights``, ``padding_idx``, ``include_last_offset``): token-id rows per bag
   (:func:`~dpnoise.training.grad_samplers.embedding_bag_rows`);
-* ``Conv1d``, ``Conv3d`` (as ``Conv2d``), GroupNorm, RMSNorm, InstanceNorm1d/2d/3d: the grad samplers
-  the hooks use (:data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`: Opacus's, with convolutions
-  sampled exactly in every padding mode);
-* any other trainable layer (RMSNorm variants without a rule, learned scales and gates, ViT's CLS
-  token and position embeddings, PReLU, transposed convolutions, a layer of the user's own): that
+* ``ConvTranspose1d``, ``ConvTranspose2d`` (every stride, padding, output padding, dilation and groups): the
+  weight gradient of the ordinary convolution of the zero-padded output gradient whose output gradient is the
+  input, by the same batched matmul as ``Conv2d``
+  (:func:`~dpnoise.training.grad_samplers.conv_transpose_per_example_gradients`);
+* ``Conv1d``, ``Conv3d`` (as ``Conv2d``), GroupNorm, RMSNorm, InstanceNorm1d/2d/3d, PReLU (one slope or
+  one per channel: ``sum min(0, x) g`` per channel): the grad samplers the hooks use
+  (:data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`: Opacus's, with convolutions sampled exactly
+  in every padding mode, and dpnoise's for the layers Opacus has none for);
+* any other trainable layer (RMSNorm variants without a rule, ``ConvTranspose3d``, a layer of the user's own
+  such as a module holding a learned scale, gate, CLS token or position embeddings as bare parameters): that
   layer alone, re-run per example by ``torch.func``
   (:func:`~dpnoise.training.layer_functorch.layer_per_example_gradients`); it may take keyword
-  arguments that are not tensors.
+  arguments that are not tensors.  Such a module's parameters cannot be given a rule by their class,
+  since its forward may use them in any way; written with :mod:`dpnoise.layers`' ``Scale``, ``Shift``,
+  ``ClsToken`` and ``PositionEmbedding`` instead, they take those layers' rules.
 
 Opacus's DP recurrent layers (hooks only) and ``nn.RNN``, ``nn.LSTM``, ``nn.GRU`` and embeddings with
 ``max_norm`` or ``scale_grad_by_freq`` (refused for both sources:

@@ -266,10 +266,15 @@ def extra_arguments(layer: nn.Module, args: tuple, kwargs: dict, constant_keywor
     Grad samplers and functorch read a layer's first positional input only (``nn.EmbeddingBag``:
     also its offsets and per-sample weights); anything else would be left out of them.  A layer that
     book-keeping re-runs per example (``constant_keywords``) gets its keywords again, as long as they
-    hold no tensor (a tensor could hold one row per example, which the re-run would not split).
+    hold no tensor (a tensor could hold one row per example, which the re-run would not split).  A
+    transposed convolution's ``output_size`` keyword only sets how many output positions it appends,
+    which its per-example gradients read off the output gradient
+    (:func:`conv_transpose_per_example_gradients`).
     """
     if type(layer) is nn.EmbeddingBag:
         return None
+    if isinstance(layer, nn.modules.conv._ConvTransposeNd):
+        kwargs = {key: value for key, value in kwargs.items() if key != "output_size"}
     if constant_keywords:
         kwargs = {key: value for key, value in kwargs.items()
                   if any(isinstance(leaf, torch.Tensor) for leaf in tree_leaves(value))}
