@@ -257,6 +257,23 @@ def test_a_vit_from_elementwise_layers(frozen, source):
     assert set(sources.values()) == {"book-keeping rule"} and len(sources) == 8 - (frozen is not None)
 
 
+def test_make_private_takes_the_new_sources_and_its_first_step_check_passes():
+    """``auto`` keeps book-keeping, no layer is re-run per example, and the first step's comparison with
+    one-example autograd (before any noise) accepts them."""
+    torch.manual_seed(15)
+    model = nn.Sequential(nn.ConvTranspose1d(4, 3, 3, stride=2), nn.PReLU(3), nn.Flatten(1, 1), TinyVit(3, 13))
+    data = TensorDataset(torch.randn(40, 4, 6), torch.randint(0, 3, (40,)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GradientSourceWarning)
+        module, optimizer, loader = private(model, data)
+    assert set(optimizer.privacy_engine.gradient_sources.values()) == {"book-keeping rule",
+                                                                       "book-keeping, materialised"}
+    x, y = next((x, y) for x, y in endless_batches(loader) if len(x) >= 2)
+    F.cross_entropy(module(x), y).backward()
+    optimizer.step()
+    assert optimizer.privacy_engine.steps == 1
+
+
 @pytest.mark.parametrize("layer, shape", [(Scale((4, 5)), (5,)), (Shift(5), ()), (ClsToken(5), (3, 4)),
                                           (PositionEmbedding(2, 5), (3, 5))],
                          ids=["weight-over-the-batch", "scalar", "cls-width", "positions-too-long"])
