@@ -47,6 +47,7 @@ bench: install data
 	$(PY) benchmarks/bench_secure_mode.py $(BENCH_FLAGS)
 	$(PY) benchmarks/bench_finetune.py $(BENCH_FLAGS)
 	$(PY) benchmarks/bench_efficientnet.py $(BENCH_FLAGS)
+	$(PY) benchmarks/bench_layer_rules.py $(BENCH_FLAGS)
 	$(PY) benchmarks/bench_per_example_check.py $(BENCH_FLAGS)
 
 # The papers' experiments (records in reproductions/results/, tables and figures in

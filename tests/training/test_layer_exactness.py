@@ -10,12 +10,12 @@ import warnings
 
 import pytest
 import torch
-from opacus import GradSampleModule
 from opacus.layers import DPGRU, DPLSTM, DPRNN
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from dpnoise.layers import ClsToken, LayerInputError, PositionEmbedding, Scale, Shift
 from dpnoise.mechanisms import clip_factors, get_mechanism, per_example_norms
 from dpnoise.training import endless_batches, make_private
 from dpnoise.training.bookkeeping import BookkeepingModule, check_layer_inputs, gradient_sources
@@ -118,6 +118,168 @@ def test_normalisations_recorded_by_bookkeeping(layer, shape, source):
         for p in layer.parameters():
             p.normal_()
     assert_exact(source, *layer_case(layer, torch.randn(BATCH, *shape, dtype=torch.float64) * 2 + 1))
+
+
+# ------------------------------------------------------------------ transposed convolutions and PReLU
+TRANSPOSED_GEOMETRIES = {  # keyword arguments of a transposed convolution in 1-D and 2-D
+    "plain": ({}, {}),
+    "strided-padded": ({"stride": 2, "padding": 1, "output_padding": 1},
+                       {"stride": 2, "padding": 1, "output_padding": 1}),
+    "dilated": ({"stride": 3, "padding": 2, "output_padding": 2, "dilation": 2},
+                {"stride": (2, 3), "padding": (2, 1), "output_padding": (1, 2), "dilation": (1, 2)}),
+    "output-padding-below-dilation": ({"padding": 1, "output_padding": 1, "dilation": 2},
+                                      {"padding": (0, 2), "output_padding": (1, 0), "dilation": (2, 1)}),
+}
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("geometry", sorted(TRANSPOSED_GEOMETRIES))
+@pytest.mark.parametrize("dims", [1, 2])
+def test_transposed_convolutions(dims, geometry, groups, bias, source):
+    """Every stride, padding, output padding, dilation and groups (zeros is a transposed convolution's only
+    padding mode)."""
+    torch.manual_seed(9)
+    layer_type, size = (nn.ConvTranspose1d, (7,)) if dims == 1 else (nn.ConvTranspose2d, (5, 4))
+    layer = layer_type(4, 6, 3, groups=groups, bias=bias, **TRANSPOSED_GEOMETRIES[geometry][dims - 1])
+    assert_exact(source, *layer_case(layer, torch.randn(BATCH, 4, *size, dtype=torch.float64)))
+    assert set(gradient_sources(layer, "bookkeeping").values()) == {"book-keeping, materialised"}
+    assert set(gradient_sources(layer, "hooks").values()) == {"hooks, grad sampler"}
+
+
+class SizedUpsampling(nn.Module):
+    """A transposed convolution told its output size (which sets its output padding) by keyword."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(3, 2, 3, stride=(2, 3), padding=1)
+
+    def forward(self, x):
+        return self.up(x, output_size=[2 * x.shape[2], 3 * x.shape[3]])
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_transposed_convolution_given_its_output_size(source):
+    torch.manual_seed(10)
+    model = SizedUpsampling()
+    model, losses = layer_case(model, torch.randn(BATCH, 3, 3, 4, dtype=torch.float64))
+    assert model(torch.randn(1, 3, 3, 4, dtype=torch.float64)).shape == (1, 2, 6, 12)  # output padding (1, 2)
+    assert_exact(source, model, losses)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_transposed_convolution_with_a_frozen_weight_and_a_trained_bias(source):
+    torch.manual_seed(10)
+    layer = nn.ConvTranspose2d(3, 2, 2, stride=2)
+    layer.weight.requires_grad_(False)
+    nn.init.normal_(layer.bias)
+    assert_exact(source, *layer_case(layer, torch.randn(BATCH, 3, 3, 4, dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize("shape", [(3,), (3, 5), (3, 4, 2)])
+def test_prelu_with_one_slope_or_one_per_channel(shape, channels, source):
+    torch.manual_seed(11)
+    layer = nn.PReLU(channels)
+    nn.init.normal_(layer.weight)
+    x = torch.randn(BATCH, *shape, dtype=torch.float64)
+    x[0, 0] = 0  # PyTorch's kernel takes x = 0 on the slope's side
+    assert_exact(source, *layer_case(layer, x))
+    assert gradient_sources(layer, "bookkeeping") == {"<model> (PReLU)": "book-keeping, materialised"}
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_decoder_of_transposed_convolutions_and_prelus(source):
+    torch.manual_seed(12)
+    model = nn.Sequential(nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1), nn.PReLU(4),
+                          nn.ConvTranspose1d(4 * 6, 2, 2, stride=2, groups=2), nn.PReLU(), nn.Flatten(),
+                          nn.Linear(2 * 16, 3))
+    model.insert(2, nn.Flatten(1, 2))  # (B, 4, 6, 8) -> (B, 24, 8): the 1-D layer's channels
+    assert_exact(source, *layer_case(model, torch.randn(BATCH, 3, 3, 4, dtype=torch.float64)))
+
+
+# ------------------------------------------------------------------------ elementwise layers of dpnoise
+def randomised(layer):
+    """``layer`` with every parameter drawn from a normal law (not an initial value that hides a mistake)."""
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_()
+    return layer
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("layer, shape", [
+    (Scale(5), (5,)), (Scale(5), (3, 5)), (Scale(5), (2, 3, 5)), (Scale((3, 1, 1)), (3, 4, 2)), (Scale(()), (3, 5)),
+    (Scale((3, 5)), (2, 1, 5)),  # the scale broadcasts the input too
+    (Shift(5), (3, 5)), (Shift((3, 5)), (2, 3, 5)), (Shift((3, 1, 1)), (3, 4, 2)), (Shift(()), (4,)),
+    (ClsToken(5), (3, 5)), (ClsToken(5), (1, 5)),
+    (PositionEmbedding(6, 5), (6, 5)), (PositionEmbedding(6, 5), (3, 5)), (PositionEmbedding(6, 5), (2, 4, 5)),
+], ids=["scale", "scale-sequence", "scale-extra-dims", "scale-channels", "gate", "scale-broadcasting-the-input",
+        "shift-sequence", "shift-extra-dims", "shift-channels", "shift-scalar", "cls-token", "cls-token-one-token",
+        "positions-full", "positions-shorter", "positions-extra-dims"])
+def test_elementwise_layers(layer, shape, source):
+    torch.manual_seed(13)
+    assert_exact(source, *layer_case(randomised(layer), torch.randn(BATCH, *shape, dtype=torch.float64)))
+    assert set(gradient_sources(layer, "bookkeeping").values()) == {"book-keeping rule"}
+
+
+class TinyVit(nn.Module):
+    """ViT's embeddings and a block with layer scales, from dpnoise's elementwise layers."""
+
+    def __init__(self, patches=4, patch=6, width=5, classes=3):
+        super().__init__()
+        self.patch = nn.Linear(patch, width)
+        self.cls = ClsToken(width)
+        self.positions = PositionEmbedding(patches + 1, width)
+        self.mlp = nn.Linear(width, width)
+        self.layer_scale = Scale(width)
+        self.shift = Shift(width)
+        self.gate = Scale(())
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x):
+        tokens = self.positions(self.cls(self.patch(x)))
+        tokens = tokens + self.layer_scale(torch.tanh(self.mlp(tokens)))
+        return self.head(self.gate(self.shift(tokens))[:, 0])
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("frozen", [None, "layer_scale", "head"])
+def test_a_vit_from_elementwise_layers(frozen, source):
+    torch.manual_seed(14)
+    model = randomised(TinyVit())
+    if frozen is not None:
+        getattr(model, frozen).requires_grad_(False)
+    assert_exact(source, *layer_case(model, torch.randn(BATCH, 4, 6, dtype=torch.float64)))
+    sources = gradient_sources(model, "bookkeeping")
+    assert set(sources.values()) == {"book-keeping rule"} and len(sources) == 8 - (frozen is not None)
+
+
+def test_make_private_takes_the_new_sources_and_its_first_step_check_passes():
+    """``auto`` keeps book-keeping, no layer is re-run per example, and the first step's comparison with
+    one-example autograd (before any noise) accepts them."""
+    torch.manual_seed(15)
+    model = nn.Sequential(nn.ConvTranspose1d(4, 3, 3, stride=2), nn.PReLU(3), nn.Flatten(1, 1), TinyVit(3, 13))
+    data = TensorDataset(torch.randn(40, 4, 6), torch.randint(0, 3, (40,)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GradientSourceWarning)
+        module, optimizer, loader = private(model, data)
+    assert set(optimizer.privacy_engine.gradient_sources.values()) == {"book-keeping rule",
+                                                                       "book-keeping, materialised"}
+    x, y = next((x, y) for x, y in endless_batches(loader) if len(x) >= 2)
+    F.cross_entropy(module(x), y).backward()
+    optimizer.step()
+    assert optimizer.privacy_engine.steps == 1
+
+
+@pytest.mark.parametrize("layer, shape", [(Scale((4, 5)), (5,)), (Shift(5), ()), (ClsToken(5), (3, 4)),
+                                          (PositionEmbedding(2, 5), (3, 5))],
+                         ids=["weight-over-the-batch", "scalar", "cls-width", "positions-too-long"])
+def test_elementwise_layers_refuse_inputs_they_would_not_compute_per_example(layer, shape):
+    with pytest.raises(LayerInputError, match=type(layer).__name__):
+        layer(torch.randn(BATCH, *shape))
 
 
 # ------------------------------------------------------------------------------------------ embeddings

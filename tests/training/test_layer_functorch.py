@@ -76,14 +76,10 @@ MODELS = {
     "t5-layernorm": (lambda: Head(nn.Linear(WIDTH, WIDTH), T5LayerNorm(WIDTH)), sequences),
     "gemma-rmsnorm (1 + weight)": (lambda: Head(GemmaRMSNorm(WIDTH), nn.Linear(WIDTH, WIDTH)), sequences),
     "layer-scale-and-gate": (lambda: Head(nn.Linear(WIDTH, WIDTH), LayerScale()), sequences),
-    "prelu": (lambda: Head(nn.Linear(WIDTH, WIDTH), nn.PReLU(LENGTH)), sequences),  # a slope per channel (dim 1)
     "cls-token-and-positions": (lambda: Head(ClassTokenEmbedding(), length=LENGTH + 1),
                                 lambda: (torch.randn(5, LENGTH, 5), torch.randint(0, CLASSES, (5,)))),
     "constant-keyword": (lambda: Head(KeywordCall(), length=LENGTH + 1),
                          lambda: (torch.randn(5, LENGTH, 5), torch.randint(0, CLASSES, (5,)))),
-    "conv-transpose": (lambda: nn.Sequential(nn.ConvTranspose2d(2, 3, 3, stride=2, padding=1), nn.Flatten(),
-                                             nn.Linear(3 * 7 * 7, CLASSES)),
-                       lambda: (torch.randn(5, 2, 4, 4), torch.randint(0, CLASSES, (5,)))),
 }
 
 

@@ -4,8 +4,9 @@ Book-keeping (Bu et al., "Differentially private optimization on large model at 
 arXiv 2210.00038): during the one backward pass, every trainable layer's input and output gradient
 are kept; the per-example norms and the clipped sum over the batch are then computed from them,
 exactly.  A layer with a registered rule (:mod:`dpnoise.training.bookkeeping_rules`: ``nn.Linear``,
-Hugging Face's ``Conv1D``, ``nn.Embedding``, ``nn.LayerNorm``) runs its forward pass through a
-function that back-propagates to its input only, so that autograd never computes the batch's
+Hugging Face's ``Conv1D``, ``nn.Embedding``, ``nn.LayerNorm``, Hugging Face's RMSNorms, and the elementwise
+layers of :mod:`dpnoise.layers`: ``Scale``, ``Shift``, ``ClsToken``, ``PositionEmbedding``) runs its forward
+pass through a function that back-propagates to its input only, so that autograd never computes the batch's
 summed parameter gradients that DP training discards; its per-example gradients stay factorised
 (:mod:`dpnoise.training.per_example_gradients`: ghost norms of sequences, the outer-product
 factorisation of 2-D inputs, token-id sums of embeddings).  The calls of the other supported
@@ -17,14 +18,21 @@ layers (:data:`RECORDED_LAYERS`) are recorded as they run:
 * ``nn.EmbeddingBag`` (modes "sum", "mean", "max"; 1-D ids with offsets or 2-D ids;
   ``per_sample_weights``, ``padding_idx``, ``include_last_offset``): token-id rows per bag
   (:func:`~dpnoise.training.grad_samplers.embedding_bag_rows`);
-* ``Conv1d``, ``Conv3d`` (as ``Conv2d``), GroupNorm, RMSNorm, InstanceNorm1d/2d/3d: the grad samplers
-  the hooks use (:data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`: Opacus's, with convolutions
-  sampled exactly in every padding mode);
-* any other trainable layer (RMSNorm variants without a rule, learned scales and gates, ViT's CLS
-  token and position embeddings, PReLU, transposed convolutions, a layer of the user's own): that
+* ``ConvTranspose1d``, ``ConvTranspose2d`` (every stride, padding, output padding, dilation and groups): the
+  weight gradient of the ordinary convolution of the zero-padded output gradient whose output gradient is the
+  input, by the same batched matmul as ``Conv2d``
+  (:func:`~dpnoise.training.grad_samplers.conv_transpose_per_example_gradients`);
+* ``Conv1d``, ``Conv3d`` (as ``Conv2d``), GroupNorm, RMSNorm, InstanceNorm1d/2d/3d, PReLU (one slope or
+  one per channel: ``sum min(0, x) g`` per channel): the grad samplers the hooks use
+  (:data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`: Opacus's, with convolutions sampled exactly
+  in every padding mode, and dpnoise's for the layers Opacus has none for);
+* any other trainable layer (RMSNorm variants without a rule, ``ConvTranspose3d``, a layer of the user's own
+  such as a module holding a learned scale, gate, CLS token or position embeddings as bare parameters): that
   layer alone, re-run per example by ``torch.func``
   (:func:`~dpnoise.training.layer_functorch.layer_per_example_gradients`); it may take keyword
-  arguments that are not tensors.
+  arguments that are not tensors.  Such a module's parameters cannot be given a rule by their class,
+  since its forward may use them in any way; written with :mod:`dpnoise.layers`' ``Scale``, ``Shift``,
+  ``ClsToken`` and ``PositionEmbedding`` instead, they take those layers' rules.
 
 Opacus's DP recurrent layers (hooks only) and ``nn.RNN``, ``nn.LSTM``, ``nn.GRU`` and embeddings with
 ``max_norm`` or ``scale_grad_by_freq`` (refused for both sources:
@@ -81,8 +89,10 @@ from dpnoise.training.grad_samplers import (
     embedding_bag_call,
     embedding_bag_rows,
     extra_arguments,
+    conv_transpose_per_example_gradients,
     padded_conv_input,
     per_example_gradient_problems,
+    window_weight_gradients,
 )
 from dpnoise.training.layer_functorch import layer_per_example_gradients
 from dpnoise.training.sharding import full_zeros
@@ -97,16 +107,17 @@ from dpnoise.training.per_example_gradients import (
     dense_clipped_sum,
 )
 
-#: conv2d_per_example_gradients gives weights as (out, kh, kw, in); this permutes them to (out, in, kh, kw)
+#: the window gradients give weights as (out, kh, kw, in) (transposed convolutions: (in, kh, kw, out), 1-D ones with
+#: kh = 1); this permutes them to the parameter's (out, in, kh, kw) (resp. (in, out, kh, kw), (in, out, kw))
 CONV_WEIGHT_PERMUTATION = (0, 3, 1, 2)
 
 #: Layer types without a rule whose calls book-keeping records (exact types, batch first, one tensor out):
-#: Conv2d's per-example gradients come from :func:`conv2d_per_example_gradients`, EmbeddingBag's from
-#: :func:`~dpnoise.training.grad_samplers.embedding_bag_rows` (token-id rows), the others' from
-#: :data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`.  Other layers (e.g. Opacus's RNN layers,
+#: Conv2d's and the transposed convolutions' per-example gradients come from :data:`WINDOW_GRADIENTS`,
+#: EmbeddingBag's from :func:`~dpnoise.training.grad_samplers.embedding_bag_rows` (token-id rows), the others'
+#: from :data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`.  Other layers (e.g. Opacus's RNN layers,
 #: whose batch is not on dimension 0) are left to ``GradSampleModule``.
-RECORDED_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.GroupNorm, nn.RMSNorm, nn.InstanceNorm1d, nn.InstanceNorm2d,
-                   nn.InstanceNorm3d, nn.EmbeddingBag)
+RECORDED_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.GroupNorm, nn.RMSNorm,
+                   nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.PReLU, nn.EmbeddingBag)
 
 
 def factorised_norms(activations: torch.Tensor, backprops: torch.Tensor, norm_ord: int,
@@ -137,26 +148,20 @@ def conv2d_per_example_gradients(layer: nn.Conv2d, activations: torch.Tensor,
                                  backprops: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-example (weight, bias) gradients of a ``Conv2d`` (any ``groups``, padding and padding mode).
 
-    Weight: ``G_i[o, u, v, c] = sum_{h,w} g_i[o, h, w] x_i[k c_o + c, s_h h + d_h u, s_w w + d_w v]`` on
-    the input ``x_i`` padded as the layer pads it (:func:`~dpnoise.training.grad_samplers.padded_conv_input`),
-    ``k`` input channels per group and ``c_o`` the group of ``o``, returned as ``(batch, out, kh, kw, k)``
-    (see :data:`CONV_WEIGHT_PERMUTATION`); bias: ``sum_{h,w} g_i[o, h, w]``, ``(batch, out)``.  One batched matmul per (example, group) over a
-    channels-last sliding-window view: the windows are copied once, contiguous along channels, and
-    the result needs no transpose (Opacus's ``unfold2d`` + einsum copies both, and its grouped einsum
-    is about 27 times slower on EfficientNet-Lite0's depthwise convolutions, benchmarks/bench_efficientnet.py).
+    Weight: :func:`~dpnoise.training.grad_samplers.window_weight_gradients` on the input padded as the layer pads
+    it (:func:`~dpnoise.training.grad_samplers.padded_conv_input`), ``(batch, out, kh, kw, in / groups)`` (see
+    :data:`CONV_WEIGHT_PERMUTATION`); bias: ``sum_{h,w} g_i[o, h, w]``, ``(batch, out)``.
     """
-    n, out_channels, out_h, out_w = backprops.shape
-    (kh, kw), (sh, sw), (dh, dw) = layer.kernel_size, layer.stride, layer.dilation
-    groups = layer.groups
-    in_per_group = layer.in_channels // groups
-    padded = padded_conv_input(layer, activations).permute(0, 2, 3, 1).contiguous()
-    stride_n, stride_h, stride_w, stride_c = padded.stride()
-    windows = padded.as_strided(
-        (n, out_h, out_w, kh, kw, groups, in_per_group),
-        (stride_n, stride_h * sh, stride_w * sw, stride_h * dh, stride_w * dw, stride_c * in_per_group, stride_c),
-    ).permute(0, 5, 1, 2, 3, 4, 6).reshape(n * groups, out_h * out_w, kh * kw * in_per_group)
-    weight = torch.bmm(backprops.reshape(n * groups, out_channels // groups, out_h * out_w), windows)
-    return weight.view(n, out_channels, kh, kw, in_per_group), backprops.sum(dim=(2, 3))
+    weight = window_weight_gradients(padded_conv_input(layer, activations), backprops, layer.kernel_size,
+                                     layer.stride, layer.dilation, layer.groups)
+    return weight, backprops.sum(dim=(2, 3))
+
+
+#: recorded layer types whose (weight, bias) per-example gradients come as sliding-window products, the weight's
+#: laid out as :data:`CONV_WEIGHT_PERMUTATION` undoes
+WINDOW_GRADIENTS = {nn.Conv2d: conv2d_per_example_gradients,
+                    nn.ConvTranspose1d: conv_transpose_per_example_gradients,
+                    nn.ConvTranspose2d: conv_transpose_per_example_gradients}
 
 
 def layer_path(name: str, layer: nn.Module) -> str:
@@ -588,8 +593,8 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         else:
             dtype = compute_dtype(output_grad.dtype)
             activations, output_grad = inputs[0].to(dtype), output_grad.to(dtype)
-            if type(layer) is nn.Conv2d:
-                weight, bias = conv2d_per_example_gradients(layer, activations, output_grad)
+            if type(layer) in WINDOW_GRADIENTS:
+                weight, bias = WINDOW_GRADIENTS[type(layer)](layer, activations, output_grad)
                 samples = {layer.weight: MaterialisedGradients(weight, CONV_WEIGHT_PERMUTATION),
                            layer.bias: MaterialisedGradients(bias)}
             else:

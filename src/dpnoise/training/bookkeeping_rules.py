@@ -12,8 +12,14 @@ of Opacus's ``register_grad_sampler``::
 
 The layer types without a rule here are recorded as they run, their per-example gradients built
 from their inputs and output gradients (:data:`dpnoise.training.bookkeeping.RECORDED_LAYERS`:
-convolutions, normalisations, ``nn.EmbeddingBag``), or are not book-kept at all
+convolutions, transposed convolutions, normalisations, ``PReLU``, ``nn.EmbeddingBag``), re-run alone
+per example by ``torch.func``, or are not book-kept at all
 (:func:`dpnoise.training.bookkeeping.unsupported_bookkeeping_layers`).
+
+The elementwise layers of :mod:`dpnoise.layers` (``Scale``, ``Shift``, ``ClsToken``, ``PositionEmbedding``) have
+rules here: a parameter used elementwise has, per example, the output gradient (times the input, for a scale)
+summed over the positions it is repeated along, which a registered exact type makes sound to read off; the same
+parameter held bare by a module of the user's own could be used in any way, and keeps the ``torch.func`` source.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dpnoise.layers import ClsToken, PositionEmbedding, Scale, Shift
 from dpnoise.training.per_example_gradients import (
     Contribution,
     DenseRows,
@@ -87,6 +94,13 @@ def bookkeeping_rule(layer: nn.Module) -> Optional[BookkeepingRule]:
     own_type = layer_type(layer)
     rule = BOOKKEEPING_RULES.get(own_type) or BOOKKEEPING_RULES.get(f"{own_type.__module__}.{own_type.__qualname__}")
     return rule if rule is not None and rule.applies(layer) else None
+
+
+class OwnForwardRule(BookkeepingRule):
+    """A rule whose output is the layer's own forward (its checks, casts and statistics included)."""
+
+    def forward(self, layer: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        return type(layer).forward(layer, inputs)
 
 
 @register_bookkeeping_rule(nn.Linear)
@@ -179,7 +193,7 @@ class LayerNormRule(BookkeepingRule):
                            "transformers.models.t5.modeling_t5.T5LayerNorm",
                            "transformers.models.mistral.modeling_mistral.MistralRMSNorm",
                            "transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm")
-class ScaledRmsNormRule(BookkeepingRule):
+class ScaledRmsNormRule(OwnForwardRule):
     """Hugging Face's RMSNorm variants, ``y = w * x_hat`` with ``x_hat = x / sqrt(mean(x^2) + eps)`` over the last
     dimension (``eps``: ``variance_epsilon``): per-example ``sum_t g_t * x_hat_t``.  The output and the input
     gradient are the layer's own forward (its float32 statistics and casts included); the rule applies only
@@ -196,9 +210,6 @@ class ScaledRmsNormRule(BookkeepingRule):
             expected = weight * _rms_normalized(probe, eps)
             return bool(torch.allclose(type(layer).forward(layer, probe), expected, rtol=1e-4, atol=1e-5))
 
-    def forward(self, layer: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-        return type(layer).forward(layer, inputs)
-
     def input_gradient(self, layer: nn.Module, inputs: torch.Tensor, output_grad: torch.Tensor) -> torch.Tensor:
         with torch.enable_grad():
             detached = inputs.detach().requires_grad_(True)
@@ -211,6 +222,71 @@ class ScaledRmsNormRule(BookkeepingRule):
         normalized = _rms_normalized(inputs.to(dtype), layer.variance_epsilon).reshape(len(inputs), -1, width)
         backprops = output_grad.to(dtype).reshape(len(inputs), -1, width)
         return _trainable({layer.weight: MaterialisedGradients((backprops * normalized).sum(1))})
+
+
+@register_bookkeeping_rule(Scale)
+class ScaleRule(OwnForwardRule):
+    """``y = x * w``, ``w`` broadcast over each example's trailing dimensions: ``dL_i/dw`` is ``g_i * x_i`` summed
+    over the positions ``w`` is repeated along; ``dL/dx = g * w``, summed where ``w`` broadcast ``x``."""
+
+    def input_gradient(self, layer: Scale, inputs: torch.Tensor, output_grad: torch.Tensor) -> torch.Tensor:
+        return (output_grad * layer.weight.to(output_grad.dtype)).sum_to_size(inputs.shape)
+
+    def gradients(self, layer: Scale, inputs: torch.Tensor,
+                  output_grad: torch.Tensor) -> dict[nn.Parameter, Contribution]:
+        dtype = compute_dtype(output_grad.dtype)
+        products = inputs.to(dtype) * output_grad.to(dtype)
+        return _trainable({layer.weight: MaterialisedGradients(_per_example_sum(products, layer.weight.shape))})
+
+
+@register_bookkeeping_rule(Shift)
+class ShiftRule(OwnForwardRule):
+    """``y = x + b``, ``b`` broadcast over each example's trailing dimensions: ``dL_i/db`` is ``g_i`` summed over
+    the positions ``b`` is repeated along; ``dL/dx = g``, summed where ``b`` broadcast ``x``."""
+
+    def input_gradient(self, layer: Shift, inputs: torch.Tensor, output_grad: torch.Tensor) -> torch.Tensor:
+        return output_grad.sum_to_size(inputs.shape)
+
+    def gradients(self, layer: Shift, inputs: torch.Tensor,
+                  output_grad: torch.Tensor) -> dict[nn.Parameter, Contribution]:
+        backprops = output_grad.to(compute_dtype(output_grad.dtype))
+        return _trainable({layer.bias: MaterialisedGradients(_per_example_sum(backprops, layer.bias.shape))})
+
+
+@register_bookkeeping_rule(PositionEmbedding)
+class PositionEmbeddingRule(OwnForwardRule):
+    """``y[..., t, :] = x[..., t, :] + W[t]`` for ``t < T``: ``dL_i/dW[t] = sum_{...} g_i[..., t, :]`` (zero for the
+    rows ``t >= T`` that a shorter sequence does not use); ``dL/dx = g``."""
+
+    def input_gradient(self, layer: PositionEmbedding, inputs: torch.Tensor,
+                       output_grad: torch.Tensor) -> torch.Tensor:
+        return output_grad
+
+    def gradients(self, layer: PositionEmbedding, inputs: torch.Tensor,
+                  output_grad: torch.Tensor) -> dict[nn.Parameter, Contribution]:
+        length, unused = inputs.shape[-2], layer.weight.shape[0] - inputs.shape[-2]
+        used = _per_example_sum(output_grad.to(compute_dtype(output_grad.dtype)), (length, layer.weight.shape[1]))
+        return _trainable({layer.weight: MaterialisedGradients(F.pad(used, (0, 0, 0, unused)))})
+
+
+@register_bookkeeping_rule(ClsToken)
+class ClsTokenRule(OwnForwardRule):
+    """``y = [c; x]`` along the tokens: ``dL_i/dc = g_i[0]``, ``dL/dx = g[:, 1:]``."""
+
+    def input_gradient(self, layer: ClsToken, inputs: torch.Tensor, output_grad: torch.Tensor) -> torch.Tensor:
+        return output_grad[:, 1:]
+
+    def gradients(self, layer: ClsToken, inputs: torch.Tensor,
+                  output_grad: torch.Tensor) -> dict[nn.Parameter, Contribution]:
+        return _trainable({layer.token: MaterialisedGradients(output_grad[:, 0].to(compute_dtype(output_grad.dtype)))})
+
+
+def _per_example_sum(values: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``(B, *shape)``: ``values`` ``(B, ...)`` summed over the dimensions along which a tensor of ``shape``,
+    broadcast against each example's trailing dimensions, is repeated (the per-example gradient of a parameter
+    of ``shape`` used elementwise, from the products it multiplies)."""
+    leading = (1,) * (values.dim() - 1 - len(shape))
+    return values.sum_to_size(len(values), *leading, *shape).reshape(len(values), *shape)
 
 
 def _rms_normalized(values: torch.Tensor, eps: float) -> torch.Tensor:

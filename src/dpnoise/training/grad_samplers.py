@@ -1,4 +1,4 @@
-"""Exact per-example gradients of the layers that Opacus 1.6's grad samplers get wrong, for both sources.
+"""Exact per-example gradients of the layers that Opacus 1.6's grad samplers get wrong or lack, for both sources.
 
 Opacus's samplers, compared with one-example-at-a-time autograd:
 
@@ -21,7 +21,10 @@ registry is left as it is); book-keeping's recorded layers and :class:`ExactGrad
 * ``nn.EmbeddingBag`` (modes "sum", "mean", "max"; 1-D input with offsets, with or without
   ``include_last_offset``, or 2-D input; ``per_sample_weights``; ``padding_idx``): each bag is an
   example; :func:`embedding_bag_rows` gives its gradient as token-id rows, which book-keeping keeps
-  and the hooks materialise.
+  and the hooks materialise;
+* ``nn.ConvTranspose1d``/``2d`` (every stride, padding, output padding, dilation and groups) and ``nn.PReLU``
+  (one slope or one per channel), which Opacus has no sampler for
+  (:func:`conv_transpose_per_example_gradients`, :func:`prelu_grad_sample`).
 
 :func:`per_example_gradient_problems` names the layers that neither source computes exactly; they are
 refused before training.
@@ -86,6 +89,69 @@ def conv_grad_sample(layer: nn.modules.conv._ConvNd, activations: list[torch.Ten
     sampler on the explicitly padded input (contiguous: Opacus's ``unfold2d`` reads it as if it were)."""
     return compute_conv_grad_sample(unpadded_conv(layer), [padded_conv_input(layer, activations[0]).contiguous()],
                                     backprops)
+
+
+def window_weight_gradients(padded: torch.Tensor, output_grad: torch.Tensor, kernel_size: tuple[int, int],
+                            stride: tuple[int, int], dilation: tuple[int, int], groups: int) -> torch.Tensor:
+    """Per-example weight gradients of the 2-D convolution of an already padded input, ``(batch, out, kh, kw, k)``.
+
+    ``G_i[o, u, v, c] = sum_{h,w} g_i[o, h, w] x_i[k c_o + c, s_h h + d_h u, s_w w + d_w v]`` (``x_i``: ``padded``,
+    ``g_i``: ``output_grad``, ``k`` input channels per group, ``c_o`` the group of ``o``).  One batched matmul per
+    (example, group) over a channels-last sliding-window view: the windows are copied once, contiguous along
+    channels, and the result needs no transpose (Opacus's ``unfold2d`` + einsum copies both, and its grouped einsum
+    is about 27 times slower on EfficientNet-Lite0's depthwise convolutions, benchmarks/bench_efficientnet.py).
+    """
+    n, out_channels, out_h, out_w = output_grad.shape
+    (kh, kw), (sh, sw), (dh, dw) = kernel_size, stride, dilation
+    in_per_group = padded.shape[1] // groups
+    channels_last = padded.permute(0, 2, 3, 1).contiguous()
+    stride_n, stride_h, stride_w, stride_c = channels_last.stride()
+    windows = channels_last.as_strided(
+        (n, out_h, out_w, kh, kw, groups, in_per_group),
+        (stride_n, stride_h * sh, stride_w * sw, stride_h * dh, stride_w * dw, stride_c * in_per_group, stride_c),
+    ).permute(0, 5, 1, 2, 3, 4, 6).reshape(n * groups, out_h * out_w, kh * kw * in_per_group)
+    weight = torch.bmm(output_grad.reshape(n * groups, out_channels // groups, out_h * out_w), windows)
+    return weight.view(n, out_channels, kh, kw, in_per_group)
+
+
+def conv_transpose_per_example_gradients(layer: nn.modules.conv._ConvTransposeNd, activations: torch.Tensor,
+                                         backprops: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-example (weight, bias) gradients of a ``ConvTranspose1d``/``2d``: weight
+    ``(batch, in, kh, kw, out / groups)`` (``kh = 1`` for 1-D), bias ``(batch, out)``.
+
+    The transposed convolution adds ``x[c, h] W[c, o, u]`` into output position ``s h + d u - p``, so
+    ``dL/dW[c, o, u] = sum_h x[c, h] g~[o, s h + d u]`` with ``g~`` the output gradient zero-padded by ``p`` on each
+    side (the positions the layer crops): the weight gradient of the ordinary convolution of ``g~`` (same
+    stride, dilation and groups) whose output gradient is ``x`` (:func:`window_weight_gradients`).  Output
+    padding only appends output positions, which the windows of the ``x`` positions reach as the layer's
+    forward did; bias: ``sum_h g[o, h]``.
+    """
+    padded = padded_conv_input(layer, backprops)  # zero padding, the only mode a transposed convolution has
+    geometry = (layer.kernel_size, layer.stride, layer.dilation)
+    if len(layer.kernel_size) == 1:  # a 1-D convolution is a 2-D one over a height of 1
+        padded, activations = padded.unsqueeze(2), activations.unsqueeze(2)
+        geometry = tuple((1, *values) for values in geometry)
+    weight = window_weight_gradients(padded, activations, *geometry, layer.groups)
+    return weight, backprops.flatten(2).sum(2)
+
+
+def conv_transpose_grad_sample(layer: nn.modules.conv._ConvTransposeNd, activations: list[torch.Tensor],
+                               backprops: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+    """:func:`conv_transpose_per_example_gradients` in the parameters' shapes."""
+    weight, bias = conv_transpose_per_example_gradients(layer, activations[0], backprops)
+    samples = weight.permute(0, 1, 4, 2, 3).reshape(len(weight), *layer.weight.shape)
+    return {p: g for p, g in ((layer.weight, samples), (layer.bias, bias)) if p is not None and p.requires_grad}
+
+
+# ----------------------------------------------------------------------------------------- PReLU
+def prelu_grad_sample(layer: nn.PReLU, activations: list[torch.Tensor],
+                      backprops: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
+    """Per-example gradients of ``nn.PReLU``, ``y = max(0, x) + a_c min(0, x)`` on channel ``c`` (dimension 1), or
+    with one slope ``a`` for every entry: ``dL_i/da_c = sum min(0, x_i) g_i`` over the entries of channel ``c``
+    (all entries, for one slope); PyTorch's kernel gives ``x = 0`` the slope's side, where the product is 0 too."""
+    x = activations[0]
+    products = x.clamp(max=0) * backprops
+    return {layer.weight: products.reshape(len(x), layer.weight.numel(), -1).sum(2)}
 
 
 # -------------------------------------------------------------------------------------- embeddings
@@ -175,7 +241,8 @@ def embedding_bag_grad_sample(layer: nn.EmbeddingBag, activations: list[torch.Te
 #: Opacus's grad samplers, with the layer types above computed here (a live view of Opacus's registry)
 GRAD_SAMPLERS = ChainMap(
     {nn.Conv1d: conv_grad_sample, nn.Conv2d: conv_grad_sample, nn.Conv3d: conv_grad_sample,
-     nn.Embedding: embedding_grad_sample, nn.EmbeddingBag: embedding_bag_grad_sample},
+     nn.ConvTranspose1d: conv_transpose_grad_sample, nn.ConvTranspose2d: conv_transpose_grad_sample,
+     nn.PReLU: prelu_grad_sample, nn.Embedding: embedding_grad_sample, nn.EmbeddingBag: embedding_bag_grad_sample},
     GradSampleModule.GRAD_SAMPLERS,
 )
 
@@ -199,10 +266,15 @@ def extra_arguments(layer: nn.Module, args: tuple, kwargs: dict, constant_keywor
     Grad samplers and functorch read a layer's first positional input only (``nn.EmbeddingBag``:
     also its offsets and per-sample weights); anything else would be left out of them.  A layer that
     book-keeping re-runs per example (``constant_keywords``) gets its keywords again, as long as they
-    hold no tensor (a tensor could hold one row per example, which the re-run would not split).
+    hold no tensor (a tensor could hold one row per example, which the re-run would not split).  A
+    transposed convolution's ``output_size`` keyword only sets how many output positions it appends,
+    which its per-example gradients read off the output gradient
+    (:func:`conv_transpose_per_example_gradients`).
     """
     if type(layer) is nn.EmbeddingBag:
         return None
+    if isinstance(layer, nn.modules.conv._ConvTransposeNd):
+        kwargs = {key: value for key, value in kwargs.items() if key != "output_size"}
     if constant_keywords:
         kwargs = {key: value for key, value in kwargs.items()
                   if any(isinstance(leaf, torch.Tensor) for leaf in tree_leaves(value))}

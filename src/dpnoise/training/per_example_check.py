@@ -415,8 +415,9 @@ def largest_relative_error(found: list[torch.Tensor], expected: list[torch.Tenso
     checked ``examples``; ``found`` and ``expected``: ``(examples, *shape)`` per parameter."""
     worst_per_parameter = []
     for name, found_rows, expected_rows in zip(names, found, expected):
-        difference = (found_rows.double() - expected_rows.double()).flatten(1).norm(dim=1)
-        errors = difference / expected_rows.double().flatten(1).norm(dim=1).clamp(min=atol)
+        # reshape, not flatten(1): a scalar parameter (a learned gate) has rows of shape (examples,)
+        difference = (found_rows.double() - expected_rows.double()).reshape(len(examples), -1).norm(dim=1)
+        errors = difference / expected_rows.double().reshape(len(examples), -1).norm(dim=1).clamp(min=atol)
         worst = int(errors.argmax())
         worst_per_parameter.append(Discrepancy(float(errors[worst]), name, examples[worst]))
     return max(worst_per_parameter, key=lambda discrepancy: discrepancy.error, default=Discrepancy(0.0))
