@@ -1,7 +1,7 @@
 """The package's layering: no module imports a module of a higher layer, and no import cycles.
 
 Layers, highest first: cli > reproductions > audit > training / data / models / plotting >
-mechanisms / accounting.  ``dpnoise.checks``, ``dpnoise.errors`` and ``dpnoise.formatting`` are utilities that any
+mechanisms / accounting.  ``dpnoise.checks``, ``dpnoise.errors``, ``dpnoise.formatting`` and ``dpnoise.prepared`` are utilities that any
 module may import.  Every import is found by parsing the source with ``ast``, including imports inside
 functions and under ``TYPE_CHECKING`` (torch-free modules import their heavy neighbours lazily,
 and those imports count too).
