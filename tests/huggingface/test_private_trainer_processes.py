@@ -5,7 +5,6 @@ draws its own shard of every Poisson batch, and every step's update is the exact
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # the launch helpers
 
 import trainer_worker as worker  # noqa: E402
-from training_helpers import finish, launch  # noqa: E402
+from training_helpers import exact_clipped_sgd, finish, launch, union_steps  # noqa: E402
 
 WORKER = Path(__file__).with_name("trainer_worker.py")
 
@@ -28,21 +27,8 @@ def ranks(tmp_path_factory) -> list[dict]:
     return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
 
 
-def exact_training(steps: list[list[int]]) -> dict[str, torch.Tensor]:
-    """The tiny BERT after SGD steps on the exact clipped sums of ``steps`` (each example's gradient clipped)."""
-    model, data = worker.tiny_bert(), worker.Sentences()
-    params = list(model.parameters())
-    for indices in steps:
-        total = [torch.zeros_like(p) for p in params]
-        for i in indices:
-            example = {name: value.unsqueeze(0) for name, value in data[i].items()}
-            grads = torch.autograd.grad(model(**example).loss, params)
-            factor = min(1.0, worker.CLIP / (torch.sqrt(sum(g.pow(2).sum() for g in grads)).item() + 1e-6))
-            total = [t + factor * g for t, g in zip(total, grads)]
-        with torch.no_grad():
-            for p, summed in zip(params, total):
-                p -= worker.LR * summed / worker.BATCH
-    return {name: p.detach() for name, p in model.named_parameters()}
+def example_loss(model: torch.nn.Module, i: int) -> torch.Tensor:
+    return model(**{name: value.unsqueeze(0) for name, value in worker.Sentences()[i].items()}).loss
 
 
 def test_two_processes_take_the_exact_steps_of_the_union_batches(ranks):
@@ -51,12 +37,10 @@ def test_two_processes_take_the_exact_steps_of_the_union_batches(ranks):
     assert all(i % 2 == 0 for _, indices in first["draws"] for i in indices)  # each process its own shard
     assert all(i % 2 == 1 for _, indices in second["draws"] for i in indices)
     assert all(len(indices) <= worker.PHYSICAL for rank in ranks for _, indices in rank["draws"])
-    union = defaultdict(list)
-    for rank in ranks:
-        for draw, indices in rank["draws"]:
-            union[draw] += indices
-    assert sorted(union) == list(range(worker.STEPS))
-    for name, expected in exact_training([union[draw] for draw in range(worker.STEPS)]).items():
+    steps = union_steps(first["draws"], second["draws"])
+    assert len(steps) == worker.STEPS
+    exact = exact_clipped_sgd(worker.tiny_bert(), example_loss, steps, worker.CLIP, worker.LR, worker.BATCH)
+    for name, expected in exact.items():
         assert torch.equal(first["params"][name], second["params"][name]), f"{name}: the processes differ"
         torch.testing.assert_close(first["params"][name], expected, rtol=1e-5, atol=1e-6, msg=name)
 

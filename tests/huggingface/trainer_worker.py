@@ -21,6 +21,9 @@ from torch.utils.data import Dataset
 
 from dpnoise.huggingface import PrivateTrainer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))  # the tests' helpers, run as a script too
+from training_helpers import record_draws  # noqa: E402
+
 VOCAB, LENGTH, EXAMPLES = 40, 8, 64
 #: expected Poisson batch, examples per forward pass, clipping norm, SGD's learning rate, steps
 BATCH, PHYSICAL, CLIP, LR, STEPS = 16, 4, 0.5, 0.5, 3
@@ -59,15 +62,7 @@ class Noiseless(transformers.TrainerCallback):
 
     def on_train_begin(self, args, state, control, **keywords):
         self.trainer.private_optimizer.noisy_sum.release_sums.noise_of = torch.zeros_like
-        provenance = self.trainer.privacy_engine.batch_provenance
-        take = provenance.take
-
-        def recording():
-            batch = take()
-            self.draws.append((batch.draw, list(batch.indices)))
-            return batch
-
-        provenance.take = recording
+        self.draws = record_draws(self.trainer.privacy_engine)
 
 
 def run(out: str) -> dict:

@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpnoise.training import make_private
+from training_helpers import record_draws
 
 #: examples, expected (global) Poisson batch, examples per forward pass, steps of each run
 EXAMPLES, BATCH, PHYSICAL, STEPS = 120, 24, 5, 3
@@ -47,20 +48,6 @@ def private(noise_multiplier: float) -> tuple[nn.Module, torch.optim.Optimizer, 
     if noise_multiplier == 0:  # the test hook that switches the noise off (the clipped sums are compared)
         optimizer.noisy_sum.release_sums.noise_of = torch.zeros_like
     return module, optimizer, loader
-
-
-def record_draws(engine) -> list[tuple[int, list[int]]]:
-    """(Poisson draw, data set indices) of every physical batch a step takes from now on, in order."""
-    taken, provenance = [], engine.batch_provenance
-    take = provenance.take
-
-    def recording():
-        batch = take()
-        taken.append((batch.draw, list(batch.indices)))
-        return batch
-
-    provenance.take = recording
-    return taken
 
 
 def prepared_run(accelerator, noise_multiplier: float) -> dict:

@@ -11,7 +11,6 @@ with one process's after the same steps.  What accelerate would add and dpnoise 
 from __future__ import annotations
 
 import warnings
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 import accelerate_worker as workers  # noqa: E402
 from dpnoise.training.accelerate_setup import check_accelerate_setup  # noqa: E402
 from dpnoise.training.errors import InvalidTrainingOptionError  # noqa: E402
-from training_helpers import finish, launch  # noqa: E402
+from training_helpers import exact_clipped_sgd, finish, launch, union_steps  # noqa: E402
 
 WORKER = Path(__file__).with_name("accelerate_worker.py")
 
@@ -50,35 +49,14 @@ def fresh_accelerate():
     reset()
 
 
-def steps_of(*runs: dict) -> list[list[int]]:
-    """The data set indices of each step (Poisson draw), over the ranks' ``runs``."""
-    steps = defaultdict(list)
-    for run in runs:
-        for draw, indices in run["draws"]:
-            steps[draw] += indices
-    return [sorted(steps[draw]) for draw in sorted(steps)]
-
-
-def exact_training(steps: list[list[int]]) -> dict[str, torch.Tensor]:
-    """The model after SGD steps on the exact clipped sums of ``steps`` (plain autograd, example by example)."""
-    model = workers.tiny_model()
+def example_loss(model: torch.nn.Module, i: int) -> torch.Tensor:
     inputs, targets = workers.dataset().tensors
-    for indices in steps:
-        total = [torch.zeros_like(p) for p in model.parameters()]
-        for i in indices:
-            grads = torch.autograd.grad(F.cross_entropy(model(inputs[i:i + 1]), targets[i:i + 1]),
-                                        list(model.parameters()))
-            norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
-            factor = min(1.0, workers.CLIP / (norm.item() + 1e-6))
-            total = [t + factor * g for t, g in zip(total, grads)]
-        with torch.no_grad():
-            for p, summed in zip(model.parameters(), total):
-                p -= workers.LR * summed / workers.BATCH
-    return {name: p.detach() for name, p in model.named_parameters()}
+    return F.cross_entropy(model(inputs[i:i + 1]), targets[i:i + 1])
 
 
 def assert_exact(params: dict[str, torch.Tensor], steps: list[list[int]]) -> None:
-    for name, expected in exact_training(steps).items():
+    exact = exact_clipped_sgd(workers.tiny_model(), example_loss, steps, workers.CLIP, workers.LR, workers.BATCH)
+    for name, expected in exact.items():
         torch.testing.assert_close(params[name], expected, rtol=1e-5, atol=1e-6, msg=name)
 
 
@@ -95,7 +73,7 @@ def test_one_process_takes_the_exact_steps_in_physical_batches(fresh_accelerate)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run = workers.prepared_run(fresh_accelerate(cpu=True), 0.0)
-    steps = steps_of(run)
+    steps = union_steps(run["draws"])
     assert run["steps"] == workers.STEPS == len(steps)
     assert len(run["draws"]) > workers.STEPS  # pieces of at most PHYSICAL examples, accumulated into each step
     assert all(len(indices) <= workers.PHYSICAL for _, indices in run["draws"])
@@ -138,7 +116,7 @@ def test_two_ranks_take_the_exact_steps_of_the_union_batches(ranks):
     assert first["steps"] == second["steps"] == workers.STEPS
     assert all(i % 2 == 0 for _, indices in first["draws"] for i in indices)  # each rank draws its own shard
     assert all(i % 2 == 1 for _, indices in second["draws"] for i in indices)
-    steps = steps_of(first, second)
+    steps = union_steps(first["draws"], second["draws"])
     assert len(steps) == workers.STEPS
     for name, value in first["params"].items():
         assert torch.equal(value, second["params"][name]), f"{name}: the ranks hold different models"
