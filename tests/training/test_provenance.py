@@ -3,12 +3,7 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -155,40 +150,7 @@ def test_workers_keep_the_provenance():
     assert optimizer.privacy_engine.steps == 3
 
 
-def test_accelerate_prepare_keeps_the_logical_batches_in_one_process():
-    accelerate = pytest.importorskip("accelerate")
-    _, module, optimizer, loader = private(batch_size=40, max_physical_batch_size=8)
-    engine = optimizer.privacy_engine
-    accelerator = accelerate.Accelerator(cpu=True)
-    module, optimizer, loader = accelerator.prepare(module, optimizer, loader)  # a TensorDataset, rebuilt loader
-    physical = 0
-    for inputs, targets in loader:
-        optimizer.zero_grad()
-        accelerator.backward(F.cross_entropy(module(inputs), targets))
-        optimizer.step()
-        physical += 1
-        if engine.steps == 3:
-            break
-    assert engine.steps == 3 and physical > 3  # pieces accumulated into 3 accounted steps
-
-
 def test_holds_recognises_the_same_values_only():
     x = torch.arange(12.0).view(4, 3)
     assert holds(x, x) and holds(x, x[:, :2]) and holds(x, x.clone()) and holds(x, x.double())
     assert not holds(x, x + 1) and not holds(x, x[:2].clone()) and not holds(x, torch.zeros(()))
-
-
-def test_accelerate_prepare_under_two_processes_is_refused_at_the_first_step():
-    pytest.importorskip("accelerate")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    worker = Path(__file__).with_name("accelerate_worker.py")
-    processes = [subprocess.Popen([sys.executable, str(worker)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                                                  "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                                                  "MASTER_PORT": str(port)})
-                 for rank in range(2)]
-    outputs = [process.communicate(timeout=180)[0] for process in processes]
-    for output in outputs:  # the prepared loader deals rank r every second draw of its shard, from draw r
-        assert "DistributedError: ranks disagree on the Poisson draw: rank 0 has 0, rank 1 has 1; steps 0" in output

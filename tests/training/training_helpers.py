@@ -44,3 +44,45 @@ def finish(processes: list[subprocess.Popen], timeout: float = 120) -> list[tupl
     """(exit status, stdout, stderr) of each process."""
     outputs = [p.communicate(timeout=timeout) for p in processes]
     return [(p.returncode, *output) for p, output in zip(processes, outputs)]
+
+
+def record_draws(engine) -> list[tuple[int, list[int]]]:
+    """(Poisson draw, data set indices) of every physical batch a step of ``engine`` takes from now on, in order
+    (what each rank drew, for the test to form the union batches)."""
+    taken, provenance = [], engine.batch_provenance
+    take = provenance.take
+
+    def recording():
+        batch = take()
+        taken.append((batch.draw, list(batch.indices)))
+        return batch
+
+    provenance.take = recording
+    return taken
+
+
+def union_steps(*runs: list[tuple[int, list[int]]]) -> list[list[int]]:
+    """The data set indices of each step (Poisson draw), over the ranks' :func:`record_draws`."""
+    steps: dict[int, list[int]] = {}
+    for draws in runs:
+        for draw, indices in draws:
+            steps.setdefault(draw, []).extend(indices)
+    return [sorted(steps[draw]) for draw in sorted(steps)]
+
+
+def exact_clipped_sgd(model: nn.Module, example_loss, steps: list[list[int]], clip: float, lr: float,
+                      expected_batch_size: float) -> dict[str, torch.Tensor]:
+    """``model`` after SGD steps on the exact clipped sums of ``steps`` (plain autograd, example by example:
+    ``example_loss(model, i)`` is example i's loss; each gradient clipped to ``clip`` in L2, the sum divided
+    by the expected batch size), as {name: parameter}."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for indices in steps:
+        total = [torch.zeros_like(p) for p in params]
+        for i in indices:
+            grads = torch.autograd.grad(example_loss(model, i), params)
+            factor = min(1.0, clip / (torch.sqrt(sum(g.pow(2).sum() for g in grads)).item() + 1e-6))
+            total = [t + factor * g for t, g in zip(total, grads)]
+        with torch.no_grad():
+            for p, summed in zip(params, total):
+                p -= lr * summed / expected_batch_size
+    return {name: p.detach() for name, p in model.named_parameters()}

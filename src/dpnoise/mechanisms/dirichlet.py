@@ -29,6 +29,7 @@ from dpnoise.accounting.events import DirichletEvent
 from dpnoise.accounting.validation import check_positive
 from dpnoise.mechanisms.errors import InvalidMechanismError
 from dpnoise.mechanisms.registry import implement_mechanism
+from dpnoise.prepared import PreparedForAccelerate
 
 #: The Dirichlet-mechanism paper's reference value of the true-class probability for the effective learning rate.
 KAPPA_REFERENCE_PROBABILITY = 0.9
@@ -87,6 +88,9 @@ class DirichletOutput(nn.Module):
     normalised log-probability vector unchanged).  In eval mode it returns ``log_softmax(logits)``:
     evaluation is not part of the private mechanism.
     """
+
+    #: accelerate's prepare() leaves the private module unwrapped (:mod:`dpnoise.prepared`)
+    _is_accelerate_prepared = PreparedForAccelerate()
 
     def __init__(self, module: nn.Module, r: float, alpha: float, generator: Optional[torch.Generator] = None,
                  num_classes: Optional[int] = None):

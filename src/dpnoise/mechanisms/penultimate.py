@@ -21,6 +21,7 @@ from torch import nn
 from dpnoise.accounting.events import GaussianEvent
 from dpnoise.accounting.validation import check_positive
 from dpnoise.mechanisms.registry import implement_mechanism
+from dpnoise.prepared import PreparedForAccelerate
 from dpnoise.mechanisms.clipping import clip_factors
 from dpnoise.mechanisms.errors import InvalidMechanismError
 from dpnoise.mechanisms.noise import gaussian_noise
@@ -48,6 +49,9 @@ def clip_and_noise_rows(
 
 class PenultimateGaussian(nn.Module):
     """Wraps a classifier: in training mode its output layer sees clipped, noised activations."""
+
+    #: accelerate's prepare() leaves the private module unwrapped (:mod:`dpnoise.prepared`)
+    _is_accelerate_prepared = PreparedForAccelerate()
 
     def __init__(self, module: nn.Module, sigma: float, clip: float, generator: Optional[torch.Generator] = None):
         super().__init__()

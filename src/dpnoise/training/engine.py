@@ -41,10 +41,12 @@ from dpnoise.accounting import (
 )
 from dpnoise.accounting.events import DpEvent
 from dpnoise.accounting.validation import check_count
+from dpnoise.prepared import leave_to_dpnoise
 from dpnoise.mechanisms.clipping import AdaptiveClipping
 from dpnoise.mechanisms.registry import Mechanism, get_mechanism
 from dpnoise.models.registry import count_trainable_parameters
 from dpnoise.mechanisms.secure_noise import Plan
+from dpnoise.training.accelerate_setup import check_accelerate_setup
 from dpnoise.training.batches import LossFunction, check_keyword_batch
 from dpnoise.training.devices import DeviceLike, module_float_dtype, to_device
 from dpnoise.training.distributed import RankGroup, generator_seeds
@@ -298,6 +300,9 @@ class PrivacyEngine:
             private_optimizer.noisy_sum.privacy_units = run.units
         if execution.per_example_check and mech.needs_per_sample_gradients:
             private_optimizer.per_example_check = partial(self._check_per_example, private_module, loss_fn)
+        accelerate_check = partial(check_accelerate_setup, self.device, self.world_size)
+        for private in (private_module, private_loader):  # accelerate's prepare() leaves them as they are
+            leave_to_dpnoise(private, accelerate_check)
         return private_module, private_optimizer, private_loader
 
     def _check_per_example(self, private_module: nn.Module, loss_fn: Optional[LossFunction], batch: Any) -> None:

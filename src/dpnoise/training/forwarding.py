@@ -7,6 +7,8 @@ from typing import Any, Callable, Optional
 
 from torch import nn
 
+from dpnoise.prepared import PreparedForAccelerate
+
 
 class ModelForwarding:
     """A private module's attributes that it does not have itself are the wrapped model's
@@ -14,6 +16,8 @@ class ModelForwarding:
     model itself (e.g. ``private.unwrap().merge_and_unload()`` for a peft model)."""
 
     _module: nn.Module
+    #: accelerate's prepare() leaves the private module unwrapped (:mod:`dpnoise.prepared`)
+    _is_accelerate_prepared = PreparedForAccelerate()
 
     def unwrap(self) -> nn.Module:
         """The model this private module wraps (the one given to ``make_private``)."""

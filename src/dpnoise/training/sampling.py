@@ -42,6 +42,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
+from dpnoise.prepared import PreparedForAccelerate
 from dpnoise.training.devices import seeded_generator, to_device
 from dpnoise.training.errors import InvalidTrainingOptionError
 from dpnoise.training.privacy_units import PrivacyUnits
@@ -232,6 +233,9 @@ class DeviceDataLoader(DataLoader):
     (floating tensors cast to ``float_dtype``); with a ``tracker``, each batch's :class:`DrawnBatch` is
     read as it is yielded and, with a ``provenance``, the batch registered (or, registered by the
     collate function, its moved tensors added)."""
+
+    #: accelerate's prepare() leaves the private loader as it is (:mod:`dpnoise.prepared`)
+    _is_accelerate_prepared = PreparedForAccelerate()
 
     def __init__(self, dataset: Dataset, *, device: torch.device, float_dtype: Optional[torch.dtype],
                  tracker: Optional[LogicalBatchTracker] = None, provenance: Optional[BatchProvenance] = None,
