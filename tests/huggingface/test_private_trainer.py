@@ -175,3 +175,16 @@ def test_a_peft_model_trains_its_adapters_only(tmp_path):
     assert private.privacy_engine.steps == 2
     assert private.privacy_engine.setup.params == sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert all(torch.equal(p, frozen[name]) for name, p in model.named_parameters() if name in frozen)
+
+
+def test_privacy_units_make_the_epsilon_per_user(tmp_path):
+    users = [i // 4 for i in range(EXAMPLES)]  # 16 users of 4 sentences
+    run = trainer(tmp_path, args=arguments(tmp_path, per_device_train_batch_size=32, max_steps=3),
+                  logical_batch_size=4, privacy_unit=users)
+    quietly(run.train)
+    setup = run.privacy_engine.setup
+    assert setup.privacy_units == 16 and setup.sample_rate == pytest.approx(4 / 16)
+    assert run.privacy_engine.steps == 3
+    assert "each of the 16 privacy units, all its examples together" in run.privacy_statement()
+    with pytest.raises(InvalidTrainingOptionError, match="privacy_unit 'user' names no column"):
+        trainer(tmp_path, privacy_unit="user")

@@ -19,4 +19,5 @@ class PrivateSFTTrainer(PrivateTrainingMixin, SFTTrainer):
     """TRL's ``SFTTrainer`` whose every optimizer step is a private step: ``SFTTrainer``'s arguments (``args``
     an ``SFTConfig``, ``processing_class``, ...) and :class:`~dpnoise.huggingface.PrivateTrainer`'s privacy
     arguments (``privacy``, ``execution``, ``logical_batch_size``, ``loss_fn``, ``seed``, ``noise_seed``,
-    ``log_private_batch_stats``)."""
+    ``log_private_batch_stats``, ``privacy_unit``: its keys must follow the rows of the dataset as ``SFTTrainer``
+    prepares it, which a length mismatch refuses)."""

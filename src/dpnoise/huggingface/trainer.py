@@ -29,7 +29,8 @@ import dataclasses
 import itertools
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from collections.abc import Hashable, Sequence
+from typing import Any, Iterator, Mapping, Optional, Union
 
 import torch
 from torch.utils.data import DataLoader
@@ -49,6 +50,10 @@ from dpnoise.training.errors import InvalidTrainingOptionError
 from dpnoise.training.batches import is_hugging_face_causal_lm
 from dpnoise.training.run_record import record_steps
 from dpnoise.training.sampling import LogicalBatchTracker
+
+#: what ``privacy_unit`` takes: one key per training example, or the name of the training dataset's column of keys
+PrivacyUnitKeys = Optional[Union[str, Sequence[Hashable]]]
+
 
 #: the privacy ledger's file in each of Trainer's checkpoint folders
 CHECKPOINT_NAME = "dpnoise-checkpoint.pt"
@@ -97,15 +102,18 @@ class PrivateTrainingMixin:
     def __init__(self, model: torch.nn.Module, args: TrainingArguments, *, privacy: PrivacyOptions | Mapping[str, Any],
                  execution: ExecutionOptions = ExecutionOptions(), logical_batch_size: Optional[int] = None,
                  loss_fn: Optional[LossFunction] = None, seed: Optional[int] = None, noise_seed: Optional[int] = None,
-                 log_private_batch_stats: bool = False, **trainer_arguments: Any) -> None:
+                 log_private_batch_stats: bool = False, privacy_unit: PrivacyUnitKeys = None,
+                 **trainer_arguments: Any) -> None:
         self._init_private(model, args, privacy=privacy, execution=execution, logical_batch_size=logical_batch_size,
                            loss_fn=loss_fn, seed=seed, noise_seed=noise_seed,
-                           log_private_batch_stats=log_private_batch_stats, **trainer_arguments)
+                           log_private_batch_stats=log_private_batch_stats, privacy_unit=privacy_unit,
+                           **trainer_arguments)
 
     def _init_private(self, model: torch.nn.Module, args: TrainingArguments, *,
                       privacy: PrivacyOptions | Mapping[str, Any], execution: ExecutionOptions,
                       logical_batch_size: Optional[int], loss_fn: Optional[LossFunction], seed: Optional[int],
-                      noise_seed: Optional[int], log_private_batch_stats: bool, **trainer_arguments: Any) -> None:
+                      noise_seed: Optional[int], log_private_batch_stats: bool, privacy_unit: PrivacyUnitKeys = None,
+                      **trainer_arguments: Any) -> None:
         if args.max_grad_norm not in (0, TRAINER_DEFAULT_MAX_GRAD_NORM):
             raise InvalidTrainingOptionError(
                 f"TrainingArguments.max_grad_norm={args.max_grad_norm} would clip the noisy average gradient; the "
@@ -124,6 +132,8 @@ class PrivateTrainingMixin:
         if self.logical_batch_size < 1:
             raise InvalidTrainingOptionError(f"logical_batch_size must be >= 1, got {self.logical_batch_size}")
         args = dataclasses.replace(args, gradient_accumulation_steps=1, max_grad_norm=0.0)
+        #: each training example's privacy unit (None: each example is its own)
+        self.privacy_unit_keys = _unit_keys(privacy_unit, trainer_arguments.get("train_dataset"))
         if not isinstance(privacy, PrivacyOptions):
             privacy = PrivacyOptions(**{"epochs": self._planned_epochs(args, trainer_arguments.get("train_dataset")),
                                         **privacy})
@@ -147,7 +157,8 @@ class PrivateTrainingMixin:
         """The epochs the noise is calibrated for: ``args.max_steps`` Poisson batches of B out of the N
         training examples where it is set, else ``args.num_train_epochs``."""
         if args.max_steps > 0 and dataset is not None:
-            return args.max_steps * self.logical_batch_size / len(dataset)
+            population = len(dataset) if self.privacy_unit_keys is None else len(set(self.privacy_unit_keys))
+            return args.max_steps * self.logical_batch_size / population
         return float(args.num_train_epochs)
 
     # ------------------------------------------------------------------------------------ setting up
@@ -180,7 +191,8 @@ class PrivateTrainingMixin:
         execution = self.execution if self.execution.max_physical_batch_size is not None else dataclasses.replace(
             self.execution, max_physical_batch_size=physical)
         module, optimizer, private_loader = self.privacy_engine.make_private_with_options(
-            self.model, self.optimizer, loader, privacy=self.privacy, execution=execution, loss_fn=self.loss_fn)
+            self.model, self.optimizer, loader, privacy=self.privacy, execution=execution, loss_fn=self.loss_fn,
+            privacy_unit=self.privacy_unit_keys)
         self.optimizer, self.model_wrapped, self._private_loader = optimizer, module, private_loader
         self.private_optimizer = optimizer
         if self._resume_from is not None:
@@ -260,7 +272,9 @@ class PrivateTrainingMixin:
         statement = (f"Trained with differential privacy by dpnoise: mechanism {setup.mechanism}, noise {setup.noise:.6g}, "
                      f"per-example clipping norm {setup.clip:g}, Poisson sampling at q = {setup.sample_rate:.6g}, "
                      f"{engine.steps} steps: ({engine.get_epsilon():.4f}, {setup.delta:g})-DP under the "
-                     f"{setup.accountant} accountant, for the training examples.")
+                     f"{setup.accountant} accountant, for " + ("the training examples." if setup.privacy_units is None
+                                                               else f"each of the {setup.privacy_units} privacy units, "
+                                                                    f"all its examples together."))
         return statement + ("" if engine.scope_statement is None else " " + engine.scope_statement)
 
     def create_model_card(self, *arguments: Any, **keywords: Any) -> None:
@@ -284,6 +298,16 @@ class PrivateTrainingMixin:
                          checkpoint_key())
 
 
+def _unit_keys(privacy_unit: PrivacyUnitKeys, dataset: Any) -> Optional[Sequence[Hashable]]:
+    """The training examples' unit keys: ``privacy_unit`` itself, or the dataset's column it names."""
+    if not isinstance(privacy_unit, str):
+        return privacy_unit
+    if not hasattr(dataset, "column_names") or privacy_unit not in dataset.column_names:
+        raise InvalidTrainingOptionError(f"privacy_unit {privacy_unit!r} names no column of the training dataset "
+                                         f"(a datasets.Dataset's column of unit keys, or give the keys themselves)")
+    return dataset[privacy_unit]
+
+
 class PrivateTrainer(PrivateTrainingMixin, Trainer):
     """``transformers.Trainer`` whose every optimizer step is a private step (module docstring).
 
@@ -295,7 +319,10 @@ class PrivateTrainer(PrivateTrainingMixin, Trainer):
     ``loss_fn(logits, labels)``, the mean of per-example losses (default above); ``seed`` /
     ``noise_seed``: the engine's (:class:`~dpnoise.training.PrivacyEngine`; default ``args.seed`` and
     secret); ``log_private_batch_stats``: keep Trainer's training loss in the logs (warned: it is computed
-    from the private batches without noise).  Every other argument is Trainer's.  The engine is :attr:`privacy_engine`; ``self.model``
+    from the private batches without noise); ``privacy_unit``: the unit the epsilon protects whole, one key per
+    training example or the name of the training dataset's column of keys (a user or document id;
+    :mod:`dpnoise.training.privacy_units`: ``logical_batch_size`` is then the expected number of units per batch,
+    and ``per_device_train_batch_size`` must hold a whole batch).  Every other argument is Trainer's.  The engine is :attr:`privacy_engine`; ``self.model``
     stays the model as given (what ``save_model``, ``evaluate`` and ``generate`` use), the private module
     is ``self.model_wrapped`` once training has started.
     """
