@@ -21,7 +21,8 @@ from dpnoise.training import TrainingConfig, train_private
 
 def write_reviews(folder: Path) -> Path:
     words = {"pos": ("great", "good", "lovely"), "neg": ("bad", "awful", "poor"), "mid": ("okay", "plain", "average")}
-    rows = ["opinion,stars"] + [f"a {w[i % 3]} and {w[(i + 1) % 3]} film,{k}" for i in range(150) for k, w in words.items()]
+    rows = ["opinion,stars"] + [f"a {w[i % 3]} and {w[(i + 1) % 3]} film {i},{k}" for i in range(150)
+                                for k, w in words.items()]
     path = folder / "reviews.csv"
     path.write_text("\n".join(rows) + "\n")
     return path

@@ -63,7 +63,7 @@ def test_own_data_options_are_checked_and_name_the_flag(capsys, argv, message):
 
 
 def test_a_user_column_makes_the_epsilon_per_user(tmp_path, capsys):
-    rows = ["opinion,stars,user"] + [f"{'great good' if i % 2 else 'bad awful'} film,{'pos' if i % 2 else 'neg'},"
+    rows = ["opinion,stars,user"] + [f"{'great good' if i % 2 else 'bad awful'} film {i},{'pos' if i % 2 else 'neg'},"
                                      f"u{i % 30}" for i in range(240)]
     (tmp_path / "reviews.csv").write_text("\n".join(rows) + "\n")
     data = ["--dataset", f"csv:{tmp_path / 'reviews.csv'}", "--text-column", "opinion", "--label-column", "stars",

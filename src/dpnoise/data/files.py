@@ -11,8 +11,9 @@ folder of images per class) or ``disk:PATH`` (a Hugging Face ``datasets`` folder
   K follows the data; fewer than two classes, or a label of the evaluation split that the training
   split lacks, is refused;
 * the evaluation split is the source's own (``test``, else ``validation``) where it has one, else a
-  deterministic held-out fraction of each class (``eval_fraction``), so that one file trains and
-  evaluates;
+  held-out fraction of the rows (``eval_fraction``), each row held out or not by a hash of its own content,
+  so that one file trains and evaluates and adding or removing a row moves no other row between the splits
+  (the epsilon of the training split then holds per row of the file);
 * images are converted to the first image's mode (RGB or grey) and size, scaled to [0, 1] and
   standardised with the fixed mean and standard deviation 0.5 (statistics of the private images would
   be a release the accountants do not cover).
@@ -23,6 +24,9 @@ Every problem (a missing file or column, an empty file, an unreadable image) is 
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -73,7 +77,7 @@ def read_source(source: Source, *, text_column: Optional[str] = None, text_pair_
     eval_name = next((name for name in ("test", "validation") if name in splits), None)
     train_labels = _column(first, label_column, source)
     if eval_name is None:
-        held_out = _held_out(train_labels, eval_fraction, source)
+        held_out = _held_out(first, train_labels, eval_fraction, source)
         train_rows, test_rows = np.setdiff1d(np.arange(len(first)), held_out), held_out
         tables, test_labels = (first, first), [train_labels[i] for i in test_rows]
         train_labels = [train_labels[i] for i in train_rows]
@@ -158,21 +162,50 @@ def _strings(table: Any, name: str, rows: np.ndarray, source: Source) -> list[st
     return [str(values[i]) for i in rows]
 
 
-def _held_out(labels: list[Any], fraction: float, source: Source) -> np.ndarray:
-    """Row indices of a deterministic held-out ``fraction`` of each class (its last row of every 1 / fraction,
-    at least one where the class has two rows or more)."""
+def _held_out(table: Any, labels: list[Any], fraction: float, source: Source) -> np.ndarray:
+    """Row indices of a held-out ``fraction`` of the rows: a row is held out when the hash of its own content
+    (:func:`_row_identity`) falls below ``fraction``, so that adding or removing one row of the file moves no
+    other row between the splits (the training split of two files that differ in one row differs in at most
+    that row: the epsilon of the training split holds per row of the file).  Refused where a class ends with
+    no training row, or no row is held out."""
     if not 0 < fraction < 1:
         raise InvalidDatasetError(f"the held-out fraction must be in (0, 1), got {fraction!r}")
+    held = np.array([_hashed_fraction(identity) < fraction for identity in _row_identities(table, source)])
+    if not held.any():
+        raise InvalidDatasetError(f"{source.name}: too few rows to hold out an evaluation split (each row is held "
+                                  f"out with probability {fraction:g} by a hash of its content); give a larger "
+                                  f"--eval-fraction or an evaluation split of your own")
     keys = np.array([str(label) for label in labels])
-    held = []
-    for key in sorted(set(keys)):
-        rows = np.flatnonzero(keys == key)
-        count = min(len(rows) - 1, max(1, round(fraction * len(rows))))
-        step = len(rows) / max(count, 1)
-        held.extend(rows[int((j + 1) * step) - 1] for j in range(count))
-    if not held:
-        raise InvalidDatasetError(f"{source.name}: too few rows to hold out an evaluation split")
-    return np.sort(np.array(held, dtype=np.int64))
+    emptied = sorted(set(keys) - set(keys[~held]))
+    if emptied:
+        raise InvalidDatasetError(f"{source.name}: every row of class {emptied[0]!r} was held out for evaluation; "
+                                  f"give a smaller --eval-fraction, more rows, or an evaluation split of your own")
+    return np.flatnonzero(held)
+
+
+def _row_identities(table: Any, source: Source) -> list[str]:
+    """What identifies each row by its own content: every column's value, an image by its file's path in the
+    source's folder (else its bytes' hash)."""
+    import datasets
+
+    image = _image_column(table)
+    if image is not None:
+        table = table.cast_column(image, datasets.Image(decode=False))
+    columns = {name: table[name] for name in table.column_names}
+
+    def value(item: Any) -> Any:
+        if isinstance(item, dict) and "bytes" in item:  # an undecoded image
+            path = item.get("path")
+            return os.path.relpath(path, source.path) if path else hashlib.sha256(item.get("bytes") or b"").hexdigest()
+        return item
+
+    return [json.dumps({name: value(values[row]) for name, values in columns.items()}, sort_keys=True, default=str)
+            for row in range(len(table))]
+
+
+def _hashed_fraction(identity: str) -> float:
+    """A uniform number in [0, 1) that depends on ``identity`` only (SHA-256)."""
+    return int.from_bytes(hashlib.sha256(identity.encode()).digest()[:8], "big") / 2.0**64
 
 
 def _image_column(table: Any) -> Optional[str]:

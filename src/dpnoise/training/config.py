@@ -137,8 +137,9 @@ class DataConfig:
                                          help="your own data: the column of labels (default label); the label names "
                                          "are saved in the output folder's labels.json")
     eval_fraction: Optional[float] = option(None, flag="--eval-fraction", group=WHAT, check=("fraction",),
-                                            help="your own data without an evaluation split: the fraction of each "
-                                            "class held out for evaluation, deterministically (default 0.1)")
+                                            help="your own data without an evaluation split: the fraction of the "
+                                            "rows held out for evaluation, each row by a hash of its own content, so "
+                                            "that adding or removing a row moves no other row (default 0.1)")
     unit_column: Optional[str] = option(None, flag="--privacy-unit", group=WHAT, metavar="COLUMN",
                                         help="your own data: the column naming each example's privacy unit (a user "
                                         "or document id): the epsilon then protects a unit with all its examples; "
