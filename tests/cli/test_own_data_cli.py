@@ -79,3 +79,11 @@ def test_a_user_column_makes_the_epsilon_per_user(tmp_path, capsys):
     assert "per privacy unit (each of the 30 units with all its examples)" in out.out
     code, out = run(capsys, *data, "--privacy-unit", "account", *options)
     assert code == 2 and "no privacy-unit column 'account'" in out.err
+
+
+def test_a_subset_of_your_own_file_is_refused(tmp_path, capsys):
+    rows = ["text,label"] + [f"sentence {i},{i % 2}" for i in range(40)]
+    (tmp_path / "rows.csv").write_text("\n".join(rows) + "\n")
+    code, out = run(capsys, "--dataset", f"csv:{tmp_path / 'rows.csv'}", "--model", "minilm-features", "--limit", "10",
+                    *COMMON)
+    assert code == 2 and "--limit with your own data" in out.err

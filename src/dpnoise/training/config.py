@@ -145,7 +145,7 @@ class DataConfig:
                                         "or document id): the epsilon then protects a unit with all its examples; "
                                         "units are Poisson-sampled whole (--batch-size is the expected number of "
                                         "units per batch) and each unit's gradient is clipped as one (gradient "
-                                        "mechanisms, flat or automatic clipping, one process, no --limit or "
+                                        "mechanisms, flat or automatic clipping, one process, no "
                                         "--physical-batch-size)")
 
     def __post_init__(self) -> None:
@@ -477,9 +477,10 @@ RULES: tuple[Rule, ...] = (
                                    f"{v('data.name')}")
       for path in ("data.text_column", "data.text_pair_column", "data.label_column", "data.eval_fraction",
                    "data.unit_column")),
-    Rule(lambda v: v("data.unit_column") is not None and v("data.limit") is not None,
-         lambda n, v: f"{n('data.unit_column')} and {n('data.limit')}: a subset of the examples would cut units; "
-                      f"leave {n('data.limit')} out"),
+    Rule(lambda v: v("data.limit") is not None and checks.parse_source(v("data.name")) is not None,
+         lambda n, v: f"{n('data.limit')} with your own data: its class-balanced subset depends on the other rows (one "
+                      f"row added to the file can move many in or out), so the epsilon would not hold per row of the "
+                      f"file; select the rows in the file instead"),
     Rule(lambda v: bool(v("output.resume_older")) and v("output.resume") is None,
          lambda n, v: f"{n('output.resume_older')} applies with {n('output.resume')} only"),
 )
