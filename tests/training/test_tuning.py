@@ -146,3 +146,13 @@ def test_another_jobs_state_is_refused(tmp_path, monkeypatch):
     quietly(lambda: tune_private(BASE, GRID, total_epsilon=3.0, trials_mean=2, entropy=1, state_file=state))
     with pytest.raises(InvalidParameterError, match="another tuning job's"):
         quietly(lambda: tune_private(BASE, GRID, total_epsilon=2.0, trials_mean=2, entropy=1, state_file=state))
+
+
+def test_a_grid_over_a_mechanisms_option_tunes_it():
+    """Dirichlet's alpha as a grid field (``privacy.options.alpha``): each candidate's noise is calibrated with its
+    own alpha, and the plan covers the largest curve."""
+    dirichlet = {**BASE, "privacy.mechanism": "dirichlet"}
+    plan = quietly(lambda: plan_tuning(dirichlet, {"privacy.options.alpha": [0.5, 2.0]}, total_epsilon=3.0,
+                                       trials_mean=2))
+    assert [fields["privacy.options.alpha"] for fields in plan.candidates] == [0.5, 2.0]
+    assert plan.noises[0] != plan.noises[1] and 2.99 <= plan.total_epsilon <= 3.0

@@ -64,12 +64,11 @@ def run(args: argparse.Namespace) -> int:
             else:
                 base[field] = listed[0]
     folder = base.pop("output.folder", None)
-    base = _nest_options(base)
     from dpnoise.training.config import InvalidConfigError
     from dpnoise.training.tuning import tune_private
 
     try:
-        result = tune_private(base, _options_grid(grid), total_epsilon=checks.check_positive("--epsilon", total[0]),
+        result = tune_private(base, grid, total_epsilon=checks.check_positive("--epsilon", total[0]),
                               trials_mean=checks.check_positive("--trials-mean", args.trials_mean),
                               trials_shape=args.trials_shape, output_folder=folder,
                               state_file=args.tuning_state, progress=base.get("output.progress", True))
@@ -89,20 +88,3 @@ def run(args: argparse.Namespace) -> int:
             lines.append(f"its outputs: {result.best_folder}")
     emit(summary, args.json, lines)
     return 0
-
-
-def _nest_options(fields: dict) -> dict:
-    """The mechanism options' dotted fields (``privacy.options.alpha``) as the configuration's mapping."""
-    prefix = MECHANISM_OPTIONS + "."
-    options = {path[len(prefix):]: value for path, value in fields.items() if path.startswith(prefix)}
-    plain = {path: value for path, value in fields.items() if not path.startswith(prefix)}
-    return {**plain, **({MECHANISM_OPTIONS: options} if options else {})}
-
-
-def _options_grid(grid: dict) -> dict:
-    """The grid, a mechanism option's values kept as ``privacy.options`` mappings (one per value)."""
-    prefix = MECHANISM_OPTIONS + "."
-    if not any(path.startswith(prefix) for path in grid):
-        return grid
-    raise checks.InvalidParameterError("a grid over a mechanism's options (--alpha 0.5,1) is not supported yet; give "
-                                       "one value")

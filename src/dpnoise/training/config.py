@@ -288,11 +288,13 @@ class TrainingConfig:
     @classmethod
     def from_fields(cls, values: Mapping[str, Any]) -> "TrainingConfig":
         """A configuration from ``{dotted path: value}`` (``{"data.name": "digits", "seed": 0, ...}``);
-        paths that are left out keep their defaults.  The fields are checked (:func:`check_fields`)
-        before the sections are built, so that an error names the field by its path."""
+        paths that are left out keep their defaults; a mechanism option is ``privacy.options`` (a mapping) or
+        its own path (``privacy.options.alpha``).  The fields are checked (:func:`check_fields`) before the
+        sections are built, so that an error names the field by its path."""
         if not isinstance(values, Mapping):
             raise InvalidParameterError(f"TrainingConfig.from_fields takes a mapping of dotted field paths to values, "
                                         f"got a {type(values).__name__}")
+        values = _with_nested_options(values)
         groups: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
         top: dict[str, Any] = {}
         for path, value in values.items():
@@ -305,6 +307,17 @@ class TrainingConfig:
             (groups[group] if group else top)[name] = value
         check_fields(lambda path: values.get(path, {} if path == MECHANISM_OPTIONS else OPTIONS[path].default))
         return cls(**{name: SECTIONS[name](**group) for name, group in groups.items() if group}, **top)
+
+
+def _with_nested_options(values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``values`` with every ``privacy.options.<name>`` path moved into the ``privacy.options`` mapping."""
+    prefix = MECHANISM_OPTIONS + "."
+    dotted = {path[len(prefix):]: value for path, value in values.items() if isinstance(path, str)
+              and path.startswith(prefix)}
+    if not dotted:
+        return values
+    plain = {path: value for path, value in values.items() if not (isinstance(path, str) and path.startswith(prefix))}
+    return {**plain, MECHANISM_OPTIONS: {**dict(plain.get(MECHANISM_OPTIONS) or {}), **dotted}}
 
 
 #: the groups of a :class:`TrainingConfig` (field name -> its dataclass)
