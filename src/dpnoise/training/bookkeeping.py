@@ -26,6 +26,12 @@ layers (:data:`RECORDED_LAYERS`) are recorded as they run:
   one per channel: ``sum min(0, x) g`` per channel): the grad samplers the hooks use
   (:data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`: Opacus's, with convolutions sampled exactly
   in every padding mode, and dpnoise's for the layers Opacus has none for);
+* Hugging Face's ``ViTEmbeddings`` (the CLS token and position embeddings it holds as bare parameters; with
+  dropout too): a captured source (:mod:`~dpnoise.training.captured_sources`, registered by class name where
+  the layer has the structure it reads).  The layer runs as it is (its patch ``Conv2d`` keeps its own recorded
+  source); the gradient at the input of its dropout, captured in the backward pass, is example i's gradient of
+  the position embeddings, its first position that of the CLS token.  Its calls with
+  ``interpolate_pos_encoding=True`` are re-run per example as below; ``bool_masked_pos`` is refused at the call;
 * any other trainable layer (RMSNorm variants without a rule, ``ConvTranspose3d``, a layer of the user's own
   such as a module holding a learned scale, gate, CLS token or position embeddings as bare parameters): that
   layer alone, re-run per example by ``torch.func``
