@@ -580,15 +580,16 @@ IMAGE, PATCH = 16, 4
 
 
 def tiny_vit(dropout: float = 0.0, model_class: str = "ViTForImageClassification", **options) -> nn.Module:
-    """A random-weight ViT of one layer on 16 px images in patches of 4 (16 patches and a CLS token of width 8)."""
+    """A ViT of one layer, as transformers initialises it, on 16 px images in patches of 4 (16 patches and a CLS
+    token of width 8); its default attention (SDPA) stays in float64, where the eager one takes the softmax in
+    float32, whose rounding the key bias's gradient (zero in exact arithmetic) would carry."""
     import transformers
 
     transformers.logging.set_verbosity_error()
     config = transformers.ViTConfig(image_size=IMAGE, patch_size=PATCH, hidden_size=8, num_hidden_layers=1,
                                     num_attention_heads=2, intermediate_size=16, num_labels=3,
-                                    hidden_dropout_prob=dropout, attention_probs_dropout_prob=0.0,
-                                    attn_implementation="eager")
-    return randomised(getattr(transformers, model_class)(config, **options))
+                                    hidden_dropout_prob=dropout, attention_probs_dropout_prob=0.0)
+    return getattr(transformers, model_class)(config, **options)
 
 
 class OnImages(nn.Module):
@@ -631,7 +632,7 @@ def test_vit_embeddings_are_exact(dropout, frozen, monkeypatch):
     input (its mask included), and the patch convolution's, equal one-example autograd's."""
     monkeypatch.setattr(F, "dropout", value_keyed_dropout)
     torch.manual_seed(16)
-    model = tiny_vit(dropout)
+    model = randomised(tiny_vit(dropout))
     if frozen is not None:
         getattr(model.vit.embeddings, frozen).requires_grad_(False)
     assert_exact("bookkeeping", *layer_case(OnImages(model), images()))
@@ -641,7 +642,7 @@ def test_the_captured_gradient_holds_the_dropout_mask():
     """With torch's own dropout, the examples' gradients of the CLS token and position embeddings add up to the
     batch gradient autograd gives them in the same pass (which runs through the same masks)."""
     torch.manual_seed(17)
-    model = tiny_vit(dropout=0.5).double()
+    model = randomised(tiny_vit(dropout=0.5)).double()
     wrapped = BookkeepingModule(model)
     F.cross_entropy(wrapped(images()).logits, torch.arange(BATCH) % 3).backward()
     embeddings = model.vit.embeddings
@@ -655,7 +656,7 @@ def test_a_vit_with_a_mask_token_is_exact_and_refuses_masked_patches():
     """Without ``bool_masked_pos`` the mask token is unused (a zero gradient); masked patches are refused at the
     call, naming the layer."""
     torch.manual_seed(18)
-    model = tiny_vit(model_class="ViTModel", add_pooling_layer=False, use_mask_token=True)
+    model = randomised(tiny_vit(model_class="ViTModel", add_pooling_layer=False, use_mask_token=True))
     assert_exact("bookkeeping", *layer_case(OnImages(model), images()))
     masked = OnImages(model, bool_masked_pos=torch.rand(BATCH, (IMAGE // PATCH) ** 2) < 0.5)
     wrapped = BookkeepingModule(masked)
@@ -668,7 +669,8 @@ def test_interpolated_position_embeddings_are_re_run_per_example():
     """``interpolate_pos_encoding=True`` on larger images: that call's per-example gradients come from re-running
     the embeddings per example (exact), and with dropout that re-run is refused at the step, naming the layer."""
     torch.manual_seed(19)
-    assert_exact("bookkeeping", *layer_case(OnImages(tiny_vit(), interpolate_pos_encoding=True), images(20)))
+    assert_exact("bookkeeping", *layer_case(OnImages(randomised(tiny_vit()), interpolate_pos_encoding=True),
+                                            images(20)))
     wrapped = BookkeepingModule(OnImages(tiny_vit(dropout=0.3).double(), interpolate_pos_encoding=True))
     wrapped(images(20)).sum().backward()
     with pytest.raises(UnsupportedLayerError, match=r"^ViTEmbeddings draws random numbers"):
@@ -680,7 +682,7 @@ def test_vit_embeddings_of_another_structure_are_re_run_per_example(change):
     """The source applies only where the layer is the one its formula reads: otherwise the per-layer torch.func
     source (exact) takes it."""
     torch.manual_seed(20)
-    model = tiny_vit()
+    model = randomised(tiny_vit())
     embeddings = model.vit.embeddings
     if change == "dropout":
         embeddings.dropout = nn.Identity()
@@ -690,6 +692,29 @@ def test_vit_embeddings_of_another_structure_are_re_run_per_example(change):
         "book-keeping, per-layer torch.func"
     if change == "dropout":
         assert_exact("bookkeeping", *layer_case(OnImages(model), images()))
+
+
+def dropout_twice(self, pixel_values, bool_masked_pos=None, interpolate_pos_encoding=False):
+    embeddings = torch.cat([self.cls_token.expand(len(pixel_values), -1, -1), self.patch_embeddings(pixel_values)], 1)
+    return self.dropout(self.dropout(embeddings + self.position_embeddings))
+
+
+def without_dropout(self, pixel_values, bool_masked_pos=None, interpolate_pos_encoding=False):
+    embeddings = torch.cat([self.cls_token.expand(len(pixel_values), -1, -1), self.patch_embeddings(pixel_values)], 1)
+    return embeddings + self.position_embeddings
+
+
+@pytest.mark.parametrize("forward, found", [(dropout_twice, "its Dropout ran twice in one call"),
+                                            (without_dropout, "its forward did not run the module")])
+def test_a_vit_embeddings_forward_of_another_version_is_refused_at_the_call(forward, found, monkeypatch):
+    """A forward that does not run the capture point exactly once (another version of the class, say) is refused,
+    never read off a gradient its formula does not give."""
+    from transformers.models.vit.modeling_vit import ViTEmbeddings
+
+    monkeypatch.setattr(ViTEmbeddings, "forward", forward)
+    wrapped = BookkeepingModule(tiny_vit())
+    with pytest.raises(UnsupportedLayerError, match=rf"^vit\.embeddings \(ViTEmbeddings\): {found}"):
+        wrapped(images().float())
 
 
 def test_make_private_trains_a_vit_with_dropout_on_the_captured_source():

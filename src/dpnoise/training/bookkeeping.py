@@ -83,6 +83,7 @@ from typing import Any, Optional, Sequence
 import torch
 from opacus.utils.module_utils import trainable_modules
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from dpnoise.training.batches import leading_size
 from dpnoise.training.bookkeeping_rules import BookkeepingRule, bookkeeping_rule
@@ -559,7 +560,7 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         if output.requires_grad:
             output.register_hook(self.record_use(layer, None, inputs, keywords).receive)
 
-    def _capture_hooks(self, layer: nn.Module, source: CapturedSource) -> list:
+    def _capture_hooks(self, layer: nn.Module, source: CapturedSource) -> list[RemovableHandle]:
         """The hooks that record a layer with a captured source: a call the source serves records the gradient at
         its capture point's input; any other call is recorded as :meth:`_watch_output` records it, to be re-run
         per example."""
@@ -583,8 +584,8 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         if call.use is not None:
             raise UnsupportedLayerError(
                 f"{self._layer_names[layer]}: its {type(point).__name__} ran twice in one call, where book-keeping "
-                f"reads its per-example gradients from the one input gradient of that module; use "
-                f"grad_sample_mode='hooks'")
+                f"reads its per-example gradients off the one input gradient of that module: this forward is not "
+                f"the one its captured source reads")
         call.use = self.record_use(layer, None, call.inputs, source=source)
         if inputs[0].requires_grad:
             inputs[0].register_hook(call.use.receive)
@@ -598,7 +599,7 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         elif call.use is None:
             raise UnsupportedLayerError(
                 f"{self._layer_names[layer]}: its forward did not run the module whose input gradient book-keeping "
-                f"reads its per-example gradients from; use grad_sample_mode='hooks'")
+                f"reads its per-example gradients off: this forward is not the one its captured source reads")
 
     def _parameter_gradients(self, units: Optional[UnitGrouping] = None
                              ) -> tuple[int, dict[nn.Parameter, ParameterGradients]]:

@@ -126,7 +126,7 @@ class VitEmbeddingsSource(CapturedSource):
             raise UnsupportedLayerError(
                 f"{type(layer).__name__}: its dropout's input has shape {tuple(captured_grad.shape)}, not (batch, "
                 f"{', '.join(map(str, positions.shape[1:]))}) as its position embeddings: this version of its "
-                f"forward is not the one book-keeping reads; use grad_sample_mode='hooks'")
+                f"forward is not the one its captured source reads")
         grad = captured_grad.to(compute_dtype(captured_grad.dtype))
         return {positions: MaterialisedGradients(grad.unsqueeze(1)),
                 layer.cls_token: MaterialisedGradients(grad[:, None, :1])}
