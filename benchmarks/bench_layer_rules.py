@@ -1,21 +1,26 @@
-"""Step time of book-keeping with the exact sources of transposed convolutions, PReLU and dpnoise's elementwise
-layers, against the same layers re-run alone per example by ``torch.func`` (their source before they had one).
+"""Step time of book-keeping with the exact sources of transposed convolutions, PReLU, dpnoise's elementwise
+layers and Hugging Face's ``ViTEmbeddings``, against the same layers re-run alone per example by ``torch.func``
+(their source before they had one).
 
-Two models, random weights and inputs, one torch thread, float32:
+Three models, random weights and inputs, one torch thread, float32:
 
 * ``decoder``: a DCGAN-like generator head, ``ConvTranspose2d`` 64 -> 32 -> 16 -> 3 channels from 8x8 to 64x64
   (stride 2, padding 1, kernel 4), each followed by a ``PReLU`` (one slope per channel), then a linear classifier;
 * ``vit``: a ViT-like encoder from dpnoise.layers: patches (64 of 48 values) -> ``nn.Linear`` -> ``ClsToken`` ->
-  ``PositionEmbedding``, 4 blocks ``x + Scale(mlp(x))`` (layer scale) with a ``Shift``, and a head on the CLS token.
+  ``PositionEmbedding``, 4 blocks ``x + Scale(mlp(x))`` (layer scale) with a ``Shift``, and a head on the CLS token;
+* ``hf-vit``: Hugging Face's ``ViTForImageClassification`` with ViT-B's embeddings (224 px images in 16 px patches,
+  hidden 768) and one encoder layer, without dropout (which the ``torch.func`` source refuses).  Its ``ViTEmbeddings``
+  holds the CLS token and position embeddings as bare parameters: the captured source reads their per-example
+  gradients off the gradient at the embeddings' dropout, the re-run repeats the patch convolution per example.
 
 A step is the one-backward-pass DP step without noise: forward, backward, per-example L2 norms, clip factors,
 clipped sums into ``p.grad``, SGD step.  Configurations: ``non-private`` (forward, backward, SGD step),
-``exact source`` (the layers' rules and recorded sources), ``torch.func`` (the same model with those layer types'
-rules unregistered and their recording switched off while it is wrapped, so book-keeping re-runs each such layer
-per example).  Rounds interleave the configurations in a shuffled order (benchmarks/timing.py); ratios are medians
+``exact source`` (the layers' rules, recorded and captured sources), ``torch.func`` (the same model with those layer
+types' rules and captured sources unregistered and their recording switched off while it is wrapped, so
+book-keeping re-runs each such layer per example).  Rounds interleave the configurations in a shuffled order (benchmarks/timing.py); ratios are medians
 over rounds of ratios within a round.
 
-    .venv/bin/python benchmarks/bench_layer_rules.py                # 5 rounds x 3 steps, both models
+    .venv/bin/python benchmarks/bench_layer_rules.py                # 5 rounds x 3 steps, every model
     .venv/bin/python benchmarks/bench_layer_rules.py --quick        # 1 round x 1 step
     .venv/bin/python benchmarks/bench_layer_rules.py --models vit --rounds 9
 """
@@ -36,10 +41,13 @@ from dpnoise.mechanisms import clip_factors
 from dpnoise.training import bookkeeping
 from dpnoise.training.bookkeeping import BookkeepingModule, gradient_sources
 from dpnoise.training.bookkeeping_rules import BOOKKEEPING_RULES
+from dpnoise.training.captured_sources import CAPTURED_SOURCES
 from timing import interleaved, same
 
 #: the layer types whose exact source the benchmark switches off for the ``torch.func`` configuration
 NEW_SOURCES = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.PReLU, Scale, Shift, ClsToken, PositionEmbedding)
+#: the same for the captured sources, by qualified class name
+NEW_CAPTURED_SOURCES = ("transformers.models.vit.modeling_vit.ViTEmbeddings",)
 BATCH_SIZE = 32
 CLASSES = 10
 
@@ -78,23 +86,43 @@ class Vit(nn.Module):
         return self.head(self.blocks(self.positions(self.cls(self.patch(x))))[:, 0])
 
 
+class HuggingFaceVit(nn.Module):
+    """Hugging Face's ViT classifier with ViT-B's embeddings and one encoder layer, returning its logits."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import ViTConfig, ViTForImageClassification
+
+        config = ViTConfig(image_size=224, patch_size=16, hidden_size=768, intermediate_size=3072, num_hidden_layers=1,
+                           num_attention_heads=12, num_labels=CLASSES, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0, attn_implementation="eager")
+        self.model = ViTForImageClassification(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).logits
+
+
 MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "decoder": (Decoder, (64, 8, 8)),
     "vit": (Vit, (64, 48)),
+    "hf-vit": (HuggingFaceVit, (3, 224, 224)),
 }
 
 
 @contextmanager
 def per_layer_torch_func() -> Iterator[None]:
-    """Within: :data:`NEW_SOURCES` have neither a rule nor a recorded source, so a model wrapped here re-runs
-    those layers per example by ``torch.func`` (the choice is made once, when it is wrapped)."""
+    """Within: :data:`NEW_SOURCES` and :data:`NEW_CAPTURED_SOURCES` have neither a rule nor a recorded or captured
+    source, so a model wrapped here re-runs those layers per example by ``torch.func`` (the choice is made once,
+    when it is wrapped)."""
     rules = {t: BOOKKEEPING_RULES.pop(t) for t in NEW_SOURCES if t in BOOKKEEPING_RULES}
+    captured = {name: CAPTURED_SOURCES.pop(name) for name in NEW_CAPTURED_SOURCES if name in CAPTURED_SOURCES}
     recorded = bookkeeping.RECORDED_LAYERS
     bookkeeping.RECORDED_LAYERS = tuple(t for t in recorded if t not in NEW_SOURCES)
     try:
         yield
     finally:
         BOOKKEEPING_RULES.update(rules)
+        CAPTURED_SOURCES.update(captured)
         bookkeeping.RECORDED_LAYERS = recorded
 
 

@@ -7,6 +7,7 @@ all trainable parameters, and under Opacus's hooks the per-example gradients the
 """
 
 import warnings
+from functools import partial
 
 import pytest
 import torch
@@ -572,3 +573,166 @@ def test_auto_keeps_a_model_with_a_layer_of_its_own_on_bookkeeping_and_reports_e
     assert gradient_sources_line(optimizer.privacy_engine.gradient_sources) == (
         "per-example gradients by layer: book-keeping, materialised: conv (Conv1d); "
         "book-keeping, per-layer torch.func: scaled (Scaled); book-keeping rule: head (Linear)")
+
+
+# ------------------------------------------------------------------- Hugging Face's ViT embeddings
+IMAGE, PATCH = 16, 4
+
+
+def tiny_vit(dropout: float = 0.0, model_class: str = "ViTForImageClassification", **options) -> nn.Module:
+    """A ViT of one layer, as transformers initialises it, on 16 px images in patches of 4 (16 patches and a CLS
+    token of width 8); its default attention (SDPA) stays in float64, where the eager one takes the softmax in
+    float32, whose rounding the key bias's gradient (zero in exact arithmetic) would carry."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.ViTConfig(image_size=IMAGE, patch_size=PATCH, hidden_size=8, num_hidden_layers=1,
+                                    num_attention_heads=2, intermediate_size=16, num_labels=3,
+                                    hidden_dropout_prob=dropout, attention_probs_dropout_prob=0.0)
+    return getattr(transformers, model_class)(config, **options)
+
+
+class OnImages(nn.Module):
+    """``model(images, **keywords)`` as one tensor: a classifier's logits, an encoder's last hidden state."""
+
+    def __init__(self, model: nn.Module, **keywords):
+        super().__init__()
+        self.model, self.keywords = model, keywords
+
+    def forward(self, images):
+        outputs = self.model(images, **self.keywords)
+        return outputs.logits if "logits" in outputs else outputs.last_hidden_state
+
+
+def images(size=IMAGE, batch=BATCH):
+    return torch.randn(batch, 3, size, size, dtype=torch.float64)
+
+
+def value_keyed_dropout(inputs, p=0.5, training=True, inplace=False):
+    """Dropout whose mask is a function of each entry's value: a batch and each of its examples alone draw the
+    same masks (different ones for different examples), so one-example autograd stays the reference."""
+    if not training or p == 0:
+        return inputs
+    keep = torch.frac(inputs.detach().abs() * 1e4) >= p
+    return inputs * keep / (1 - p)
+
+
+def test_vit_embeddings_take_the_captured_source():
+    sources = gradient_sources(tiny_vit(), "bookkeeping")
+    assert sources["vit.embeddings (ViTEmbeddings)"] == "book-keeping, captured gradient"
+    assert sources["vit.embeddings.patch_embeddings.projection (Conv2d)"] == "book-keeping, materialised"
+    assert set(sources.values()) == {"book-keeping, captured gradient", "book-keeping, materialised",
+                                     "book-keeping rule"}
+
+
+@pytest.mark.parametrize("frozen", [None, "cls_token"])
+@pytest.mark.parametrize("dropout", [0.0, 0.4])
+def test_vit_embeddings_are_exact(dropout, frozen, monkeypatch):
+    """The CLS token's and position embeddings' per-example gradients, read off the gradient at the dropout's
+    input (its mask included), and the patch convolution's, equal one-example autograd's."""
+    monkeypatch.setattr(F, "dropout", value_keyed_dropout)
+    torch.manual_seed(16)
+    model = randomised(tiny_vit(dropout))
+    if frozen is not None:
+        getattr(model.vit.embeddings, frozen).requires_grad_(False)
+    assert_exact("bookkeeping", *layer_case(OnImages(model), images()))
+
+
+def test_the_captured_gradient_holds_the_dropout_mask():
+    """With torch's own dropout, the examples' gradients of the CLS token and position embeddings add up to the
+    batch gradient autograd gives them in the same pass (which runs through the same masks)."""
+    torch.manual_seed(17)
+    model = randomised(tiny_vit(dropout=0.5)).double()
+    wrapped = BookkeepingModule(model)
+    F.cross_entropy(wrapped(images()).logits, torch.arange(BATCH) % 3).backward()
+    embeddings = model.vit.embeddings
+    params = [embeddings.cls_token, embeddings.position_embeddings]
+    for summed, p in zip(wrapped.clipped_sums(params, torch.full((BATCH,), 1 / BATCH, dtype=torch.float64)), params):
+        torch.testing.assert_close(summed, p.grad, rtol=1e-10, atol=1e-12)
+    wrapped.remove_hooks()
+
+
+def test_a_vit_with_a_mask_token_is_exact_and_refuses_masked_patches():
+    """Without ``bool_masked_pos`` the mask token is unused (a zero gradient); masked patches are refused at the
+    call, naming the layer."""
+    torch.manual_seed(18)
+    model = randomised(tiny_vit(model_class="ViTModel", add_pooling_layer=False, use_mask_token=True))
+    assert_exact("bookkeeping", *layer_case(OnImages(model), images()))
+    masked = OnImages(model, bool_masked_pos=torch.rand(BATCH, (IMAGE // PATCH) ** 2) < 0.5)
+    wrapped = BookkeepingModule(masked)
+    with pytest.raises(UnsupportedLayerError,
+                       match=r"^model\.embeddings \(ViTEmbeddings\) is called with keyword arguments \(bool_masked_pos"):
+        wrapped(images())
+
+
+def test_interpolated_position_embeddings_are_re_run_per_example():
+    """``interpolate_pos_encoding=True`` on larger images: that call's per-example gradients come from re-running
+    the embeddings per example (exact), and with dropout that re-run is refused at the step, naming the layer."""
+    torch.manual_seed(19)
+    assert_exact("bookkeeping", *layer_case(OnImages(randomised(tiny_vit()), interpolate_pos_encoding=True),
+                                            images(20)))
+    wrapped = BookkeepingModule(OnImages(tiny_vit(dropout=0.3).double(), interpolate_pos_encoding=True))
+    wrapped(images(20)).sum().backward()
+    with pytest.raises(UnsupportedLayerError, match=r"^ViTEmbeddings draws random numbers"):
+        wrapped.per_example_norms(2)
+
+
+@pytest.mark.parametrize("change", ["dropout", "forward"])
+def test_vit_embeddings_of_another_structure_are_re_run_per_example(change):
+    """The source applies only where the layer is the one its formula reads: otherwise the per-layer torch.func
+    source (exact) takes it."""
+    torch.manual_seed(20)
+    model = randomised(tiny_vit())
+    embeddings = model.vit.embeddings
+    if change == "dropout":
+        embeddings.dropout = nn.Identity()
+    else:
+        embeddings.forward = partial(type(embeddings).forward, embeddings)
+    assert gradient_sources(model, "bookkeeping")["vit.embeddings (ViTEmbeddings)"] == \
+        "book-keeping, per-layer torch.func"
+    if change == "dropout":
+        assert_exact("bookkeeping", *layer_case(OnImages(model), images()))
+
+
+def dropout_twice(self, pixel_values, bool_masked_pos=None, interpolate_pos_encoding=False):
+    embeddings = torch.cat([self.cls_token.expand(len(pixel_values), -1, -1), self.patch_embeddings(pixel_values)], 1)
+    return self.dropout(self.dropout(embeddings + self.position_embeddings))
+
+
+def without_dropout(self, pixel_values, bool_masked_pos=None, interpolate_pos_encoding=False):
+    embeddings = torch.cat([self.cls_token.expand(len(pixel_values), -1, -1), self.patch_embeddings(pixel_values)], 1)
+    return embeddings + self.position_embeddings
+
+
+@pytest.mark.parametrize("forward, found", [(dropout_twice, "its Dropout ran twice in one call"),
+                                            (without_dropout, "its forward did not run the module")])
+def test_a_vit_embeddings_forward_of_another_version_is_refused_at_the_call(forward, found, monkeypatch):
+    """A forward that does not run the capture point exactly once (another version of the class, say) is refused,
+    never read off a gradient its formula does not give."""
+    from transformers.models.vit.modeling_vit import ViTEmbeddings
+
+    monkeypatch.setattr(ViTEmbeddings, "forward", forward)
+    wrapped = BookkeepingModule(tiny_vit())
+    with pytest.raises(UnsupportedLayerError, match=rf"^vit\.embeddings \(ViTEmbeddings\): {found}"):
+        wrapped(images().float())
+
+
+def test_make_private_trains_a_vit_with_dropout_on_the_captured_source():
+    """``auto`` keeps book-keeping with no layer re-run per example, the first step's per-example check passes,
+    and later steps train through dropout (which the per-layer torch.func source refused)."""
+    torch.manual_seed(21)
+    model = tiny_vit(dropout=0.1)
+    data = TensorDataset(torch.randn(40, 3, IMAGE, IMAGE), torch.randint(0, 3, (40,)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GradientSourceWarning)
+        module, optimizer, loader = private(model, data)
+    engine = optimizer.privacy_engine
+    assert engine.gradient_sources["vit.embeddings (ViTEmbeddings)"] == "book-keeping, captured gradient"
+    assert "book-keeping, per-layer torch.func" not in engine.gradient_sources.values()
+    batches = (batch for batch in endless_batches(loader) if len(batch[0]) >= 2)
+    for _ in range(3):
+        x, y = next(batches)
+        optimizer.zero_grad()
+        F.cross_entropy(module(x).logits, y).backward()
+        optimizer.step()
+    assert engine.steps == 3 and engine.per_example_report.examples

@@ -379,7 +379,7 @@ CASES = [
                                                                         nn.Linear(WIDTH, CLASSES))),
          lambda: (torch.cat([tokens(2), tokens(2)], dim=1), features()[1])),
     Case("label-smoothing-loss", seeded(mlp), features, partial(F.cross_entropy, label_smoothing=0.1)),
-    # book-keeping re-runs ViTEmbeddings (CLS token, position embeddings) per example with its keywords
+    # book-keeping reads ViTEmbeddings' CLS token and position embeddings off the gradient at its dropout (captured)
     Case("vit", seeded(vit), lambda: {"pixel_values": images(size=8)[0], "labels": images()[1]},
          refusal=r"engine refuses this model: vit\.embeddings \(ViTEmbeddings\) is called with keyword arguments",
          refused_by=("hooks",)),

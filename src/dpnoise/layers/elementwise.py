@@ -3,7 +3,8 @@
 Models usually hold these as bare ``nn.Parameter`` s of a larger module (CaiT's and ConvNeXt's layer scale
 ``x * gamma``, a learned gate, ViT's ``cls_token`` and ``position_embeddings``).  Such a module is a layer of the
 model's own, whose forward pass book-keeping cannot read, so its per-example gradients come from re-running it
-alone per example (``torch.func``).  Written with the layers below instead, each parameter belongs to a layer
+alone per example (``torch.func``; Hugging Face's ``ViTEmbeddings`` has a source of its own,
+:mod:`dpnoise.training.captured_sources`).  Written with the layers below instead, each parameter belongs to a layer
 whose function is known, and book-keeping computes its per-example gradients directly from the layer's input
 and output gradient (:mod:`dpnoise.training.bookkeeping_rules`)::
 

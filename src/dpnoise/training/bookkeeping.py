@@ -26,6 +26,12 @@ layers (:data:`RECORDED_LAYERS`) are recorded as they run:
   one per channel: ``sum min(0, x) g`` per channel): the grad samplers the hooks use
   (:data:`~dpnoise.training.grad_samplers.GRAD_SAMPLERS`: Opacus's, with convolutions sampled exactly
   in every padding mode, and dpnoise's for the layers Opacus has none for);
+* Hugging Face's ``ViTEmbeddings`` (the CLS token and position embeddings it holds as bare parameters; with
+  dropout too): a captured source (:mod:`~dpnoise.training.captured_sources`, registered by class name where
+  the layer has the structure it reads).  The layer runs as it is (its patch ``Conv2d`` keeps its own recorded
+  source); the gradient at the input of its dropout, captured in the backward pass, is example i's gradient of
+  the position embeddings, its first position that of the CLS token.  Its calls with
+  ``interpolate_pos_encoding=True`` are re-run per example as below; ``bool_masked_pos`` is refused at the call;
 * any other trainable layer (RMSNorm variants without a rule, ``ConvTranspose3d``, a layer of the user's own
   such as a module holding a learned scale, gate, CLS token or position embeddings as bare parameters): that
   layer alone, re-run per example by ``torch.func``
@@ -77,9 +83,11 @@ from typing import Any, Optional, Sequence
 import torch
 from opacus.utils.module_utils import trainable_modules
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from dpnoise.training.batches import leading_size
 from dpnoise.training.bookkeeping_rules import BookkeepingRule, bookkeeping_rule
+from dpnoise.training.captured_sources import CAPTURED_GRADIENT, CapturedSource, captured_source
 from dpnoise.training.errors import EngineStateError, InvalidTrainingOptionError, UnsupportedLayerError
 from dpnoise.training.forwarding import ModelForwarding
 from dpnoise.training.grad_samplers import (
@@ -193,8 +201,10 @@ def gradient_sources(module: nn.Module, grad_sample_mode: str) -> dict[str, str]
 
     ``grad_sample_mode="bookkeeping"``: "book-keeping rule" (a registered rule), "book-keeping,
     materialised" (a recorded call, its gradients built by a grad sampler or
-    :func:`conv2d_per_example_gradients`), "book-keeping, token-id rows" (``nn.EmbeddingBag``) or
-    "book-keeping, per-layer torch.func" (any other layer, re-run alone per example).
+    :func:`conv2d_per_example_gradients`), "book-keeping, token-id rows" (``nn.EmbeddingBag``),
+    "book-keeping, captured gradient" (a library module with a captured source,
+    :mod:`~dpnoise.training.captured_sources`: ``ViTEmbeddings``) or "book-keeping, per-layer torch.func"
+    (any other layer, re-run alone per example).
     ``"hooks"`` (:class:`~dpnoise.training.grad_samplers.ExactGradSampleModule`): "hooks, grad sampler"
     (Opacus's DP recurrent layers too: their ``RNNLinear`` layers') or "hooks, functorch" (no grad
     sampler: the layer, and the layers inside it, are differentiated per example by ``torch.func``).
@@ -205,6 +215,7 @@ def gradient_sources(module: nn.Module, grad_sample_mode: str) -> dict[str, str]
         if grad_sample_mode == "bookkeeping":
             source = ("book-keeping rule" if bookkeeping_rule(layer) is not None
                       else "book-keeping, token-id rows" if type(layer) is nn.EmbeddingBag
+                      else CAPTURED_GRADIENT if captured_source(layer) is not None
                       else "book-keeping, per-layer torch.func" if _rerun_per_example(layer)
                       else "book-keeping, materialised")
         elif any(name.startswith(f"{outer}.") for outer in functorch_paths):
@@ -219,8 +230,9 @@ def gradient_sources(module: nn.Module, grad_sample_mode: str) -> dict[str, str]
 
 
 def _rerun_per_example(layer: nn.Module) -> bool:
-    """Whether book-keeping gets ``layer``'s per-example gradients by re-running it alone per example
-    (no rule, no recorded source of its own)."""
+    """Whether book-keeping may get ``layer``'s per-example gradients by re-running it alone per example
+    (no rule, no recorded source of its own; a layer with a captured source is re-run on the calls its
+    source does not serve)."""
     return bookkeeping_rule(layer) is None and type(layer) not in RECORDED_LAYERS
 
 
@@ -374,6 +386,9 @@ class LayerUse:
     batch_size: Optional[int]
     #: the call's keyword arguments (constants; a layer re-run per example only)
     keywords: Optional[dict] = None
+    #: the captured source of the call (None: another source); its output gradient is then the gradient at the
+    #: capture point's input
+    source: Optional[CapturedSource] = None
     output_grad: Optional[torch.Tensor] = None
     backward_passes: int = 0
 
@@ -385,6 +400,15 @@ class LayerUse:
     def release(self) -> None:
         """Drop the tensors (the autograd graph, which may outlive the step, still refers to the use)."""
         self.inputs = self.output_grad = self.keywords = None
+
+
+@dataclass(eq=False)
+class _CapturedCall:
+    """A call of a layer with a captured source that the source serves, between the layer's forward pre-hook
+    and forward hook: its inputs, and its use once the capture point has run."""
+
+    inputs: tuple
+    use: Optional[LayerUse] = None
 
 
 class _BookkeptCall(torch.autograd.Function):
@@ -461,18 +485,21 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         #: the layers whose per-example gradients come from re-running them alone (decided once, here)
         self._rerun = {layer for layer in layers if _rerun_per_example(layer)}
         self._layer_inputs = check_layer_inputs(module, list(self._rerun))
+        #: the served call of each layer with a captured source while it runs (None: a call it does not serve)
+        self._captured_calls: dict[nn.Module, Optional[_CapturedCall]] = {}
         self._hooks = []
         self._forwards: list[nn.Module] = []
         for layer in layers:
-            rule = bookkeeping_rule(layer)
-            if rule is None:
+            rule, source = bookkeeping_rule(layer), captured_source(layer)
+            if rule is not None:
+                layer.forward = _BookkeptForward(self, layer, rule)
+                self._forwards.append(layer)
+                self._hooks.extend(p.register_hook(partial(self._check_untracked, p))
+                                   for p in layer.parameters(recurse=False) if p.requires_grad)
+            elif source is not None:
+                self._hooks.extend(self._capture_hooks(layer, source))
+            else:
                 self._hooks.append(layer.register_forward_hook(self._watch_output, with_kwargs=True))
-                continue
-            layer.forward = _BookkeptForward(self, layer, rule)
-            self._forwards.append(layer)
-            for p in layer.parameters(recurse=False):
-                if p.requires_grad:
-                    self._hooks.append(p.register_hook(partial(self._check_untracked, p)))
 
     def forward(self, *args, **kwargs):
         return self._module(*args, **kwargs)
@@ -513,11 +540,11 @@ class BookkeepingModule(ModelForwarding, nn.Module):
             self._untracked.add(p)
 
     def record_use(self, layer: nn.Module, rule: Optional[BookkeepingRule], inputs: tuple,
-                   keywords: Optional[dict] = None) -> LayerUse:
+                   keywords: Optional[dict] = None, source: Optional[CapturedSource] = None) -> LayerUse:
         """A new use of ``layer`` on the positional ``inputs`` (and constant ``keywords``), in the current
-        forward pass (its output gradient comes later)."""
+        forward pass (its output gradient, or its capture point's input gradient, comes later)."""
         use = LayerUse(layer, rule, tuple(x.detach() for x in inputs), self._layer_inputs.forward_passes,
-                       _call_batch_size(layer, inputs, {}), keywords)
+                       _call_batch_size(layer, inputs, {}), keywords, source)
         self._uses.append(use)
         self._gradients = self._unit_gradients = None
         return use
@@ -532,6 +559,47 @@ class BookkeepingModule(ModelForwarding, nn.Module):
                 f"compute its per-example gradients (grad_sample_mode='hooks' can)")
         if output.requires_grad:
             output.register_hook(self.record_use(layer, None, inputs, keywords).receive)
+
+    def _capture_hooks(self, layer: nn.Module, source: CapturedSource) -> list[RemovableHandle]:
+        """The hooks that record a layer with a captured source: a call the source serves records the gradient at
+        its capture point's input; any other call is recorded as :meth:`_watch_output` records it, to be re-run
+        per example."""
+        return [layer.register_forward_pre_hook(partial(self._open_captured_call, source), with_kwargs=True),
+                source.capture_point(layer).register_forward_hook(partial(self._capture, layer, source)),
+                layer.register_forward_hook(self._close_captured_call, with_kwargs=True)]
+
+    def _open_captured_call(self, source: CapturedSource, layer: nn.Module, args: tuple, kwargs: dict) -> None:
+        """The layer's forward pre-hook (after :class:`LayerInputs`'): whether its source serves this call."""
+        served = self.records(layer) and source.serves(layer, args, kwargs)
+        # always set, so that a call that raised half-way leaves nothing to the next one
+        self._captured_calls[layer] = _CapturedCall(args[:1]) if served else None
+
+    def _capture(self, layer: nn.Module, source: CapturedSource, point: nn.Module, inputs: tuple,
+                 output: Any) -> None:
+        """The capture point's forward hook: in a served call of ``layer``, record the use whose gradient is the
+        one at the capture point's input."""
+        call = self._captured_calls.get(layer)
+        if call is None:  # the capture point ran outside a served call of its layer
+            return
+        if call.use is not None:
+            raise UnsupportedLayerError(
+                f"{self._layer_names[layer]}: its {type(point).__name__} ran twice in one call, where book-keeping "
+                f"reads its per-example gradients off the one input gradient of that module: this forward is not "
+                f"the one its captured source reads")
+        call.use = self.record_use(layer, None, call.inputs, source=source)
+        if inputs[0].requires_grad:
+            inputs[0].register_hook(call.use.receive)
+
+    def _close_captured_call(self, layer: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        """The layer's forward hook: a call its source did not serve is recorded to be re-run per example; a served
+        call must have run its capture point."""
+        call = self._captured_calls.pop(layer, None)
+        if call is None:
+            self._watch_output(layer, args, kwargs, output)
+        elif call.use is None:
+            raise UnsupportedLayerError(
+                f"{self._layer_names[layer]}: its forward did not run the module whose input gradient book-keeping "
+                f"reads its per-example gradients off: this forward is not the one its captured source reads")
 
     def _parameter_gradients(self, units: Optional[UnitGrouping] = None
                              ) -> tuple[int, dict[nn.Parameter, ParameterGradients]]:
@@ -584,7 +652,9 @@ class BookkeepingModule(ModelForwarding, nn.Module):
         layer, inputs, output_grad = use.layer, use.inputs, use.output_grad
         if use.rule is not None:
             return self._registered_keys(layer, use.rule.gradients(layer, inputs[0], output_grad))
-        if layer in self._rerun:
+        if use.source is not None:
+            samples = use.source.gradients(layer, output_grad)
+        elif layer in self._rerun:
             with self.paused():  # the re-run records nothing and checks no input
                 gradients = layer_per_example_gradients(layer, inputs[0], use.keywords or {}, output_grad)
             samples = {p: MaterialisedGradients(g.to(compute_dtype(g.dtype))) for p, g in gradients.items()}

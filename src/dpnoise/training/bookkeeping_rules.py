@@ -12,7 +12,8 @@ of Opacus's ``register_grad_sampler``::
 
 The layer types without a rule here are recorded as they run, their per-example gradients built
 from their inputs and output gradients (:data:`dpnoise.training.bookkeeping.RECORDED_LAYERS`:
-convolutions, transposed convolutions, normalisations, ``PReLU``, ``nn.EmbeddingBag``), re-run alone
+convolutions, transposed convolutions, normalisations, ``PReLU``, ``nn.EmbeddingBag``), read off a gradient
+captured inside them (Hugging Face's ``ViTEmbeddings``: :mod:`dpnoise.training.captured_sources`), re-run alone
 per example by ``torch.func``, or are not book-kept at all
 (:func:`dpnoise.training.bookkeeping.unsupported_bookkeeping_layers`).
 
