@@ -79,6 +79,20 @@ def run(epsilon: float, seed: int, steps: int, threads: int) -> dict:
                        f"--threads {threads}" + (f" --steps {steps}" if steps != STEPS else "")}
 
 
+def summary(results: Path) -> str:
+    """Dev perplexity per run (the private runs by epsilon, the non-private one last)."""
+    records = sorted((json.loads(path.read_text()) for path in results.glob("*.json")),
+                     key=lambda r: (r["target_epsilon"] is None, r["target_epsilon"] or 0, r["seed"]))
+    rows = [[_run_name(r), str(r["seed"]), str(r["steps"]), f"{r['dev_perplexity']:.1f}",
+             "—" if r["noise"] is None else f"{r['noise']:.4g}"] for r in records]
+    lines = ["| run | seed | steps | dev perplexity | noise σ |", "|---|---|---|---|---|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def _run_name(record: dict) -> str:
+    return "non-private" if record["target_epsilon"] is None else f"ε = {record['epsilon']:.3g}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epsilons", type=float, nargs="+", default=[3.0, 8.0, 0.0],
@@ -87,6 +101,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=STEPS, help=f"optimizer steps (default {STEPS})")
     p.add_argument("--results", type=Path, default=RESULTS, help="where the records go")
+    p.add_argument("--figures-dir", type=Path, default=HERE / "reports", help="where the summary table goes "
+                   "(default: reproductions/reports/)")
     args = p.parse_args()
     args.results.mkdir(parents=True, exist_ok=True)
     for epsilon in args.epsilons:
@@ -96,6 +112,11 @@ def main() -> None:
             continue
         path.write_text(json.dumps(run(epsilon, args.seed, args.steps, args.threads), indent=1) + "\n")
         print(f"wrote {path}", flush=True)
+    from reproductions.reports import write_markdown
+
+    written = write_markdown(args.figures_dir / "summary_private_sft.md", "Private SFT of a GPT-2 configuration on "
+                             "SST-2 sentences: dev perplexity", summary(args.results))
+    print(f"wrote {written}")
 
 
 if __name__ == "__main__":
