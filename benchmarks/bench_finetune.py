@@ -152,8 +152,10 @@ def workload(name: str, trainable: str, length: int, image_size: int, batch_size
     else:
         vocabulary = LLAMA_VOCABULARY if name == "llama" else model.config.vocab_size
         batches = random_token_batches(count, batch_size, length, vocabulary, None if name == "gpt2" else 2)
-    offset = {"roberta-base": model.config.pad_token_id + 1, "gpt2": 0}.get(name)
-    return Workload(model, batches, examples_loader(batches), causal_lm_loss if name == "gpt2" else None, offset)
+    if name == "gpt2":
+        return Workload(model, batches, examples_loader(batches), causal_lm_loss, position_offset=0)
+    offset = model.config.pad_token_id + 1 if name == "roberta-base" else None  # RoBERTa's positions follow padding's
+    return Workload(model, batches, examples_loader(batches), position_offset=offset)
 
 
 def training_loss(module, batch: dict, loss_fn: Optional[Callable]):
