@@ -36,6 +36,7 @@ IMAGE_SIZE = 64
 CONFIGURATIONS = ("non-private", "gaussian", "gaussian-hooks", "opacus-ghost")
 MODELS = ("llama", "vit")
 NOISE, CLIP = 1.0, 0.1
+LLAMA_VOCABULARY = 8000
 
 
 def build_model(name: str):
@@ -43,7 +44,7 @@ def build_model(name: str):
     from transformers import LlamaConfig, LlamaForSequenceClassification, ViTConfig, ViTForImageClassification
 
     if name == "llama":
-        config = LlamaConfig(vocab_size=8000, hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
+        config = LlamaConfig(vocab_size=LLAMA_VOCABULARY, hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
                              num_attention_heads=6, num_key_value_heads=6, max_position_embeddings=SEQUENCE_LENGTH,
                              num_labels=2, pad_token_id=0, attn_implementation="eager")
         return LlamaForSequenceClassification(config)
@@ -52,25 +53,51 @@ def build_model(name: str):
     return ViTForImageClassification(config)
 
 
-def random_batches(name: str, count: int) -> list[dict]:
-    """``count`` seeded batches of ``BATCH_SIZE`` examples for ``name``'s model."""
+def random_token_batches(count: int, batch_size: int, length: int, vocab_size: int,
+                         classes: int | None = 2) -> list[dict]:
+    """``count`` seeded batches of ``batch_size`` random sequences of ``length`` token ids (1 to ``vocab_size`` - 1,
+    every token real) with ``classes`` random labels, or (``classes`` None) the tokens as labels (causal LM)."""
     import torch
 
     generator = torch.Generator().manual_seed(0)
-    labels = [torch.randint(0, 2, (BATCH_SIZE,), generator=generator) for _ in range(count)]
+    batches = []
+    for _ in range(count):
+        ids = torch.randint(1, vocab_size, (batch_size, length), generator=generator)
+        labels = ids.clone() if classes is None else torch.randint(0, classes, (batch_size,), generator=generator)
+        batches.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
+    return batches
+
+
+def random_image_batches(count: int, batch_size: int, image_size: int, classes: int = 2) -> list[dict]:
+    """``count`` seeded batches of ``batch_size`` random RGB images of ``image_size`` px with random labels."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return [{"pixel_values": torch.randn(batch_size, 3, image_size, image_size, generator=generator),
+             "labels": torch.randint(0, classes, (batch_size,), generator=generator)} for _ in range(count)]
+
+
+def random_batches(name: str, count: int) -> list[dict]:
+    """``count`` seeded batches of ``BATCH_SIZE`` examples for ``name``'s model."""
     if name == "llama":
-        return [{"input_ids": torch.randint(1, 8000, (BATCH_SIZE, SEQUENCE_LENGTH), generator=generator),
-                 "labels": y} for y in labels]
-    return [{"pixel_values": torch.randn(BATCH_SIZE, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator), "labels": y}
-            for y in labels]
+        return random_token_batches(count, BATCH_SIZE, SEQUENCE_LENGTH, LLAMA_VOCABULARY)
+    return random_image_batches(count, BATCH_SIZE, IMAGE_SIZE)
 
 
 def data_loader(batches: list[dict]):
-    """A loader over the examples of ``batches`` (the engines read its size and sample rate)."""
+    """A loader over the examples of ``batches``, in batches of their size (the engines read its size and sample
+    rate)."""
     from torch.utils.data import DataLoader
 
-    examples = [{key: value[i] for key, value in batch.items()} for batch in batches for i in range(BATCH_SIZE)]
-    return DataLoader(examples, batch_size=BATCH_SIZE)
+    size = len(batches[0]["labels"])
+    examples = [{key: value[i] for key, value in batch.items()} for batch in batches for i in range(size)]
+    return DataLoader(examples, batch_size=size)
+
+
+def source_counts(private_optimizer) -> dict[str, int]:
+    """How many trainable layers take their per-example gradients from each source
+    (``engine.gradient_sources`` of a dpnoise private optimizer's engine)."""
+    return dict(Counter(private_optimizer.privacy_engine.gradient_sources.values()))
 
 
 def measure(configuration: str, name: str, steps: int, warmup: int) -> dict:
@@ -96,7 +123,7 @@ def measure(configuration: str, name: str, steps: int, warmup: int) -> dict:
         module, private, _ = make_private(model, optimizer, loader, mechanism="gaussian", noise_multiplier=NOISE,
                                           max_grad_norm=CLIP, delta=1e-5, grad_sample_mode=mode)
         step_optimizer = fed_by_hand(private)
-        sources = dict(Counter(private.privacy_engine.gradient_sources.values()))
+        sources = source_counts(private)
 
     def step(batch: dict) -> None:
         step_optimizer.zero_grad()

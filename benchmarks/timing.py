@@ -138,7 +138,8 @@ def add_process_options(parser: argparse.ArgumentParser, configurations: Sequenc
     """The options every one-process-per-configuration benchmark takes: which configurations, rounds,
     timed and warm-up steps per process, ``--quick`` (described by ``quick``), and the hidden
     ``--measure NAME`` that makes the script a child measuring one configuration."""
-    parser.add_argument("--configurations", nargs="+", choices=configurations, default=list(configurations))
+    parser.add_argument("--configurations", nargs="+", choices=configurations, default=list(configurations),
+                        help="configurations to time (default: all); non-private, the ratios' baseline, always runs")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (one process per configuration each)")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per process")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per process first")
@@ -157,6 +158,13 @@ def timed_steps(step: Callable[[object], object], batches: Sequence[object], war
         step(batch)
     return {"seconds": (time.perf_counter() - started) / (len(batches) - warmup),
             "rss_before_mb": before / 1024, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def reset_peak_memory() -> None:
+    """Make the process's peak resident set its current one (Linux: ``/proc/self/clear_refs``), so that the
+    peak :func:`timed_steps` reports is that of the steps, not of what ran before them (e.g. a float64 check)."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
 
 
 def in_own_process(script: str, arguments: Sequence[str]) -> Measured:
