@@ -67,6 +67,7 @@ def one_zero_gradient_step(mechanism: str, noise: float, clip: float) -> torch.T
     module, optimizer, loader = make_private(
         model, torch.optim.SGD(model.parameters(), lr=0.0), digits_loader(dataset, 50),
         mechanism=mechanism, **noise_keywords(mechanism, noise), max_grad_norm=clip, delta=1e-5, seed=3,
+        noise_seed=3,  # a fixed draw: the distribution tests below are then not flaky
     )
     inputs, _ = next(iter(loader))
     optimizer.zero_grad()

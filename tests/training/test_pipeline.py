@@ -217,8 +217,8 @@ def test_the_configuration_s_own_options_reach_make_private(monkeypatch):
 
     passed = {}
 
-    def make_private_with_options(self, module, optimizer, loader, *, privacy, execution, loss_fn):
-        passed.update(privacy=privacy, execution=execution, loss_fn=loss_fn)
+    def make_private_with_options(self, module, optimizer, loader, *, privacy, execution, loss_fn, privacy_unit):
+        passed.update(privacy=privacy, execution=execution, loss_fn=loss_fn, privacy_unit=privacy_unit)
         raise AssertionError("stop here")
 
     monkeypatch.setattr(PrivacyEngine, "make_private_with_options", make_private_with_options)
@@ -229,3 +229,4 @@ def test_the_configuration_s_own_options_reach_make_private(monkeypatch):
     assert passed["privacy"] == dataclasses.replace(config.privacy, on_budget_exhausted="stop")
     assert passed["execution"] == dataclasses.replace(config.execution, device=torch.device("cpu"))
     assert passed["loss_fn"] is None  # the model's own loss (no label smoothing): what the loop trains on
+    assert passed["privacy_unit"] is None  # one example per unit unless the data names a unit column
