@@ -180,12 +180,31 @@ SCATTERNET_EPSILONS = (1.0, 2.0, 3.0)
 #: the mechanism comparison runs on these datasets with the linear head; Gaussian at epsilon 3 on all
 SCATTERNET_COMPARISON_DATASETS = ("fashion-mnist", "mnist")
 
-#: Clipping rules compared on Table II's CNN (the flat rule's runs are Table II's own records; adaptive with its
-#: defaults: target quantile 0.5, clipping_lr 0.2, count noise B / 20)
-CLIPPING_COLUMNS = (TABLE2_COLUMNS[0], TABLE2_COLUMNS[3])
+#: Clipping rules compared against flat clipping (adaptive with its defaults: target quantile 0.5, clipping_lr
+#: 0.2, count noise B / 20) for the Gaussian and the sound Lap2 mechanism.
 CLIPPING_RULES = ("automatic", "adaptive")
+
+
+@dataclass(frozen=True)
+class ClippingTask:
+    """One model's clipping comparison: the flat rule's runs are ``flat_experiment``'s own records with the same
+    settings, steps and seeds."""
+    settings: dict
+    epsilons: tuple[float, ...]
+    columns: tuple[Column, ...]
+    flat_experiment: str
+    model_label: str
+
+
+#: dataset -> its task: Table II's CNN on Fashion-MNIST, and MiniLM-L6 fully fine-tuned on SST-2 at T = 300 (the
+#: finetune-full runs' three-seed setting)
+CLIPPING_TASKS = {
+    "fashion-mnist": ClippingTask(TABLE2_SETTINGS, (0.88,), (TABLE2_COLUMNS[0], TABLE2_COLUMNS[3]), "table2",
+                                  "Table II's CNN"),
+    "sst2": ClippingTask({**FINETUNE_FULL_SETTINGS, "steps": 300}, (3.74,), FINETUNE_FULL_COLUMNS[:2],
+                         "finetune-full", "MiniLM-L6, every parameter trained"),
+}
 CLIPPING_DATASETS = ("fashion-mnist",)
-CLIPPING_EPSILONS = (0.88,)
 
 EXPERIMENTS = ("table2", "finetune", "finetune-full", "dirichlet", "scatternet", "clipping", "figures")
 #: the folders of the results directory that hold records (every RunSpec.experiment); the others, such as the
@@ -215,13 +234,18 @@ def table2_specs(datasets: Sequence[str], epsilons: Sequence[float], seeds: Sequ
     return grid("table2", datasets, epsilons, seeds, TABLE2_COLUMNS, settings)
 
 
-def clipping_specs(datasets: Sequence[str], epsilons: Sequence[float], seeds: Sequence[int],
+def clipping_specs(datasets: Sequence[str], epsilons: Optional[Sequence[float]], seeds: Sequence[int],
                    steps: Optional[int] = None) -> list[RunSpec]:
-    """Table II's Gaussian and sound-Lap2 runs with each of CLIPPING_RULES instead of flat clipping."""
-    settings = {**TABLE2_SETTINGS, **({"steps": steps} if steps else {})}
-    return [replace(spec, clipping=rule)
-            for spec in grid("clipping", datasets, epsilons, seeds, CLIPPING_COLUMNS, settings)
-            for rule in CLIPPING_RULES]
+    """Each dataset's CLIPPING_TASKS runs (at ``epsilons`` or its own) with each of CLIPPING_RULES instead of
+    flat clipping; in run order: dataset, seed, epsilon, column, rule."""
+    specs = []
+    for dataset in datasets:
+        task = CLIPPING_TASKS[dataset]
+        settings = {**task.settings, **({"steps": steps} if steps else {})}
+        specs += [replace(spec, clipping=rule)
+                  for spec in grid("clipping", [dataset], epsilons or task.epsilons, seeds, task.columns, settings)
+                  for rule in CLIPPING_RULES]
+    return specs
 
 
 def dirichlet_specs(datasets: Sequence[str], epsilons: Sequence[float], seeds: Sequence[int],

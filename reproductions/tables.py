@@ -14,8 +14,8 @@ from dpnoise.accounting import ACCOUNTANTS, OUTPUT_PRIVACY_SCOPE, get_mechanism_
 from dpnoise.formatting import significant_digits
 from reproductions.plans import (
     ALPHA_GRID_ALPHAS,
-    CLIPPING_COLUMNS,
     CLIPPING_RULES,
+    CLIPPING_TASKS,
     DIRICHLET_COLUMNS,
     DIRICHLET_PUBLISHED,
     FINETUNE_COLUMNS,
@@ -741,19 +741,22 @@ def scatternet_summary_markdown(rows: Sequence[Row], records: Sequence[dict[str,
 
 
 def clipping_markdown(rows: Sequence[Row], flat_rows: Sequence[Row]) -> str:
-    """Accuracy of each clipping rule on Table II's CNN beside flat clipping (Table II's own runs, same settings,
-    steps and seeds), and each rule minus flat, paired by seed; one table per dataset, epsilon and T."""
+    """Accuracy of each clipping rule beside flat clipping (its task's own flat runs: same settings, steps and
+    seeds), and each rule minus flat, paired by seed; one table per dataset, epsilon and T."""
     tables = []
     for dataset, eps, steps in dict.fromkeys((r["dataset"], r["target_epsilon"], r["steps_planned"]) for r in rows):
+        task = CLIPPING_TASKS[dataset]
+        same_settings = {k: v for k, v in task.settings.items() if k in GROUP_KEYS}
         body = []
-        for column in CLIPPING_COLUMNS:
-            cell = dict(dataset=dataset, target_epsilon=eps, steps_planned=steps, mechanism=column.mechanism,
-                        calibrated_with=column.calibrated_with)
-            flat = find_row(flat_rows, **cell)
+        for column in task.columns:
+            cell = dict(same_settings, dataset=dataset, target_epsilon=eps, steps_planned=steps,
+                        mechanism=column.mechanism, calibrated_with=column.calibrated_with)
+            flat = find_row(flat_rows, **cell, experiment=task.flat_experiment)
             ruled = [find_row(rows, **cell, clipping=rule) for rule in CLIPPING_RULES]
             body.append([column.label, format_accuracy(flat), *map(format_accuracy, ruled),
                          *(format_paired_rows(row, flat) for row in ruled)])
-        header = ["", "flat (Table II)", *CLIPPING_RULES, *(f"{rule} − flat" for rule in CLIPPING_RULES)]
-        tables.append(f"**{dataset}, ε = {eps:g}** (T = {steps}, B = {TABLE2_SETTINGS['batch_size']}, "
-                      f"C = {TABLE2_SETTINGS['clip']:g})\n\n" + markdown(header, body))
+        header = ["", f"flat ({task.flat_experiment})", *CLIPPING_RULES,
+                  *(f"{rule} − flat" for rule in CLIPPING_RULES)]
+        tables.append(f"**{task.model_label}, {dataset}, ε = {eps:g}** (T = {steps}, "
+                      f"B = {task.settings['batch_size']}, C = {task.settings['clip']:g})\n\n" + markdown(header, body))
     return "\n\n".join(tables) if tables else "No runs yet."

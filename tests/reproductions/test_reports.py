@@ -10,7 +10,7 @@ def test_every_experiment_writes_into_a_record_folder():
     specs = [*plans.table2_specs(["mnist"], [1.0], [0]), *plans.dirichlet_specs(["mnist"], [1.0], [0]),
              *plans.alpha_grid_specs("mnist", [0]), *plans.finetune_specs(["sst2"], [1.0], [0]),
              *plans.finetune_full_specs(["sst2"], [1.0], [0]), *plans.scatternet_specs(["mnist"], [1.0], [0]),
-             *plans.clipping_specs(["mnist"], [1.0], [0])]
+             *plans.clipping_specs(["fashion-mnist"], [1.0], [0])]
     assert {spec.experiment for spec in specs} == set(plans.RECORD_FOLDERS)
 
 

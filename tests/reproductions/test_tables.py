@@ -118,8 +118,8 @@ def test_clipping_table_pairs_each_rule_with_table2s_flat_run_of_the_same_cell()
     from reproductions.records import aggregate
     from reproductions.tables import clipping_markdown
 
-    def record(column, seed, accuracy, **extra):
-        return dict(experiment="x", dataset="fashion-mnist", model="cnn", mechanism=column.mechanism,
+    def record(column, seed, accuracy, experiment="table2", **extra):
+        return dict(experiment=experiment, dataset="fashion-mnist", model="cnn", mechanism=column.mechanism,
                     calibrated_with=column.calibrated_with, target_epsilon=0.88, steps_planned=5860, optimizer="adam",
                     status="ok", seed=seed, accuracy=accuracy, noise=1.0, noise_unit="sigma", lr=1e-3,
                     epsilon_by_accountant={}, steps=5860, wall_time_s=1.0, git_commit="abc", git_src_dirty=False,
@@ -128,10 +128,12 @@ def test_clipping_table_pairs_each_rule_with_table2s_flat_run_of_the_same_cell()
     # Table II's records were written before the clipping field existed: they count as flat
     flat = aggregate([record(GAUSSIAN, s, a) for s, a in ((0, 0.80), (1, 0.78))]
                      + [record(GAUSSIAN, 0, 0.10, target_epsilon_note=None) | {"steps_planned": 20}])
-    automatic = aggregate([record(GAUSSIAN, s, a, clipping="automatic") for s, a in ((0, 0.81), (1, 0.77))])
+    automatic = aggregate([record(GAUSSIAN, s, a, experiment="clipping", clipping="automatic")
+                           for s, a in ((0, 0.81), (1, 0.77))])
     assert {row["clipping"] for row in flat} == {"flat"}
-    text = clipping_markdown(automatic, flat)
-    assert "**fashion-mnist, ε = 0.88** (T = 5860" in text
+    other_model = aggregate([record(GAUSSIAN, 0, 0.5) | {"model": "mlp"}])  # another model's flat run is not paired
+    text = clipping_markdown(automatic, other_model + flat)
+    assert "**Table II's CNN, fashion-mnist, ε = 0.88** (T = 5860" in text
     assert "| Gaussian (RDP) | 79.00 ± 1.41 (n=2) | 79.00 ± 2.83 (n=2) | — | +0.00 ± 1.41 (ahead in 1 of 2 seeds) | — |" \
         in text  # no adaptive run: its cells are empty
     assert "| Lap2 (b from sound lap2-rdp) | — | — | — | — | — |" in text
